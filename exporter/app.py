@@ -1,0 +1,97 @@
+"""The aiohttp application: HTTP endpoints, and the lifecycle of everything the daemon runs.
+
+`init_app(config, driver)` builds the Application; each long-lived resource is one
+`cleanup_ctx` (started in order, stopped in reverse). Handlers never touch NVML: `/metrics`
+sends bytes the sampling loop rendered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.config import ServeConfig
+from exporter.metrics.exposition import accepts_gzip, negotiate
+from exporter.metrics.families import BuildInfo
+from exporter.nvml.driver import NvmlDriver
+from exporter.sampling import SamplingLoop
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+CONFIG: Final = web.AppKey("config", ServeConfig)
+DRIVER: Final = web.AppKey("driver", NvmlDriver)
+SAMPLING: Final = web.AppKey("sampling", SamplingLoop)
+
+
+def init_app(config: ServeConfig, driver: NvmlDriver) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+    app[CONFIG] = config
+    app[DRIVER] = driver
+    app.cleanup_ctx.append(_sampling)
+    app.router.add_get("/", landing)
+    app.router.add_get(config.telemetry_path, metrics)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    return app
+
+
+async def _sampling(app: web.Application) -> AsyncIterator[None]:
+    sampling = SamplingLoop(app[CONFIG], app[DRIVER], build=BuildInfo(__version__))
+    await sampling.start()
+    app[SAMPLING] = sampling
+    task = asyncio.create_task(sampling.run(), name="gpuscope-sampling")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await sampling.close()
+
+
+async def metrics(request: web.Request) -> web.Response:
+    sampling = request.app[SAMPLING]
+    exposition = sampling.exposition
+    if exposition is None:
+        return web.Response(status=503, text="no sample taken yet; retry in a moment\n")
+    name = negotiate(request.headers.get("Accept", ""))
+    sampling.demand.asked(name)
+    rendered = exposition.rendered(name)
+    if rendered is None:  # a format nobody asked for lately: render this snapshot once, now
+        rendered = await asyncio.to_thread(exposition.render, name)
+    headers = {"Content-Type": rendered.content_type, "Cache-Control": "no-store"}
+    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=rendered.gzipped, headers=headers)
+    return web.Response(body=rendered.body, headers=headers)
+
+
+async def healthy(_request: web.Request) -> web.Response:
+    return web.Response(text="OK\n")
+
+
+async def ready(request: web.Request) -> web.Response:
+    if request.app[SAMPLING].exposition is None:
+        return web.Response(status=503, text="waiting for the first sample\n")
+    return web.Response(text="OK\n")
+
+
+async def landing(request: web.Request) -> web.Response:
+    path = html.escape(request.app[CONFIG].telemetry_path)
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuscope</title></head>
+<body>
+<h1>gpuscope {html.escape(__version__)}</h1>
+<p>GPU metrics for Prometheus, attributed to Kubernetes pods.</p>
+<ul>
+<li><a href="{path}">{path}</a> &mdash; metrics</li>
+<li><a href="/-/healthy">/-/healthy</a> &mdash; the process is alive</li>
+<li><a href="/-/ready">/-/ready</a> &mdash; the first sample is done</li>
+</ul>
+</body></html>
+"""
+    return web.Response(text=page, content_type="text/html")

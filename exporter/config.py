@@ -1,0 +1,313 @@
+"""The daemon's configuration: one typed, frozen object, parsed once at start.
+
+Every setting is declared once in `SETTINGS`. From that one table come the command-line flag
+(`--collect.interval`), the environment variable (`GPUSCOPE_COLLECT_INTERVAL`), the key in the
+optional YAML file (`collect: {interval: 1s}`) and the README's flag table. Precedence is
+flag > environment > file > default. Anything wrong stops the program with one line naming the
+setting (exit status 2, see `exporter.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from exporter.durations import DurationError, format_duration, parse_duration
+
+ENV_PREFIX: Final = "GPUSCOPE_"
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used. `str()` is a complete one-line explanation."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"invalid {setting}: {problem}")
+        self.setting = setting
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """Where the HTTP server listens; `host` None means every interface."""
+
+    host: str | None
+    port: int
+
+    def __str__(self) -> str:
+        host = self.host or ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Settings of `gpuscope serve`. Field docs are the flags' help texts (see SETTINGS)."""
+
+    listen_address: ListenAddress = field(default_factory=lambda: ListenAddress(None, 9455))
+    telemetry_path: str = "/metrics"
+    collect_interval: float = 1.0
+    collect_processes: bool = True
+    simulate: str | None = None
+    log_level: str = "info"
+    log_format: str = "logfmt"
+    config_file: Path | None = None
+
+
+# -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
+# raises ValueError with a message that completes "invalid --x: ...".
+
+
+def _text(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return str(value)
+
+
+def parse_listen_address(value: object) -> ListenAddress:
+    text = _text(value).strip()
+    match = re.fullmatch(
+        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", text
+    )
+    if match is None:
+        raise ValueError(f"{text!r} is not host:port (e.g. :9455, 127.0.0.1:9455, [::1]:9455)")
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    host = match["v6"] or match["host"] or None
+    return ListenAddress(host, port)
+
+
+def parse_telemetry_path(value: object) -> str:
+    path = _text(value).strip()
+    if not path.startswith("/") or path == "/" or path.startswith("/-/"):
+        raise ValueError(f"{path!r} must be an absolute path other than / and /-/...")
+    if any(char.isspace() or char in "?#" for char in path):
+        raise ValueError(f"{path!r} must not contain spaces, ? or #")
+    return path
+
+
+def duration_between(low: float, high: float) -> Callable[[object], float]:
+    def parse(value: object) -> float:
+        try:
+            seconds = parse_duration(_text(value))
+        except DurationError as error:
+            raise ValueError(str(error)) from error
+        if not low <= seconds <= high:
+            raise ValueError(
+                f"{format_duration(seconds)} is outside {format_duration(low)}..{format_duration(high)}"
+            )
+        return seconds
+
+    return parse
+
+
+def parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = _text(value).strip().lower()
+    if text in {"true", "1", "yes", "on"}:
+        return True
+    if text in {"false", "0", "no", "off"}:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true or false)")
+
+
+def one_of(*choices: str) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        text = _text(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return parse
+
+
+def parse_simulate(value: object) -> str:
+    text = _text(value).strip()
+    if text.isdigit():
+        if not 1 <= int(text) <= 64:
+            raise ValueError(f"{text} GPUs: simulate between 1 and 64")
+        return text
+    if not Path(text).is_file():
+        raise ValueError(f"{text!r} is neither a GPU count nor a readable fleet file")
+    return text
+
+
+def parse_path(value: object) -> Path:
+    return Path(_text(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One configurable value: its dotted name, where it lands, how it is read, its help."""
+
+    name: str
+    attribute: str
+    parse: Callable[[object], Any]
+    help: str
+    metavar: str = "VALUE"
+    flag_only: bool = False
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + re.sub(r"[.-]", "_", self.name).upper()
+
+
+_DEFAULTS: Final = ServeConfig()
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting(
+        "web.listen-address",
+        "listen_address",
+        parse_listen_address,
+        "Address to listen on for HTTP requests.",
+        "HOST:PORT",
+    ),
+    Setting(
+        "web.telemetry-path",
+        "telemetry_path",
+        parse_telemetry_path,
+        "Path under which metrics are served.",
+        "PATH",
+    ),
+    Setting(
+        "collect.interval",
+        "collect_interval",
+        duration_between(0.1, 600.0),
+        "How often to sample every GPU (100ms to 10m).",
+        "DURATION",
+    ),
+    Setting(
+        "collect.processes",
+        "collect_processes",
+        parse_bool,
+        "Export per-process series (pid label). Pod series are unaffected.",
+        "BOOL",
+    ),
+    Setting(
+        "simulate",
+        "simulate",
+        parse_simulate,
+        "Run without a GPU: simulate N GPUs of the default model, or the fleet in a YAML FILE.",
+        "N|FILE",
+    ),
+    Setting(
+        "log.level", "log_level", one_of("debug", "info", "warn", "error"), "Log level.", "LEVEL"
+    ),
+    Setting("log.format", "log_format", one_of("logfmt", "json"), "Log format.", "FORMAT"),
+    Setting(
+        "config.file",
+        "config_file",
+        parse_path,
+        "YAML file with any of these settings, nested at the dots (collect: {interval: 1s}).",
+        "FILE",
+        flag_only=True,
+    ),
+)
+
+
+def default_value(setting: Setting) -> object:
+    return getattr(_DEFAULTS, setting.attribute)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every setting as a flag. Values stay raw strings until `load` parses them."""
+    for setting in SETTINGS:
+        default = default_value(setting)
+        shown = "" if default is None else f" (default: {_describe(default)})"
+        parser.add_argument(
+            setting.flag,
+            dest=setting.attribute,
+            metavar=setting.metavar,
+            default=argparse.SUPPRESS,
+            help=f"{setting.help}{shown} [env {setting.env}]",
+        )
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return format_duration(value)
+    return str(value)
+
+
+def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Build the config from parsed flags (keyed by attribute), the environment and the YAML file."""
+    environ = os.environ if environ is None else environ
+    by_attribute = {setting.attribute: setting for setting in SETTINGS}
+    from_env = {s.attribute: (s, s.env, environ[s.env]) for s in SETTINGS if s.env in environ}
+    from_flags = {a: (by_attribute[a], by_attribute[a].flag, value) for a, value in flags.items()}
+
+    sources: dict[str, tuple[Setting, str, object]] = {}
+    config_file = from_flags.get("config_file") or from_env.get("config_file")
+    if config_file is not None:
+        for setting, value in _read_file(_parse(*config_file)).items():
+            sources[setting.attribute] = (setting, f"{setting.name} in the config file", value)
+    sources.update(from_env)
+    sources.update(from_flags)
+    return ServeConfig(**{attribute: _parse(*source) for attribute, source in sources.items()})
+
+
+def _parse(setting: Setting, source: str, value: object) -> Any:
+    try:
+        return setting.parse(value)
+    except ValueError as error:
+        raise ConfigError(source, str(error)) from error
+
+
+def _read_file(path: Path) -> dict[Setting, object]:
+    where = f"--config.file {path}"
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(where, error.strerror or str(error)) from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(where, f"not valid YAML{line}") from error
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise ConfigError(where, "the top level must be a mapping of settings")
+    by_name = {setting.name: setting for setting in SETTINGS if not setting.flag_only}
+    found: dict[Setting, object] = {}
+    for name, value in _flatten(document, where):
+        if name not in by_name:
+            raise ConfigError(where, f"unknown setting {name!r}")
+        found[by_name[name]] = value
+    return found
+
+
+def _flatten(document: Mapping[Any, Any], where: str, prefix: str = "") -> list[tuple[str, object]]:
+    items: list[tuple[str, object]] = []
+    for key, value in document.items():
+        if not isinstance(key, str):
+            raise ConfigError(where, f"setting names must be strings, got {key!r}")
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            items.extend(_flatten(value, where, f"{name}."))
+        else:
+            items.append((name, value))
+    return items
+
+
+def settings_table(settings: Sequence[Setting] = SETTINGS) -> str:
+    """The Markdown flag table for the README (a test keeps the README equal to it)."""
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for setting in settings:
+        default = default_value(setting)
+        shown = "" if default is None else f"`{_describe(default)}`"
+        rows.append(f"| `{setting.flag}` | `{setting.env}` | {shown} | {setting.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,1 @@
+"""Snapshot -> metric families (pure) -> pre-rendered exposition bytes."""

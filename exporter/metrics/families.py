@@ -1,0 +1,282 @@
+"""Snapshot -> Prometheus metric families. Pure: the same snapshot always gives the same families.
+
+Families are built fresh from each snapshot (prometheus_client's custom-collector pattern), so a
+GPU, process or pod that vanished is simply absent from the next render; nothing to unregister.
+Names follow DESIGN.md: base units, `_ratio` for 0..1, `_total` for counters; every GPU series
+carries `gpu`, `uuid` and `model`.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+    from exporter.model import GpuSample, Snapshot
+
+GPU_LABELS: Final = ("gpu", "uuid", "model")
+
+CLOCK_EVENT_REASONS: Final = (
+    (0x001, "gpu_idle"),
+    (0x002, "applications_clocks_setting"),
+    (0x004, "sw_power_cap"),
+    (0x008, "hw_slowdown"),
+    (0x010, "sync_boost"),
+    (0x020, "sw_thermal_slowdown"),
+    (0x040, "hw_thermal_slowdown"),
+    (0x080, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+"""NVML clock-event (throttle) reason bits and the `reason` label each becomes."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInfo:
+    version: str
+    python_version: str = platform.python_version()
+
+
+def _gauge(
+    name: str, documentation: str, labels: Iterable[str] = (), unit: str = ""
+) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=[*GPU_LABELS, *labels], unit=unit)
+
+
+def _counter(
+    name: str, documentation: str, labels: Iterable[str] = (), unit: str = ""
+) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, labels=[*GPU_LABELS, *labels], unit=unit)
+
+
+def _gpu_labels(sample: GpuSample) -> list[str]:
+    identity = sample.identity
+    return [str(identity.index), identity.uuid, identity.model]
+
+
+def _scalar(
+    family: GaugeMetricFamily | CounterMetricFamily,
+    samples: Iterable[GpuSample],
+    value: Callable[[GpuSample], float | None],
+) -> GaugeMetricFamily | CounterMetricFamily:
+    """One series per GPU that is up and can give the value."""
+    for sample in samples:
+        number = value(sample)
+        if number is not None:
+            family.add_metric(_gpu_labels(sample), number)
+    return family
+
+
+def gpu_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
+    up = [sample for sample in gpus if sample.up]
+
+    info = _gauge(
+        "gpu_info",
+        "GPU identity; always 1. Join on uuid for driver, CUDA and PCI details.",
+        ("pci_bus_id", "driver_version", "cuda_version"),
+    )
+    alive = _gauge("gpu_up", "1 while the GPU answers NVML, 0 when it is lost or cannot be opened.")
+    for sample in gpus:
+        identity = sample.identity
+        labels = _gpu_labels(sample)
+        info.add_metric(
+            [*labels, identity.pci_bus_id, identity.driver_version, identity.cuda_version], 1
+        )
+        alive.add_metric(labels, 1 if sample.up else 0)
+    yield info
+    yield alive
+
+    yield _scalar(
+        _gauge(
+            "gpu_utilization_ratio",
+            "Share of the last sample period in which a kernel was running (NVML utilization).",
+            unit="ratio",
+        ),
+        up,
+        lambda s: s.utilization,
+    )
+    yield _scalar(
+        _counter(
+            "gpu_busy_seconds",
+            "Utilization integrated over time at the sampling rate; rate() gives the true average.",
+            unit="seconds",
+        ),
+        up,
+        lambda s: s.busy_seconds_total,
+    )
+    yield _scalar(
+        _gauge(
+            "gpu_memory_utilization_ratio",
+            "Share of the last sample period in which device memory was read or written.",
+            unit="ratio",
+        ),
+        up,
+        lambda s: s.memory_utilization,
+    )
+    yield _scalar(
+        _gauge("gpu_memory_used_bytes", "Frame buffer memory in use by processes.", unit="bytes"),
+        up,
+        lambda s: s.memory_used_bytes,
+    )
+    yield _scalar(
+        _gauge("gpu_memory_total_bytes", "Frame buffer memory installed.", unit="bytes"),
+        up,
+        lambda s: s.memory_total_bytes,
+    )
+    yield _scalar(
+        _gauge(
+            "gpu_memory_reserved_bytes",
+            "Frame buffer memory reserved by the driver and firmware.",
+            unit="bytes",
+        ),
+        up,
+        lambda s: s.memory_reserved_bytes,
+    )
+    yield _scalar(
+        _gauge("gpu_power_watts", "Power draw of the whole board.", unit="watts"),
+        up,
+        lambda s: s.power_watts,
+    )
+    yield _scalar(
+        _gauge("gpu_power_limit_watts", "Power limit the driver enforces.", unit="watts"),
+        up,
+        lambda s: s.power_limit_watts,
+    )
+    yield _scalar(
+        _counter(
+            "gpu_energy_joules",
+            "Energy consumed since the driver was loaded (resets when it reloads).",
+            unit="joules",
+        ),
+        up,
+        lambda s: s.energy_joules_total,
+    )
+    yield _scalar(
+        _gauge("gpu_temperature_celsius", "GPU core temperature.", unit="celsius"),
+        up,
+        lambda s: s.temperature_celsius,
+    )
+
+    clock = _gauge("gpu_clock_hertz", "Current clock frequency.", ("clock",), unit="hertz")
+    clock_max = _gauge("gpu_clock_max_hertz", "Maximum clock frequency.", ("clock",), unit="hertz")
+    events = _gauge(
+        "gpu_clock_event_active",
+        "1 while the named clock-event (throttle) reason holds the clocks down.",
+        ("reason",),
+    )
+    fans = _gauge(
+        "gpu_fan_speed_ratio", "Fan speed as a share of its maximum.", ("fan",), unit="ratio"
+    )
+    ecc = _counter(
+        "gpu_ecc_errors",
+        "ECC memory errors since the driver was loaded, by type (corrected or uncorrected).",
+        ("type",),
+    )
+    for sample in up:
+        labels = _gpu_labels(sample)
+        for name in ("sm", "memory", "graphics"):
+            current = getattr(sample.clocks, name)
+            if current is not None:
+                clock.add_metric([*labels, name], current)
+            peak = getattr(sample.max_clocks, name)
+            if peak is not None:
+                clock_max.add_metric([*labels, name], peak)
+        if sample.clock_event_reasons is not None:
+            for bit, reason in CLOCK_EVENT_REASONS:
+                events.add_metric([*labels, reason], 1 if sample.clock_event_reasons & bit else 0)
+        for number, speed in enumerate(sample.fan_speeds):
+            if speed is not None:
+                fans.add_metric([*labels, str(number)], speed)
+        if sample.ecc_corrected_total is not None:
+            ecc.add_metric([*labels, "corrected"], sample.ecc_corrected_total)
+        if sample.ecc_uncorrected_total is not None:
+            ecc.add_metric([*labels, "uncorrected"], sample.ecc_uncorrected_total)
+    yield from (clock, clock_max, events, fans, ecc)
+
+    yield _scalar(
+        _counter("gpu_pcie_replays", "PCIe replay events (link errors the link recovered from)."),
+        up,
+        lambda s: s.pcie_replays_total,
+    )
+    yield _scalar(
+        _gauge("gpu_performance_state", "Performance state: 0 (P0, fastest) to 15 (P15, slowest)."),
+        up,
+        lambda s: s.performance_state,
+    )
+    yield from process_families(up)
+
+
+def process_families(up: list[GpuSample]) -> Iterator[Metric]:
+    count = _gauge("gpu_processes", "Compute processes running on the GPU (MPS clients included).")
+    memory = _gauge(
+        "gpu_process_memory_used_bytes", "GPU memory used by one process.", ("pid",), unit="bytes"
+    )
+    busy = _gauge(
+        "gpu_process_utilization_ratio",
+        "Share of the last sample period in which this process had a kernel running.",
+        ("pid",),
+        unit="ratio",
+    )
+    for sample in up:
+        if sample.processes is None:
+            continue
+        labels = _gpu_labels(sample)
+        count.add_metric(labels, len(sample.processes))
+        for process in sample.processes:
+            pid = str(process.pid)
+            if process.used_memory_bytes is not None:
+                memory.add_metric([*labels, pid], process.used_memory_bytes)
+            if process.sm_utilization is not None:
+                busy.add_metric([*labels, pid], process.sm_utilization)
+    yield from (count, memory, busy)
+
+
+def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "gpuscope_build_info",
+        "gpuscope's version and the Python it runs on; always 1.",
+        labels=["version", "python_version"],
+    )
+    info.add_metric([build.version, build.python_version], 1)
+    yield info
+    success = GaugeMetricFamily(
+        "gpuscope_collector_success",
+        "1 if the source answered in the last sampling cycle, 0 if it failed.",
+        labels=["collector"],
+    )
+    duration = GaugeMetricFamily(
+        "gpuscope_collector_duration_seconds",
+        "Time the source took in the last sampling cycle.",
+        labels=["collector"],
+        unit="seconds",
+    )
+    for status in snapshot.collectors:
+        success.add_metric([status.name], 1 if status.success else 0)
+        duration.add_metric([status.name], status.duration_seconds)
+    yield success
+    yield duration
+    last = GaugeMetricFamily(
+        "gpuscope_last_sample_timestamp_seconds",
+        "Unix time at which the last sampling cycle finished.",
+        unit="seconds",
+    )
+    last.add_metric([], snapshot.timestamp)
+    yield last
+    cycles = CounterMetricFamily("gpuscope_sample_cycles", "Sampling cycles completed.")
+    cycles.add_metric([], snapshot.cycles_total)
+    yield cycles
+    overruns = CounterMetricFamily(
+        "gpuscope_sample_overruns",
+        "Sampling cycles that outlasted the collect interval, so the next one started late.",
+    )
+    overruns.add_metric([], snapshot.overruns_total)
+    yield overruns
+
+
+def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
+    """Every family for one snapshot, GPU series first, in a stable order."""
+    return [*gpu_families(snapshot.gpus), *exporter_families(snapshot, build)]

@@ -1,0 +1,464 @@
+"""Reads every GPU through an NVML driver and turns the answers into `GpuSample`s.
+
+Runs in the sampler's worker thread only. Each reading fails alone:
+- a function this GPU or driver lacks (`NotSupported`, `FunctionNotFound`) drops that series
+  and is not asked again until NVML is re-initialised (logged once);
+- any other error drops the value for this cycle (logged once per cause);
+- a lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`) while the others keep
+  reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with backoff, so the
+  GPU comes back by itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import pynvml
+
+from exporter.logs import LogOnce
+from exporter.model import Clocks, CollectorStatus, GpuIdentity, GpuSample, ProcessSample
+from exporter.nvml.driver import (
+    NvmlDriver,
+    NvmlUnavailable,
+    error_code,
+    error_name,
+    is_lifecycle_error,
+    is_unavailable,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+"""Waits before successive re-initialisation attempts while a GPU or the library is down."""
+
+_MHZ: Final = 1e6
+
+
+class _GpuLost(Exception):
+    """A lifecycle error from one GPU's handle: stop reading it this cycle."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class _Device:
+    """One GPU as of the current NVML initialisation."""
+
+    handle: Any
+    identity: GpuIdentity
+    max_clocks: Clocks
+    fan_count: int
+    unavailable: set[str] = field(default_factory=set)
+    lost: bool = False
+    process_timestamp_us: int = 0
+    """Newest per-process utilization sample seen; asked for only newer ones next time."""
+
+
+class NvmlSampler:
+    """Samples all GPUs on one NVML driver; stateful only where counters must integrate."""
+
+    def __init__(
+        self,
+        driver: NvmlDriver,
+        *,
+        collect_processes: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = driver
+        self._collect_processes = collect_processes
+        self._clock = clock
+        self._once = LogOnce(log)
+        self._initialized = False
+        self._devices: list[_Device] = []
+        self._known: dict[str, GpuIdentity] = {}
+        self._busy_seconds: dict[str, float] = {}
+        self._last_read: dict[str, float] = {}
+        self._lost: set[str] = set()
+        self._reinit_due = 0.0
+        self._reinit_attempt = 0
+        """Re-initialisations tried since everything last answered; 0 means none is pending."""
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """First initialisation. Only a missing library is fatal; other failures are retried."""
+        try:
+            self._initialize()
+        except pynvml.NVMLError_LibraryNotFound as error:
+            raise NvmlUnavailable(
+                "NVML library libnvidia-ml.so.1 not found: is the NVIDIA driver installed and the "
+                "container run with the NVIDIA runtime? (--simulate N runs without a GPU)"
+            ) from error
+        except pynvml.NVMLError as error:
+            self._once(
+                logging.ERROR,
+                ("init", error_code(error)),
+                "NVML initialisation failed; retrying",
+                fields={"error": error_name(error)},
+            )
+            self._schedule_reinit(self._clock())
+
+    def close(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except pynvml.NVMLError as error:
+                log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
+
+    def _initialize(self) -> None:
+        if self._initialized:
+            self._initialized = False
+            try:
+                self._nvml.nvmlShutdown()
+            except pynvml.NVMLError as error:
+                log.debug("nvmlShutdown before re-init failed", extra={"error": error_name(error)})
+        self._devices = []
+        self._nvml.nvmlInit()
+        self._initialized = True
+        self._once.forget_matching(("field",))
+        driver_version = self._optional(lambda: _text(self._nvml.nvmlSystemGetDriverVersion()))
+        cuda = self._optional(self._nvml.nvmlSystemGetCudaDriverVersion)
+        cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
+        for index in range(self._nvml.nvmlDeviceGetCount()):
+            device = self._open_device(index, driver_version or "", cuda_version)
+            if device is not None:
+                self._devices.append(device)
+
+    def _open_device(self, index: int, driver_version: str, cuda_version: str) -> _Device | None:
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+            name = _text(self._nvml.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError as error:
+            self._once(
+                logging.ERROR,
+                ("open", index, error_code(error)),
+                "cannot open GPU; reporting it down",
+                fields={"gpu": index, "error": error_name(error)},
+            )
+            placeholder = GpuIdentity(index=index, uuid="", model="")
+            if not any(known.index == index for known in self._known.values()):
+                self._known.setdefault(f"index:{index}", placeholder)
+            return None
+        self._known.pop(f"index:{index}", None)
+        pci = self._optional(lambda: self._nvml.nvmlDeviceGetPciInfo_v3(handle))
+        identity = GpuIdentity(
+            index=index,
+            uuid=uuid,
+            model=name,
+            pci_bus_id=_text(pci.busId) if pci is not None else "",
+            driver_version=driver_version,
+            cuda_version=cuda_version,
+        )
+        self._known[uuid] = identity
+        max_clocks = Clocks(
+            sm=self._optional_mhz(handle, pynvml.NVML_CLOCK_SM),
+            memory=self._optional_mhz(handle, pynvml.NVML_CLOCK_MEM),
+            graphics=self._optional_mhz(handle, pynvml.NVML_CLOCK_GRAPHICS),
+        )
+        fans = self._optional(lambda: self._nvml.nvmlDeviceGetNumFans(handle))
+        return _Device(handle, identity, max_clocks, fan_count=fans or 0)
+
+    def _optional(self, read: Callable[[], T]) -> T | None:
+        """A value read once per initialisation; any NVML error just means "not known"."""
+        try:
+            return read()
+        except pynvml.NVMLError:
+            return None
+
+    def _optional_mhz(self, handle: Any, clock_type: int) -> float | None:
+        mhz = self._optional(lambda: self._nvml.nvmlDeviceGetMaxClockInfo(handle, clock_type))
+        return mhz * _MHZ if mhz else None
+
+    def _schedule_reinit(self, now: float) -> None:
+        if self._reinit_attempt and self._reinit_due > now:
+            return  # already scheduled
+        wait = REINIT_BACKOFF_SECONDS[min(self._reinit_attempt, len(REINIT_BACKOFF_SECONDS) - 1)]
+        self._reinit_attempt += 1
+        self._reinit_due = now + wait
+
+    # -- one cycle ---------------------------------------------------------------------------
+
+    def sample(self) -> tuple[tuple[GpuSample, ...], CollectorStatus]:
+        started = self._clock()
+        if self._reinit_attempt and started >= self._reinit_due:
+            self._reinitialize()
+
+        samples: list[GpuSample] = []
+        for device in self._devices:
+            if not device.lost:
+                try:
+                    samples.append(self._read_device(device))
+                    self._report_back(device.identity)
+                    continue
+                except _GpuLost as lost:
+                    device.lost = True
+                    self._report_lost(device.identity, lost.cause)
+            samples.append(GpuSample(identity=device.identity, up=False))
+        opened = {device.identity.uuid for device in self._devices}
+        samples.extend(
+            GpuSample(identity=identity, up=False)
+            for key, identity in self._known.items()
+            if key not in opened
+        )
+        for sample in samples:
+            if not sample.up:
+                self._last_read.pop(sample.identity.uuid, None)
+
+        finished = self._clock()
+        if self._initialized and all(sample.up for sample in samples):
+            self._reinit_attempt = 0
+        else:
+            self._schedule_reinit(finished)
+        samples.sort(key=lambda sample: (sample.identity.index, sample.identity.uuid))
+        return tuple(samples), CollectorStatus("nvml", self._initialized, finished - started)
+
+    def _reinitialize(self) -> None:
+        try:
+            self._initialize()
+        except pynvml.NVMLError as error:
+            self._initialized = False
+            self._devices = []
+            self._once(
+                logging.ERROR,
+                ("init", error_code(error)),
+                "NVML initialisation failed; retrying with backoff",
+                fields={"error": error_name(error)},
+            )
+            return
+        self._once.forget_matching(("init",))
+        log.info("NVML initialised", extra={"gpus": len(self._devices)})
+
+    def _report_lost(self, identity: GpuIdentity, cause: BaseException) -> None:
+        self._lost.add(identity.uuid)
+        log.warning(
+            "GPU stopped answering; reporting it down until NVML re-initialises",
+            extra={"gpu": identity.index, "uuid": identity.uuid, "error": error_name(cause)},
+        )
+
+    def _report_back(self, identity: GpuIdentity) -> None:
+        if identity.uuid in self._lost:
+            self._lost.discard(identity.uuid)
+            log.info("GPU answers again", extra={"gpu": identity.index, "uuid": identity.uuid})
+
+    def _read_device(self, device: _Device) -> GpuSample:
+        nvml = self._nvml
+        handle = device.handle
+        now = self._clock()
+
+        rates = self._read(device, "utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
+        utilization = rates.gpu / 100.0 if rates is not None else None
+        memory = self._read_memory(device)
+        power = self._read(device, "power", nvml.nvmlDeviceGetPowerUsage, handle)
+        limit = self._read(device, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+        energy = self._read(device, "energy", nvml.nvmlDeviceGetTotalEnergyConsumption, handle)
+        temperature = self._read(
+            device,
+            "temperature",
+            nvml.nvmlDeviceGetTemperature,
+            handle,
+            pynvml.NVML_TEMPERATURE_GPU,
+        )
+        reasons = self._read(
+            device, "clock_events", nvml.nvmlDeviceGetCurrentClocksEventReasons, handle
+        )
+        if reasons is None and "clock_events" in device.unavailable:
+            reasons = self._read(
+                device, "throttle_reasons", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle
+            )
+        fans = tuple(
+            _percent(self._read(device, f"fan{fan}", nvml.nvmlDeviceGetFanSpeed_v2, handle, fan))
+            for fan in range(device.fan_count)
+        )
+        ecc_corrected = self._read(
+            device,
+            "ecc_corrected",
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        ecc_uncorrected = self._read(
+            device,
+            "ecc_uncorrected",
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+
+        uuid = device.identity.uuid
+        busy: float | None = None
+        if utilization is not None:
+            previous = self._last_read.get(uuid)
+            elapsed = now - previous if previous is not None else 0.0
+            busy = self._busy_seconds.get(uuid, 0.0) + utilization * elapsed
+            self._busy_seconds[uuid] = busy
+            self._last_read[uuid] = now
+
+        return GpuSample(
+            identity=device.identity,
+            up=True,
+            busy_seconds_total=busy,
+            utilization=utilization,
+            memory_utilization=rates.memory / 100.0 if rates is not None else None,
+            memory_used_bytes=memory[0],
+            memory_total_bytes=memory[1],
+            memory_reserved_bytes=memory[2],
+            power_watts=power / 1000.0 if power is not None else None,
+            power_limit_watts=limit / 1000.0 if limit is not None else None,
+            energy_joules_total=energy / 1000.0 if energy is not None else None,
+            temperature_celsius=float(temperature) if temperature is not None else None,
+            clocks=Clocks(
+                sm=self._clock_hz(device, "sm_clock", pynvml.NVML_CLOCK_SM),
+                memory=self._clock_hz(device, "memory_clock", pynvml.NVML_CLOCK_MEM),
+                graphics=self._clock_hz(device, "graphics_clock", pynvml.NVML_CLOCK_GRAPHICS),
+            ),
+            max_clocks=device.max_clocks,
+            clock_event_reasons=reasons,
+            fan_speeds=fans,
+            ecc_corrected_total=ecc_corrected,
+            ecc_uncorrected_total=ecc_uncorrected,
+            pcie_replays_total=self._read(
+                device, "pcie_replays", nvml.nvmlDeviceGetPcieReplayCounter, handle
+            ),
+            performance_state=self._read(
+                device, "pstate", nvml.nvmlDeviceGetPerformanceState, handle
+            ),
+            processes=self._read_processes(device) if self._collect_processes else None,
+        )
+
+    def _read(self, device: _Device, what: str, function: Callable[..., T], *args: Any) -> T | None:
+        """One NVML reading; None when this GPU cannot give it now. Lifecycle errors escape."""
+        if what in device.unavailable:
+            return None
+        try:
+            return function(*args)
+        except Exception as error:  # noqa: BLE001 - each reading fails alone, whatever broke it
+            self._reading_failed(device, what, error)
+            return None
+
+    def _reading_failed(self, device: _Device, what: str, error: Exception) -> None:
+        identity = device.identity
+        if is_lifecycle_error(error):
+            raise _GpuLost(error) from error
+        fields: dict[str, object] = {
+            "gpu": identity.index,
+            "uuid": identity.uuid,
+            "reading": what,
+            "error": error_name(error),
+        }
+        if is_unavailable(error):
+            device.unavailable.add(what)
+            self._once(
+                logging.INFO,
+                ("field", identity.uuid, what),
+                "not available on this GPU or driver; its series is omitted",
+                fields=fields,
+            )
+        elif isinstance(error, pynvml.NVMLError):
+            self._once(
+                logging.WARNING,
+                ("field", identity.uuid, what, error_code(error)),
+                "NVML reading failed; its series is omitted while it fails",
+                fields=fields,
+            )
+        else:
+            self._once(
+                logging.ERROR,
+                ("field", identity.uuid, what, type(error).__name__),
+                "unexpected error reading NVML; its series is omitted while it fails",
+                fields=fields,
+                exc_info=error,
+            )
+
+    def _clock_hz(self, device: _Device, what: str, clock_type: int) -> float | None:
+        mhz = self._read(device, what, self._nvml.nvmlDeviceGetClockInfo, device.handle, clock_type)
+        return mhz * _MHZ if mhz is not None else None
+
+    def _read_memory(self, device: _Device) -> tuple[int | None, int | None, int | None]:
+        """(used, total, reserved). The v2 struct separates reserved memory; v1 counts it as used."""
+        read = self._nvml.nvmlDeviceGetMemoryInfo
+        info = self._read(device, "memory_v2", read, device.handle, pynvml.nvmlMemory_v2)
+        if info is not None:
+            return int(info.used), int(info.total), int(info.reserved)
+        if "memory_v2" in device.unavailable:
+            info = self._read(device, "memory", read, device.handle)
+            if info is not None:
+                return int(info.used), int(info.total), None
+        return None, None, None
+
+    def _read_processes(self, device: _Device) -> tuple[ProcessSample, ...] | None:
+        nvml = self._nvml
+        handle = device.handle
+        compute = self._read(device, "processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        if compute is None and "processes" in device.unavailable:
+            compute = self._read(
+                device, "processes_v2", nvml.nvmlDeviceGetComputeRunningProcesses_v2, handle
+            )
+        if compute is None:
+            return None
+        mps = self._read(
+            device, "mps_processes", nvml.nvmlDeviceGetMPSComputeRunningProcesses, handle
+        )
+        # An MPS client can be listed twice (compute and MPS lists): keep one entry per pid.
+        memory: dict[int, int | None] = {}
+        for process in itertools.chain(compute, mps or ()):
+            used = process.usedGpuMemory
+            if memory.get(process.pid) is None or (used is not None and used > memory[process.pid]):
+                memory[process.pid] = used
+        busy = self._read_process_utilization(device)
+        processes = []
+        for pid, used in sorted(memory.items()):
+            if busy is None:
+                processes.append(ProcessSample(pid, used, None, None))
+            else:
+                sm, mem = busy.get(pid, (0.0, 0.0))
+                processes.append(ProcessSample(pid, used, sm, mem))
+        return tuple(processes)
+
+    def _read_process_utilization(self, device: _Device) -> dict[int, tuple[float, float]] | None:
+        """Mean SM and memory utilization per pid since the last call; {} = nobody was busy."""
+        what = "process_utilization"
+        if what in device.unavailable:
+            return None
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(
+                device.handle, device.process_timestamp_us
+            )
+        except pynvml.NVMLError_NotFound:
+            return {}  # no process ran a kernel since the last call: idle, not an error
+        except Exception as error:  # noqa: BLE001 - each reading fails alone
+            self._reading_failed(device, what, error)
+            return None
+        sums: dict[int, list[float]] = {}
+        for sample in samples:
+            device.process_timestamp_us = max(device.process_timestamp_us, int(sample.timeStamp))
+            total = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
+            total[0] += sample.smUtil
+            total[1] += sample.memUtil
+            total[2] += 1
+        return {
+            pid: (min(sm / count / 100.0, 1.0), min(mem / count / 100.0, 1.0))
+            for pid, (sm, mem, count) in sums.items()
+        }
+
+
+def _percent(value: int | None) -> float | None:
+    return value / 100.0 if value is not None else None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -1,0 +1,404 @@
+"""What the simulator simulates: GPUs, processes and scheduled faults, from YAML or a count.
+
+A fleet file (every key but `gpus` optional):
+
+    seed: 7
+    driver_version: 570.133.20
+    cuda_version: "12.8"
+    gpus:
+      - model: h100-sxm            # catalog key, or the name NVML reports
+        count: 2
+        cooling: poor              # normal | poor (runs hot and throttles under load)
+        sharing: time-slicing      # time-slicing | mps
+    processes:
+      - {pid: 2001, gpu: 0, memory: 30GiB, pattern: steady, level: 0.85}
+      - {pid: 2002, gpu: 1, memory: 6GiB, pattern: bursty, level: 0.6, period: 20s, duty: 0.3}
+      - {pid: 2003, gpu: 1, memory: 4GiB, pattern: sawtooth, start: 10s, stop: 5m}
+    faults:
+      - {kind: gpu_lost, gpu: 1, at: 30s, until: 90s}
+      - {kind: error, function: nvmlDeviceGetFanSpeed_v2, error: not_supported}
+      - {kind: init_error, error: driver_not_loaded, until: 5s}
+      - {kind: ecc, gpu: 0, at: 1m, corrected: 3, uncorrected: 1}
+
+Times are durations since the simulation started.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import pynvml
+import yaml
+
+from exporter.catalog import GpuModel, builtin_catalog
+from exporter.durations import DurationError, parse_duration
+from exporter.nvml.driver import NVML_FUNCTIONS
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PATTERNS: Final = ("idle", "steady", "bursty", "sawtooth", "input_starved")
+FAULT_KINDS: Final = ("gpu_lost", "error", "init_error", "ecc")
+DEFAULT_MODEL: Final = "h100-sxm"
+_BYTE_UNITS: Final = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+class FleetError(ValueError):
+    """A fleet that cannot be simulated; the message names the entry and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    index: int
+    model: GpuModel
+    uuid: str
+    pci_bus_id: str
+    cooling: str = "normal"
+    sharing: str = "time-slicing"
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    pid: int
+    gpu: int
+    memory_bytes: int
+    pattern: str = "steady"
+    level: float = 0.8
+    """Utilization while working, 0..1."""
+    period: float = 20.0
+    duty: float = 0.3
+    """Share of time working for bursty and input-starved patterns."""
+    memory_intensity: float = 0.4
+    """DRAM activity per unit of SM activity."""
+    start: float = 0.0
+    stop: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    kind: str
+    at: float = 0.0
+    until: float | None = None
+    gpu: int | None = None
+    function: str | None = None
+    error: int = pynvml.NVML_ERROR_UNKNOWN
+    corrected: int = 0
+    uncorrected: int = 0
+
+    def active(self, t: float) -> bool:
+        return self.at <= t and (self.until is None or t < self.until)
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    gpus: tuple[SimGpu, ...]
+    processes: tuple[SimProcess, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    seed: int = 0
+    driver_version: str = "570.133.20"
+    cuda_version: int = 12080
+
+
+def parse_bytes(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if match is None or match[2].lower() not in _BYTE_UNITS:
+        raise ValueError(f"{value!r} is not a size (e.g. 512MiB, 20GiB, 1.5GB)")
+    return round(float(match[1]) * _BYTE_UNITS[match[2].lower()])
+
+
+def _uuid(seed: int, index: int) -> str:
+    digits = f"{(seed * 7919 + index * 104729 + 0x5EED) & 0xFFFFFFFFFFFF:012x}"
+    return f"GPU-5a1e{index:04x}-{seed & 0xFFFF:04x}-4c{index % 256:02x}-8000-{digits}"
+
+
+def _bus_id(index: int) -> str:
+    return f"00000000:{0x18 + index * 0x10 & 0xFF:02X}:00.0"
+
+
+def default_fleet(count: int, *, seed: int = 0) -> Fleet:
+    """N GPUs of the default model running a realistic mix: a trainer, two inference services
+    time-sharing one GPU, an idle holder and an input-starved trainer, repeating."""
+    model = builtin_catalog().by_key(DEFAULT_MODEL)
+    if model is None:  # pragma: no cover - the built-in catalog always has it
+        raise FleetError(f"default model {DEFAULT_MODEL} missing from the catalog")
+    gib = 2**30
+    gpus = tuple(SimGpu(i, model, _uuid(seed, i), _bus_id(i)) for i in range(count))
+    processes: list[SimProcess] = []
+    for i in range(count):
+        pid = 10_000 + 100 * i
+        match i % 4:
+            case 0:
+                processes.append(SimProcess(pid, i, 62 * gib, "steady", level=0.92))
+            case 1:
+                processes.append(SimProcess(pid, i, 9 * gib, "bursty", 0.55, period=15, duty=0.4))
+                processes.append(SimProcess(pid + 1, i, 14 * gib, "sawtooth", 0.35, period=120))
+            case 2:
+                processes.append(SimProcess(pid, i, 3 * gib, "idle", level=0.0))
+            case _:
+                processes.append(
+                    SimProcess(pid, i, 48 * gib, "input_starved", 0.9, period=2, duty=0.25)
+                )
+    return Fleet(gpus=gpus, processes=tuple(processes), seed=seed)
+
+
+def load_fleet(path: Path) -> Fleet:
+    where = f"--simulate {path}"
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise FleetError(f"{where}: {error.strerror or error}") from error
+    except yaml.YAMLError as error:
+        raise FleetError(f"{where}: not valid YAML") from error
+    return parse_fleet(document, where=where)
+
+
+def parse_fleet(document: object, *, where: str = "fleet") -> Fleet:
+    if not isinstance(document, Mapping):
+        raise FleetError(f"{where}: the top level must be a mapping")
+    _only(
+        document, {"seed", "driver_version", "cuda_version", "gpus", "processes", "faults"}, where
+    )
+    seed = _field(where, "seed", lambda: int(document.get("seed", 0)))
+    gpus = _parse_gpus(document.get("gpus"), where, seed)
+    processes = tuple(
+        _entry(where, f"processes[{n}]", item, lambda item: _parse_process(item, len(gpus)))
+        for n, item in enumerate(_list(document.get("processes"), where, "processes"))
+    )
+    pids = [process.pid for process in processes]
+    duplicates = sorted({pid for pid in pids if pids.count(pid) > 1})
+    if duplicates:
+        raise FleetError(f"{where}: processes: pid {duplicates[0]} appears more than once")
+    for gpu in gpus:
+        planned = sum(p.memory_bytes for p in processes if p.gpu == gpu.index)
+        if planned > gpu.model.nvml_memory_bytes * 0.99:
+            raise FleetError(
+                f"{where}: processes on GPU {gpu.index} need {planned / 2**30:.1f} GiB, "
+                f"more than a {gpu.model.name} has ({gpu.model.nvml_memory_bytes / 2**30:.1f} GiB)"
+            )
+    faults = tuple(
+        _entry(where, f"faults[{n}]", item, lambda item: _parse_fault(item, len(gpus)))
+        for n, item in enumerate(_list(document.get("faults"), where, "faults"))
+    )
+    cuda = str(document.get("cuda_version", "12.8"))
+    cuda_match = re.fullmatch(r"(\d+)\.(\d+)", cuda)
+    if cuda_match is None:
+        raise FleetError(f"{where}: cuda_version: {cuda!r} is not MAJOR.MINOR")
+    return Fleet(
+        gpus=gpus,
+        processes=processes,
+        faults=faults,
+        seed=seed,
+        driver_version=str(document.get("driver_version", "570.133.20")),
+        cuda_version=int(cuda_match[1]) * 1000 + int(cuda_match[2]) * 10,
+    )
+
+
+def _parse_gpus(value: object, where: str, seed: int) -> tuple[SimGpu, ...]:
+    entries = _list(value, where, "gpus")
+    if not entries:
+        raise FleetError(f"{where}: gpus: at least one GPU is needed")
+    gpus: list[SimGpu] = []
+    for n, item in enumerate(entries):
+        spot = f"{where}: gpus[{n}]"
+        if not isinstance(item, Mapping):
+            raise FleetError(f"{spot}: expected a mapping")
+        _only(item, {"model", "count", "cooling", "sharing"}, spot)
+        name = str(item.get("model", DEFAULT_MODEL))
+        model = builtin_catalog().find(name)
+        if model is None:
+            known = ", ".join(m.key for m in builtin_catalog().models)
+            raise FleetError(f"{spot}: model: unknown GPU model {name!r} (known: {known})")
+        count = item.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= 64:
+            raise FleetError(f"{spot}: count: {count!r} is not a number from 1 to 64")
+        cooling = _choice(item.get("cooling", "normal"), ("normal", "poor"), f"{spot}: cooling")
+        sharing = _choice(
+            item.get("sharing", "time-slicing"), ("time-slicing", "mps"), f"{spot}: sharing"
+        )
+        for _ in range(count):
+            index = len(gpus)
+            gpus.append(SimGpu(index, model, _uuid(seed, index), _bus_id(index), cooling, sharing))
+    if len(gpus) > 64:
+        raise FleetError(f"{where}: gpus: {len(gpus)} GPUs; at most 64 per node")
+    return tuple(gpus)
+
+
+def _parse_process(item: Mapping[str, Any], gpu_count: int) -> SimProcess:
+    _only(
+        item,
+        {
+            "pid",
+            "gpu",
+            "memory",
+            "pattern",
+            "level",
+            "period",
+            "duty",
+            "memory_intensity",
+            "start",
+            "stop",
+        },
+    )
+    pid = int(item["pid"])
+    if not 1 <= pid < 2**22:
+        raise ValueError(f"pid: {pid} is not a valid pid")
+    gpu = _gpu_index(item.get("gpu"), gpu_count, required=True)
+    assert gpu is not None
+    pattern = _choice(item.get("pattern", "steady"), PATTERNS, "pattern")
+    stop = _seconds(item["stop"], "stop") if "stop" in item else None
+    start = _seconds(item.get("start", "0s"), "start")
+    if stop is not None and stop <= start:
+        raise ValueError("stop: must come after start")
+    return SimProcess(
+        pid=pid,
+        gpu=gpu,
+        memory_bytes=_sized(item.get("memory", "1GiB")),
+        pattern=pattern,
+        level=_ratio(item.get("level", 0.0 if pattern == "idle" else 0.8), "level"),
+        period=_seconds(item.get("period", "20s"), "period", positive=True),
+        duty=_ratio(item.get("duty", 0.3), "duty"),
+        memory_intensity=_ratio(item.get("memory_intensity", 0.4), "memory_intensity"),
+        start=start,
+        stop=stop,
+    )
+
+
+def _parse_fault(item: Mapping[str, Any], gpu_count: int) -> Fault:
+    _only(item, {"kind", "gpu", "function", "error", "at", "until", "corrected", "uncorrected"})
+    kind = _choice(item.get("kind"), FAULT_KINDS, "kind")
+    at = _seconds(item.get("at", "0s"), "at")
+    until = _seconds(item["until"], "until") if "until" in item else None
+    if until is not None and until <= at:
+        raise ValueError("until: must come after at")
+    gpu = _gpu_index(item.get("gpu"), gpu_count, required=kind in {"gpu_lost", "ecc"})
+    function = item.get("function")
+    if kind == "error":
+        if function not in NVML_FUNCTIONS:
+            raise ValueError(f"function: {function!r} is not an NVML function the simulator offers")
+    elif function is not None:
+        raise ValueError(f"function: only faults of kind error name a function, not {kind}")
+    default_error = "gpu_is_lost" if kind == "gpu_lost" else "unknown"
+    return Fault(
+        kind=kind,
+        at=at,
+        until=until,
+        gpu=gpu,
+        function=function,
+        error=_error_code(item.get("error", default_error)),
+        corrected=_count(item.get("corrected", 0), "corrected"),
+        uncorrected=_count(item.get("uncorrected", 0), "uncorrected"),
+    )
+
+
+# -- small validators; each raises ValueError("<field>: <problem>") -----------------------------
+
+
+def _entry(where: str, spot: str, item: object, parse: Any) -> Any:
+    if not isinstance(item, Mapping):
+        raise FleetError(f"{where}: {spot}: expected a mapping")
+    try:
+        return parse(item)
+    except KeyError as error:
+        raise FleetError(f"{where}: {spot}: missing {error.args[0]!r}") from error
+    except (TypeError, ValueError) as error:
+        raise FleetError(f"{where}: {spot}: {error}") from error
+
+
+def _field(where: str, name: str, read: Any) -> Any:
+    try:
+        return read()
+    except (TypeError, ValueError) as error:
+        raise FleetError(f"{where}: {name}: {error}") from error
+
+
+def _list(value: object, where: str, name: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise FleetError(f"{where}: {name}: expected a list")
+    return value
+
+
+def _only(item: Mapping[str, Any], allowed: set[str], where: str | None = None) -> None:
+    unknown = sorted(set(item) - allowed, key=str)
+    if unknown:
+        message = f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
+        if where is None:
+            raise ValueError(message)
+        raise FleetError(f"{where}: {message}")
+
+
+def _choice(value: object, choices: tuple[str, ...], name: str) -> str:
+    text = str(value).replace("-", "_") if name.endswith(("pattern", "kind")) else str(value)
+    if text not in choices:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return text
+
+
+def _gpu_index(value: object, gpu_count: int, *, required: bool) -> int | None:
+    if value is None:
+        if required:
+            raise ValueError("gpu: missing")
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < gpu_count:
+        raise ValueError(f"gpu: {value!r} is not a GPU index from 0 to {gpu_count - 1}")
+    return value
+
+
+def _seconds(value: object, name: str, *, positive: bool = False) -> float:
+    try:
+        seconds = parse_duration(str(value))
+    except DurationError as error:
+        raise ValueError(f"{name}: {error}") from error
+    if positive and seconds <= 0:
+        raise ValueError(f"{name}: must be longer than 0s")
+    return seconds
+
+
+def _ratio(value: object, name: str) -> float:
+    try:
+        ratio = float(str(value))
+    except ValueError as error:
+        raise ValueError(f"{name}: {value!r} is not a number") from error
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"{name}: {ratio} is outside 0..1")
+    return ratio
+
+
+def _sized(value: object) -> int:
+    try:
+        return parse_bytes(value)
+    except ValueError as error:
+        raise ValueError(f"memory: {error}") from error
+
+
+def _count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}: {value!r} is not a count")
+    return value
+
+
+def _error_code(value: object) -> int:
+    name = str(value).upper()
+    code = getattr(pynvml, f"NVML_ERROR_{name}", None)
+    if not isinstance(code, int):
+        raise ValueError(
+            f"error: {value!r} is not an NVML error name (e.g. not_supported, unknown)"
+        )
+    return code
