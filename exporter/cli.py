@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -96,7 +97,8 @@ async def _serve(settings: ServeConfig, driver: NvmlDriver) -> int:
         await site.start()
     except OSError as error:
         await runner.cleanup()
-        return _fail(f"cannot listen on {address}: {error.strerror or error}", 1)
+        reason = os.strerror(error.errno).lower() if error.errno else str(error)
+        return _fail(f"cannot listen on {address}: {reason}", 1)
     listening = ", ".join(_format_address(bound) for bound in runner.addresses)
     log.info(
         "listening",

@@ -43,7 +43,7 @@ class SamplingLoop:
         self._build = build
         self._clock = clock
         self._wall = wall
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-sampler")
+        self._executor: ThreadPoolExecutor | None = None
         self._nvml = NvmlSampler(driver, collect_processes=config.collect_processes, clock=clock)
         self._cycles = 0
         self._overruns = 0
@@ -52,7 +52,11 @@ class SamplingLoop:
         """The latest rendered snapshot; None until the first cycle finished."""
 
     async def start(self) -> None:
-        """Initialise NVML; raises `NvmlUnavailable` when there is no NVML library at all."""
+        """Start the worker thread and initialise NVML in it.
+
+        Raises `NvmlUnavailable` when there is no NVML library at all.
+        """
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-sampler")
         await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.start)
 
     async def run(self) -> None:
@@ -82,5 +86,7 @@ class SamplingLoop:
 
     async def close(self) -> None:
         """Shut NVML down after any cycle in flight has finished, then stop the thread."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.close)
-        self._executor.shutdown(wait=False)
+        if self._executor is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.close)
+            self._executor.shutdown(wait=False)
+            self._executor = None

@@ -1,0 +1,150 @@
+"""pynvml-side helpers for snippets that run in a subprocess against the fake library.
+
+Import this only where the fake library is the one pynvml will load: pynvml binds one
+``libnvidia-ml.so.1`` per process, for good.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# Every per-device export of the fake, called the way an exporter calls it through pynvml.
+# Keyed by the C symbol each wrapper ends up calling.
+DEVICE_CALLS: dict[str, Callable[[Any], object]] = {
+    "nvmlDeviceGetName": pynvml.nvmlDeviceGetName,
+    "nvmlDeviceGetUUID": pynvml.nvmlDeviceGetUUID,
+    "nvmlDeviceGetPciInfo_v3": pynvml.nvmlDeviceGetPciInfo_v3,
+    "nvmlDeviceGetUtilizationRates": pynvml.nvmlDeviceGetUtilizationRates,
+    "nvmlDeviceGetMemoryInfo": pynvml.nvmlDeviceGetMemoryInfo,
+    "nvmlDeviceGetMemoryInfo_v2": lambda h: pynvml.nvmlDeviceGetMemoryInfo(
+        h, version=pynvml.nvmlMemory_v2
+    ),
+    "nvmlDeviceGetPowerUsage": pynvml.nvmlDeviceGetPowerUsage,
+    "nvmlDeviceGetEnforcedPowerLimit": pynvml.nvmlDeviceGetEnforcedPowerLimit,
+    "nvmlDeviceGetTotalEnergyConsumption": pynvml.nvmlDeviceGetTotalEnergyConsumption,
+    "nvmlDeviceGetTemperature": lambda h: pynvml.nvmlDeviceGetTemperature(
+        h, pynvml.NVML_TEMPERATURE_GPU
+    ),
+    "nvmlDeviceGetClockInfo": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+    "nvmlDeviceGetMaxClockInfo": lambda h: pynvml.nvmlDeviceGetMaxClockInfo(
+        h, pynvml.NVML_CLOCK_SM
+    ),
+    "nvmlDeviceGetCurrentClocksEventReasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+    "nvmlDeviceGetCurrentClocksThrottleReasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons,
+    "nvmlDeviceGetNumFans": pynvml.nvmlDeviceGetNumFans,
+    "nvmlDeviceGetFanSpeed_v2": lambda h: pynvml.nvmlDeviceGetFanSpeed_v2(h, 0),
+    "nvmlDeviceGetTotalEccErrors": lambda h: pynvml.nvmlDeviceGetTotalEccErrors(
+        h, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC
+    ),
+    "nvmlDeviceGetPcieReplayCounter": pynvml.nvmlDeviceGetPcieReplayCounter,
+    "nvmlDeviceGetPerformanceState": pynvml.nvmlDeviceGetPerformanceState,
+    "nvmlDeviceGetMinorNumber": pynvml.nvmlDeviceGetMinorNumber,
+    "nvmlDeviceGetComputeRunningProcesses_v3": pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
+    "nvmlDeviceGetComputeRunningProcesses_v2": pynvml.nvmlDeviceGetComputeRunningProcesses_v2,
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3": (
+        pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3
+    ),
+    "nvmlDeviceGetProcessUtilization": lambda h: pynvml.nvmlDeviceGetProcessUtilization(h, 0),
+}
+
+
+def expect_error(exc: type[BaseException], fn: Callable[..., object], *args: object) -> None:
+    """Assert that ``fn(*args)`` raises exactly ``exc`` (an NVMLError subclass, usually)."""
+    try:
+        fn(*args)
+    except exc:
+        return
+    except Exception as e:
+        msg = f"{fn!r}{args}: expected {exc.__name__}, got {type(e).__name__}: {e}"
+        raise AssertionError(msg) from e
+    msg = f"{fn!r}{args}: expected {exc.__name__}, nothing raised"
+    raise AssertionError(msg)
+
+
+def _processes(procs: list[Any]) -> list[list[object]]:
+    return [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId] for p in procs]
+
+
+def read_device(h: object) -> dict[str, object]:
+    """Everything the fake serves for one device, as JSON-able values keyed like FakeDevice."""
+    pci = pynvml.nvmlDeviceGetPciInfo_v3(h)
+    util = pynvml.nvmlDeviceGetUtilizationRates(h)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+    mem_v1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+    num_fans = pynvml.nvmlDeviceGetNumFans(h)
+    ecc = {
+        f"ecc_{kind}_{counter}": pynvml.nvmlDeviceGetTotalEccErrors(h, error_type, counter_type)
+        for kind, error_type in (
+            ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        )
+        for counter, counter_type in (
+            ("volatile", pynvml.NVML_VOLATILE_ECC),
+            ("aggregate", pynvml.NVML_AGGREGATE_ECC),
+        )
+    }
+    clocks = {
+        f"{prefix}clock_{domain}_mhz": getter(h, clock_type)
+        for prefix, getter in (
+            ("", pynvml.nvmlDeviceGetClockInfo),
+            ("max_", pynvml.nvmlDeviceGetMaxClockInfo),
+        )
+        for domain, clock_type in (
+            ("graphics", pynvml.NVML_CLOCK_GRAPHICS),
+            ("sm", pynvml.NVML_CLOCK_SM),
+            ("mem", pynvml.NVML_CLOCK_MEM),
+            ("video", pynvml.NVML_CLOCK_VIDEO),
+        )
+    }
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    except pynvml.NVMLError_NotFound:
+        samples = []
+    return {
+        "name": pynvml.nvmlDeviceGetName(h),
+        "uuid": pynvml.nvmlDeviceGetUUID(h),
+        "pci_bus_id": pci.busId,
+        "pci_bus_id_legacy": pci.busIdLegacy,
+        "pci_domain_bus_device": [pci.domain, pci.bus, pci.device],
+        "pci_device_id": pci.pciDeviceId,
+        "pci_subsystem_id": pci.pciSubSystemId,
+        "minor_number": pynvml.nvmlDeviceGetMinorNumber(h),
+        "util_gpu_percent": util.gpu,
+        "util_memory_percent": util.memory,
+        "memory_v2": [mem.version, mem.total, mem.reserved, mem.used, mem.free],
+        "memory_v1": [mem_v1.total, mem_v1.used, mem_v1.free],
+        "power_usage_mw": pynvml.nvmlDeviceGetPowerUsage(h),
+        "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+        "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
+        "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        **clocks,
+        "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+        "clock_throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+        "num_fans": num_fans,
+        "fan_speeds": [pynvml.nvmlDeviceGetFanSpeed_v2(h, i) for i in range(num_fans)],
+        **ecc,
+        "pcie_replay_count": pynvml.nvmlDeviceGetPcieReplayCounter(h),
+        "performance_state": pynvml.nvmlDeviceGetPerformanceState(h),
+        "processes": _processes(pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
+        "processes_v2": _processes(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h)),
+        "mps_processes": _processes(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)),
+        "samples": [
+            [s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil] for s in samples
+        ],
+    }
+
+
+def read_system() -> dict[str, object]:
+    """System-level readings plus every device's, after nvmlInit()."""
+    count = pynvml.nvmlDeviceGetCount()
+    return {
+        "driver_version": pynvml.nvmlSystemGetDriverVersion(),
+        "nvml_version": pynvml.nvmlSystemGetNVMLVersion(),
+        "cuda_version": pynvml.nvmlSystemGetCudaDriverVersion(),
+        "devices": [read_device(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)],
+    }

@@ -1,0 +1,192 @@
+"""The state the fake NVML library serves, and its on-disk form.
+
+The library reads the file named by ``$FAKE_NVML_STATE`` at ``nvmlInit`` and re-reads it
+whenever it changes, so rewriting the file changes what a running client sees.  Scalar
+``FakeDevice`` fields are written as ``<field name> <value>`` lines; the C side knows the
+same names (``device_fields[]`` in fake_nvml.c) and rejects unknown keys, so the two cannot
+drift apart silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_ENV = "FAKE_NVML_STATE"
+FORMAT_HEADER = "fake_nvml_state 1"
+
+MIB = 1024**2
+GIB = 1024**3
+NOT_IN_MIG = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId outside MIG mode
+
+# Bus ids of the eight GPUs in a DGX A100, so numbered devices look like a real node.
+_DGX_A100_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
+_UUID_PREFIX = "GPU-6a9f2c1e-5b3d-4e8a-9c71-0d2e4f6a"
+
+
+def _uuid(index: int) -> str:
+    return f"{_UUID_PREFIX}{index:04x}"
+
+
+def _pci_bus_id(index: int) -> str:
+    bus = _DGX_A100_BUSES[index] if index < len(_DGX_A100_BUSES) else 0xC0 + index
+    return f"00000000:{bus:02X}:00.0"
+
+
+@dataclass
+class FakeProcess:
+    """A process with a compute context (or an MPS client) on a GPU."""
+
+    pid: int
+    used_memory_bytes: int | None = 0  # None: NVML_VALUE_NOT_AVAILABLE (pynvml gives None)
+    gpu_instance_id: int = NOT_IN_MIG
+    compute_instance_id: int = NOT_IN_MIG
+
+
+@dataclass
+class FakeProcessSample:
+    """One nvmlProcessUtilizationSample_t; returned when newer than the caller's timestamp."""
+
+    pid: int
+    timestamp_us: int
+    sm_util: int = 0
+    mem_util: int = 0
+    enc_util: int = 0
+    dec_util: int = 0
+
+
+@dataclass
+class FakeDevice:
+    """One GPU; defaults are an idle NVIDIA A100-SXM4-80GB. Index = position in the list."""
+
+    name: str = "NVIDIA A100-SXM4-80GB"
+    uuid: str = _uuid(0)
+    pci_bus_id: str = _pci_bus_id(0)
+    pci_device_id: int = 0x20B210DE  # device << 16 | vendor
+    pci_subsystem_id: int = 0x147F10DE
+    minor_number: int = 0
+    util_gpu_percent: int = 0
+    util_memory_percent: int = 0
+    memory_total_bytes: int = 80 * GIB
+    memory_reserved_bytes: int = 577 * MIB
+    memory_used_bytes: int = 0  # free = total - reserved - used
+    power_usage_mw: int = 62_000
+    power_limit_mw: int = 400_000
+    energy_mj: int = 35_000_000
+    temperature_c: int = 32
+    clock_graphics_mhz: int = 210
+    clock_sm_mhz: int = 210
+    clock_mem_mhz: int = 1593
+    clock_video_mhz: int = 795
+    max_clock_graphics_mhz: int = 1410
+    max_clock_sm_mhz: int = 1410
+    max_clock_mem_mhz: int = 1593
+    max_clock_video_mhz: int = 1290
+    clock_event_reasons: int = 0x1  # GpuIdle
+    num_fans: int = 0  # SXM boards are passively cooled: fan speed is NOT_SUPPORTED
+    fan_speed_percent: int = 0
+    ecc_corrected_volatile: int = 0
+    ecc_uncorrected_volatile: int = 0
+    pcie_replay_count: int = 0
+    performance_state: int = 0
+    lost: bool = False  # every per-device call raises GPU_IS_LOST; sticky until re-init
+    # Exported symbol names (e.g. "nvmlDeviceGetFanSpeed_v2") answering NOT_SUPPORTED.
+    not_supported: set[str] = field(default_factory=set)
+    processes: list[FakeProcess] = field(default_factory=list)
+    mps_processes: list[FakeProcess] = field(default_factory=list)
+    process_samples: list[FakeProcessSample] = field(default_factory=list)
+
+    @classmethod
+    def numbered(cls, index: int, **overrides: Any) -> FakeDevice:
+        """A device with the UUID, bus id and minor number of GPU ``index`` in a node."""
+        values: dict[str, Any] = {
+            "uuid": _uuid(index),
+            "pci_bus_id": _pci_bus_id(index),
+            "minor_number": index,
+        }
+        return cls(**(values | overrides))
+
+
+_LIST_FIELDS = frozenset({"not_supported", "processes", "mps_processes", "process_samples"})
+
+
+def _scalar(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    text = str(value)
+    if "\n" in text or "\r" in text or text != text.strip():
+        msg = f"{name}={value!r}: values must be single-line without surrounding blanks"
+        raise ValueError(msg)
+    return text
+
+
+def _process_line(key: str, proc: FakeProcess) -> str:
+    memory = "na" if proc.used_memory_bytes is None else proc.used_memory_bytes
+    return f"{key} {proc.pid} {memory} {proc.gpu_instance_id} {proc.compute_instance_id}"
+
+
+def _device_lines(device: FakeDevice) -> list[str]:
+    lines = ["device"]
+    lines += [
+        f"{f.name} {_scalar(f.name, getattr(device, f.name))}"
+        for f in dataclasses.fields(device)
+        if f.name not in _LIST_FIELDS
+    ]
+    lines += [f"not_supported {_scalar('not_supported', n)}" for n in sorted(device.not_supported)]
+    lines += [_process_line("process", p) for p in device.processes]
+    lines += [_process_line("mps_process", p) for p in device.mps_processes]
+    lines += [
+        f"sample {s.pid} {s.timestamp_us} {s.sm_util} {s.mem_util} {s.enc_util} {s.dec_util}"
+        for s in device.process_samples
+    ]
+    return lines
+
+
+@dataclass
+class FakeNvmlState:
+    """The whole fake system: driver, CUDA version, GPUs, and how nvmlInit behaves."""
+
+    driver_version: str = "550.54.15"
+    cuda_version: int = 12040  # as nvmlSystemGetCudaDriverVersion reports: 1000*major + 10*minor
+    devices: list[FakeDevice] = field(default_factory=lambda: [FakeDevice()])
+    init_error: int = 0  # nvmlReturn_t for nvmlInit to fail with, e.g. 9 = DRIVER_NOT_LOADED
+
+    def to_text(self) -> str:
+        for attr in ("uuid", "pci_bus_id"):
+            values = [getattr(d, attr) for d in self.devices]
+            if len(set(values)) != len(values):
+                msg = f"devices share a {attr} ({values}); use FakeDevice.numbered(i)"
+                raise ValueError(msg)
+        lines = [
+            FORMAT_HEADER,
+            f"driver_version {_scalar('driver_version', self.driver_version)}",
+            f"cuda_version {self.cuda_version}",
+            f"init_error {self.init_error}",
+        ]
+        for device in self.devices:
+            lines += _device_lines(device)
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Replace the state file atomically, so the library never reads a partial file."""
+        path = Path(path)
+        text = self.to_text()
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+        ) as tmp:
+            tmp.write(text)
+        # A reused inode, the same size and an mtime within one timestamp tick would make
+        # the change invisible to the library: make the mtime strictly newer.
+        try:
+            previous_ns = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            previous_ns = 0
+        mtime_ns = max(time.time_ns(), previous_ns + 1)
+        os.utime(tmp.name, ns=(mtime_ns, mtime_ns))
+        os.replace(tmp.name, path)
+        return path

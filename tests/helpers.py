@@ -1,0 +1,170 @@
+"""Shared test helpers: run the daemon as a user would, scrape it, read its metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEETS = Path(__file__).resolve().parent / "fixtures" / "fleets"
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def require_tool(name: str) -> str:
+    """The path of a command the test needs: a failure under CI=true, a skip elsewhere."""
+    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    if path is None:
+        message = f"{name} is not installed (the README's test command installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@dataclass
+class Daemon:
+    process: subprocess.Popen[str]
+    port: int
+    log_lines: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(
+        self, path: str = "/metrics", headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        request = urllib.request.Request(self.url + path, headers=dict(headers or {}))
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def metrics(self) -> str:
+        status, _, body = self.get()
+        assert status == 200, body
+        return body.decode()
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.get("/-/ready")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError(
+            f"daemon not ready after {timeout}s; log:\n" + "\n".join(self.log_lines)
+        )
+
+    def stop(self, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def daemon_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "exporter", "serve", *args]
+
+
+@contextmanager
+def running_daemon(
+    *args: str, env: Mapping[str, str] | None = None, startup_timeout: float = 20.0
+) -> Iterator[Daemon]:
+    """`gpuscope serve ARGS` on a free loopback port; stopped with SIGTERM afterwards."""
+    command = daemon_command("--web.listen-address=127.0.0.1:0", *args)
+    full_env = {**os.environ, **(env or {})}
+    process = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+    )
+    lines: list[str] = []
+    port_found = threading.Event()
+    port: list[int] = []
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line.rstrip("\n"))
+            match = re.search(
+                r'"?msg"?[=:]"?listening\b.*"?address"?[=:]"?127\.0\.0\.1:(\d+)', line
+            )
+            if match and not port:
+                port.append(int(match[1]))
+                port_found.set()
+        port_found.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    if not port_found.wait(startup_timeout) or not port:
+        process.kill()
+        process.wait()
+        raise AssertionError("daemon did not start; log:\n" + "\n".join(lines))
+    daemon = Daemon(process, port[0], lines)
+    try:
+        yield daemon
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a text exposition, keyed by (name, labels)."""
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def series(exposition: str, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of one metric whose labels include `labels`."""
+    wanted = set(labels.items())
+    return {
+        key_labels: value
+        for (sample_name, key_labels), value in samples(exposition).items()
+        if sample_name == name and wanted <= key_labels
+    }
+
+
+def value(exposition: str, name: str, **labels: str) -> float:
+    found = series(exposition, name, **labels)
+    assert len(found) == 1, f"{name}{labels}: expected one series, found {len(found)}"
+    return next(iter(found.values()))
+
+
+class ManualClock:
+    """A clock that moves only when told: makes simulated time, and so values, deterministic."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -1,0 +1,83 @@
+"""The aiohttp application in-process, on the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from exporter.app import SAMPLING, init_app
+from exporter.config import ServeConfig
+from exporter.nvml.simulator import SimulatedNvml, default_fleet
+
+if TYPE_CHECKING:
+    from aiohttp.test_utils import TestClient
+
+    from tests.helpers import ManualClock  # noqa: F401
+
+CONFIG = replace(ServeConfig(), collect_interval=0.1, telemetry_path="/gpu-metrics")
+
+
+async def ready_client(aiohttp_client: object) -> TestClient:
+    client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))  # type: ignore[operator]
+    for _ in range(100):
+        if (await client.get("/-/ready")).status == 200:
+            return client
+        await asyncio.sleep(0.02)
+    raise AssertionError("not ready")
+
+
+async def test_metrics_on_the_configured_path(aiohttp_client: object) -> None:
+    client = await ready_client(aiohttp_client)
+    response = await client.get("/gpu-metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    body = await response.text()
+    assert "gpu_utilization_ratio{" in body
+    assert (await client.get("/metrics")).status == 404
+
+
+async def test_openmetrics_and_gzip(aiohttp_client: object) -> None:
+    client = await ready_client(aiohttp_client)
+    response = await client.get(
+        "/gpu-metrics",
+        headers={"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"},
+        auto_decompress=False,
+    )
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(await response.read()).endswith(b"# EOF\n")
+
+
+async def test_a_format_not_rendered_yet_is_rendered_on_demand(aiohttp_client: object) -> None:
+    client = await ready_client(aiohttp_client)
+    sampling = client.app[SAMPLING]
+    sampling.demand._last_asked = {}  # as if nobody had scraped for a long time
+    await asyncio.sleep(0.25)
+    exposition = sampling.exposition
+    assert exposition is not None
+    assert exposition.rendered("text") is None
+    response = await client.get("/gpu-metrics")
+    assert response.status == 200
+    assert "gpu_up{" in await response.text()
+    assert "text" in sampling.demand.wanted()
+
+
+async def test_health_ready_and_landing(aiohttp_client: object) -> None:
+    client = await ready_client(aiohttp_client)
+    assert (await client.get("/-/healthy")).status == 200
+    assert (await client.get("/-/ready")).status == 200
+    landing = await client.get("/")
+    assert landing.status == 200
+    assert 'href="/gpu-metrics"' in await landing.text()
+    head = await client.head("/gpu-metrics")
+    assert head.status == 200
+
+
+async def test_not_ready_before_the_first_sample(aiohttp_client: object) -> None:
+    client = await ready_client(aiohttp_client)
+    client.app[SAMPLING].exposition = None
+    assert (await client.get("/-/ready")).status == 503
+    assert (await client.get("/gpu-metrics")).status == 503
+    assert (await client.get("/-/healthy")).status == 200

@@ -1,0 +1,95 @@
+"""A golden /metrics for a fixed simulated fleet, seed and clock.
+
+Any change to names, labels, HELP texts or simulated values shows up as a diff here. After an
+intended change, regenerate with `pytest tests/test_golden.py --update-golden` and review the diff.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from exporter.config import ServeConfig
+from exporter.metrics.exposition import OPENMETRICS, TEXT, Exposition
+from exporter.metrics.families import BuildInfo
+from exporter.nvml.simulator import SimulatedNvml, load_fleet
+from exporter.sampling import SamplingLoop
+from tests.helpers import FLEETS, ROOT, ManualClock, require_tool
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
+
+GOLDEN = ROOT / "tests" / "golden" / "metrics.prom"
+GOLDEN_OPENMETRICS = ROOT / "tests" / "golden" / "metrics.openmetrics"
+WALL_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+async def render_families() -> list[Metric]:
+    """The families of the golden fleet after five deterministic cycles."""
+    return (await _golden_exposition()).families
+
+
+async def render_fleet() -> tuple[bytes, bytes]:
+    exposition = await _golden_exposition()
+    return exposition.render(TEXT).body, exposition.render(OPENMETRICS).body
+
+
+async def _golden_exposition() -> Exposition:
+    clock = ManualClock()
+    wall = lambda: WALL_START + clock()  # noqa: E731 - a clock is a function
+    driver = SimulatedNvml(load_fleet(FLEETS / "golden.yaml"), clock=clock, wall=wall)
+    sampling = SamplingLoop(
+        replace(ServeConfig(), collect_interval=1.0),
+        driver,
+        build=BuildInfo(version="0.0.0+golden", python_version="3.11.0"),
+        clock=clock,
+        wall=wall,
+    )
+    await sampling.start()
+    try:
+        for _ in range(5):
+            exposition = sampling.cycle()
+            clock.advance(1.0)
+    finally:
+        await sampling.close()
+    return exposition
+
+
+async def test_metrics_match_the_golden_files(update_golden: bool) -> None:
+    text, openmetrics = await render_fleet()
+    if update_golden:
+        GOLDEN.write_bytes(text)
+        GOLDEN_OPENMETRICS.write_bytes(openmetrics)
+    assert text.decode() == GOLDEN.read_text(), "run pytest --update-golden and review the diff"
+    assert openmetrics.decode() == GOLDEN_OPENMETRICS.read_text()
+
+
+async def test_rendering_is_deterministic() -> None:
+    assert await render_fleet() == await render_fleet()
+
+
+def test_golden_file_passes_promtool_lint() -> None:
+    promtool = require_tool("promtool")
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=GOLDEN.read_bytes(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_golden_fleet_covers_every_state() -> None:
+    text = GOLDEN.read_text()
+    for needle in (
+        'gpu_up{gpu="3"',  # the lost A100
+        "gpu_fan_speed_ratio{",  # the RTX 6000 Ada has a fan
+        'gpu_ecc_errors_total{gpu="1"',
+        'gpu_process_utilization_ratio{gpu="1"',  # MPS clients
+        'reason="gpu_idle"',
+    ):
+        assert needle in text, needle
+    assert 'gpu_up{gpu="3",model="NVIDIA A100-SXM4-40GB"' in text
+    assert 'gpu_pcie_replays_total{gpu="0"' not in text, "unsupported on GPU 0: absent, not 0"

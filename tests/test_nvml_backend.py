@@ -1,0 +1,199 @@
+"""The production NVML path: `gpuscope serve` (no --simulate) on the real pynvml over the fake
+libnvidia-ml.so.1. Values read, a GPU lost mid-run and recovering, a function missing from the
+driver, the library absent."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import subprocess
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.fake_nvml import (
+    STATE_ENV,
+    FakeDevice,
+    FakeNvmlState,
+    FakeProcess,
+    FakeProcessSample,
+    build_fake_nvml,
+)
+from tests.helpers import ROOT, daemon_command, running_daemon, series, value
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from tests.helpers import Daemon
+
+pytestmark = pytest.mark.slow
+GIB = 1024**3
+
+
+def node_state(*, lost: bool = False) -> FakeNvmlState:
+    return FakeNvmlState(
+        driver_version="550.54.15",
+        cuda_version=12040,
+        devices=[
+            FakeDevice.numbered(
+                0,
+                name="NVIDIA H100 80GB HBM3",
+                util_gpu_percent=37,
+                util_memory_percent=12,
+                memory_total_bytes=80 * GIB,
+                memory_used_bytes=30 * GIB,
+                power_usage_mw=412_500,
+                power_limit_mw=700_000,
+                energy_mj=123_456_789,
+                temperature_c=61,
+                clock_sm_mhz=1755,
+                clock_event_reasons=0x4 | 0x20,
+                ecc_corrected_volatile=3,
+                performance_state=0,
+                processes=[FakeProcess(4242, 20 * GIB), FakeProcess(4343, 10 * GIB)],
+                process_samples=[
+                    FakeProcessSample(4242, 2_000_000_000_000_000, sm_util=30, mem_util=9),
+                    FakeProcessSample(4242, 2_000_000_000_100_000, sm_util=20, mem_util=5),
+                ],
+            ),
+            FakeDevice.numbered(1, num_fans=2, fan_speed_percent=55, lost=lost),
+        ],
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def fake_env(lib_dir: Path, state: Path) -> dict[str, str]:
+    return {"LD_LIBRARY_PATH": str(lib_dir), STATE_ENV: str(state)}
+
+
+def gpu_up(daemon: Daemon, gpu: str) -> float:
+    return value(daemon.metrics(), "gpu_up", gpu=gpu)
+
+
+def test_values_read_through_real_pynvml(fake_lib_dir: Path, tmp_path: Path) -> None:
+    state = node_state().write(tmp_path / "state")
+    # One cycle only: the fake's per-process samples are fixed, so a second cycle would rightly
+    # find nothing newer (process utilization is per sampling window).
+    with running_daemon("--collect.interval=10m", env=fake_env(fake_lib_dir, state)) as daemon:
+        daemon.wait_ready()
+        text = daemon.metrics()
+    gpu0 = {"gpu": "0"}
+    assert value(text, "gpu_utilization_ratio", **gpu0) == pytest.approx(0.37)
+    assert value(text, "gpu_memory_utilization_ratio", **gpu0) == pytest.approx(0.12)
+    assert value(text, "gpu_memory_used_bytes", **gpu0) == 30 * GIB
+    assert value(text, "gpu_memory_total_bytes", **gpu0) == 80 * GIB
+    assert value(text, "gpu_power_watts", **gpu0) == pytest.approx(412.5)
+    assert value(text, "gpu_power_limit_watts", **gpu0) == pytest.approx(700.0)
+    assert value(text, "gpu_energy_joules_total", **gpu0) == pytest.approx(123_456.789)
+    assert value(text, "gpu_temperature_celsius", **gpu0) == 61
+    assert value(text, "gpu_clock_hertz", clock="sm", **gpu0) == 1755e6
+    assert value(text, "gpu_clock_event_active", reason="sw_power_cap", **gpu0) == 1
+    assert value(text, "gpu_clock_event_active", reason="sw_thermal_slowdown", **gpu0) == 1
+    assert value(text, "gpu_clock_event_active", reason="gpu_idle", **gpu0) == 0
+    assert value(text, "gpu_ecc_errors_total", type="corrected", **gpu0) == 3
+    assert value(text, "gpu_processes", **gpu0) == 2
+    assert value(text, "gpu_process_memory_used_bytes", pid="4242", **gpu0) == 20 * GIB
+    assert value(text, "gpu_process_utilization_ratio", pid="4242", **gpu0) == pytest.approx(0.25)
+    assert value(text, "gpu_process_utilization_ratio", pid="4343", **gpu0) == 0.0
+    assert value(text, "gpu_busy_seconds_total", **gpu0) == 0, "nothing to integrate yet"
+    info = series(text, "gpu_info", gpu="0")
+    (labels,) = info
+    assert dict(labels)["driver_version"] == "550.54.15"
+    assert dict(labels)["cuda_version"] == "12.4"
+    assert dict(labels)["model"] == "NVIDIA H100 80GB HBM3"
+    assert value(text, "gpu_fan_speed_ratio", gpu="1", fan="1") == pytest.approx(0.55)
+    assert not series(text, "gpu_fan_speed_ratio", gpu="0"), "passive GPU: no fan series"
+    assert value(text, "gpuscope_collector_success", collector="nvml") == 1
+
+
+def test_gpu_lost_mid_run_and_back_after_reinit(fake_lib_dir: Path, tmp_path: Path) -> None:
+    state = node_state().write(tmp_path / "state")
+    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
+        daemon.wait_ready()
+        assert gpu_up(daemon, "1") == 1
+        node_state(lost=True).write(state)
+        wait_for(lambda: gpu_up(daemon, "1") == 0, 5, "GPU 1 to go down")
+        text = daemon.metrics()
+        assert gpu_up(daemon, "0") == 1, "the other GPU keeps reporting"
+        assert value(text, "gpu_utilization_ratio", gpu="0") == pytest.approx(0.37)
+        assert not series(text, "gpu_temperature_celsius", gpu="1"), "no fake values for a lost GPU"
+        assert value(text, "gpu_busy_seconds_total", gpu="0") > 0
+        assert series(text, "gpu_info", gpu="1"), "a lost GPU keeps its identity"
+        node_state().write(state)
+        wait_for(lambda: gpu_up(daemon, "1") == 1, 15, "GPU 1 to come back after re-init")
+        assert daemon.process.poll() is None
+    log = "\n".join(daemon.log_lines)
+    assert "GPU stopped answering" in log
+    assert "GPU answers again" in log
+
+
+def test_function_missing_from_an_old_driver_drops_only_its_series(tmp_path: Path) -> None:
+    old_driver = build_fake_nvml(
+        tmp_path / "old-driver",
+        omit=[
+            "nvmlDeviceGetTotalEnergyConsumption",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "nvmlDeviceGetCurrentClocksEventReasons",
+        ],
+    )
+    state = node_state().write(tmp_path / "state")
+    with running_daemon("--collect.interval=100ms", env=fake_env(old_driver, state)) as daemon:
+        daemon.wait_ready()
+        time.sleep(0.5)
+        text = daemon.metrics()
+    assert not series(text, "gpu_energy_joules_total"), "a missing function: series absent, not 0"
+    assert value(text, "gpu_power_watts", gpu="0") == pytest.approx(412.5)
+    # the older functions stand in for the missing newer ones
+    assert value(text, "gpu_processes", gpu="0") == 2
+    assert value(text, "gpu_clock_event_active", gpu="0", reason="sw_power_cap") == 1
+    log = [line for line in daemon.log_lines if "reading=energy" in line]
+    assert len(log) == 2, "logged once per GPU, not once per cycle"
+
+
+def test_library_absent_is_a_one_line_error(tmp_path: Path) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        # A real NVIDIA driver is installed (a GPU machine): the library cannot be made absent
+        # here, and this test is about machines without one.
+        pytest.skip("a real libnvidia-ml is installed on this machine")
+    env = {key: val for key, val in os.environ.items() if key not in {"LD_LIBRARY_PATH", STATE_ENV}}
+    result = subprocess.run(
+        daemon_command("--web.listen-address=127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("gpuscope: error: NVML library libnvidia-ml.so.1 not found")
+    assert "--simulate" in lines[-1]
+
+
+def test_init_failing_at_start_then_succeeding(fake_lib_dir: Path, tmp_path: Path) -> None:
+    broken = node_state()
+    broken.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    state = broken.write(tmp_path / "state")
+    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
+        daemon.wait_ready()
+        text = daemon.metrics()
+        assert value(text, "gpuscope_collector_success", collector="nvml") == 0
+        assert not series(text, "gpu_up")
+        node_state().write(state)
+        wait_for(
+            lambda: value(daemon.metrics(), "gpuscope_collector_success", collector="nvml") == 1,
+            10,
+            "NVML to initialise",
+        )
+        assert gpu_up(daemon, "0") == 1

@@ -1,0 +1,317 @@
+"""NvmlSampler over the simulated driver: readings, integration, and failing alone."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import pynvml
+import pytest
+
+from exporter.nvml.driver import NvmlUnavailable
+from exporter.nvml.sampler import NvmlSampler
+from exporter.nvml.simulator import SimulatedNvml
+from exporter.nvml.simulator.fleet import parse_fleet
+from tests.helpers import ManualClock
+
+if TYPE_CHECKING:
+    from exporter.model import GpuSample
+
+
+def make(document: dict[str, object], **kwargs: object) -> tuple[NvmlSampler, ManualClock]:
+    clock = ManualClock()
+    driver = SimulatedNvml(parse_fleet(document), clock=clock, wall=lambda: 1.7e9 + clock())
+    sampler = NvmlSampler(driver, clock=clock, **kwargs)  # type: ignore[arg-type]
+    sampler.start()
+    return sampler, clock
+
+
+def by_index(gpus: tuple[GpuSample, ...]) -> dict[int, GpuSample]:
+    return {gpu.identity.index: gpu for gpu in gpus}
+
+
+def test_reads_every_field() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"model": "rtx6000-ada"}],
+            "processes": [
+                {"pid": 77, "gpu": 0, "memory": "3GiB", "pattern": "steady", "level": 0.5}
+            ],
+        }
+    )
+    clock.advance(1)
+    gpus, status = sampler.sample()
+    assert status.name == "nvml"
+    assert status.success
+    (gpu,) = gpus
+    assert gpu.up
+    assert gpu.identity.model == "NVIDIA RTX 6000 Ada Generation"
+    assert gpu.identity.uuid.startswith("GPU-")
+    assert gpu.identity.pci_bus_id == "00000000:18:00.0"
+    assert gpu.identity.driver_version == "570.133.20"
+    assert gpu.identity.cuda_version == "12.8"
+    assert 0.45 <= (gpu.utilization or 0) <= 0.55
+    assert gpu.memory_used_bytes == 3 * 2**30
+    assert gpu.memory_total_bytes == 49140 * 2**20
+    assert gpu.memory_reserved_bytes is not None
+    assert gpu.power_watts is not None
+    assert 25 < gpu.power_watts < 300
+    assert gpu.power_limit_watts == 300
+    assert gpu.energy_joules_total is not None
+    assert gpu.energy_joules_total > 0
+    assert gpu.temperature_celsius is not None
+    assert gpu.clocks.sm == 2505e6
+    assert gpu.max_clocks.memory == 10001e6
+    assert gpu.clock_event_reasons == 0
+    assert len(gpu.fan_speeds) == 1
+    assert 0.3 <= (gpu.fan_speeds[0] or 0) <= 1.0
+    assert gpu.ecc_corrected_total == 0
+    assert gpu.ecc_uncorrected_total == 0
+    assert gpu.pcie_replays_total == 0
+    assert gpu.performance_state == 0
+    assert gpu.processes is not None
+    (process,) = gpu.processes
+    assert process.pid == 77
+    assert process.used_memory_bytes == 3 * 2**30
+    assert process.sm_utilization == pytest.approx(gpu.utilization, abs=0.011)
+
+
+def test_busy_seconds_integrate_utilization_over_time() -> None:
+    sampler, clock = make(
+        {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "pattern": "steady", "level": 0.5}]}
+    )
+    total = 0.0
+    previous = None
+    for _ in range(20):
+        gpu = sampler.sample()[0][0]
+        if previous is not None:
+            total += (gpu.utilization or 0) * 0.5
+        previous = gpu
+        clock.advance(0.5)
+    assert previous is not None
+    assert previous.busy_seconds_total == pytest.approx(total)
+    assert 4.0 < total < 6.0  # about half of 9.5 s
+
+
+def test_idle_processes_report_zero_not_unknown() -> None:
+    sampler, clock = make({"gpus": [{}], "processes": [{"pid": 5, "gpu": 0, "pattern": "idle"}]})
+    clock.advance(1)
+    (gpu,) = sampler.sample()[0]
+    assert gpu.processes is not None
+    assert gpu.processes[0].sm_utilization == 0.0
+    assert gpu.utilization == 0.0
+
+
+def test_unsupported_reading_drops_only_that_value_and_is_not_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"count": 2}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "gpu": 1,
+                    "function": "nvmlDeviceGetPowerUsage",
+                    "error": "not_supported",
+                }
+            ],
+        }
+    )
+    caplog.set_level(logging.INFO)
+    for _ in range(5):
+        clock.advance(1)
+        gpus = by_index(sampler.sample()[0])
+    assert gpus[0].power_watts is not None
+    assert gpus[1].power_watts is None
+    assert gpus[1].up
+    assert gpus[1].temperature_celsius is not None
+    mentions = [r for r in caplog.records if getattr(r, "reading", None) == "power"]
+    assert len(mentions) == 1
+
+
+def test_transient_error_is_retried_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetTemperature",
+                    "error": "unknown",
+                    "at": "2s",
+                    "until": "5s",
+                }
+            ],
+        }
+    )
+    caplog.set_level(logging.WARNING)
+    temperatures = []
+    for _ in range(8):
+        clock.advance(1)
+        temperatures.append(sampler.sample()[0][0].temperature_celsius)
+    assert [t is None for t in temperatures] == [
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
+    assert len([r for r in caplog.records if getattr(r, "reading", None) == "temperature"]) == 1
+
+
+def test_missing_newer_function_falls_back_to_older_one() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{}],
+            "processes": [{"pid": 3, "gpu": 0, "memory": "1GiB"}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetCurrentClocksEventReasons",
+                    "error": "function_not_found",
+                },
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetComputeRunningProcesses",
+                    "error": "function_not_found",
+                },
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetMemoryInfo",
+                    "error": "argument_version_mismatch",
+                },
+            ],
+        }
+    )
+    clock.advance(1)
+    (gpu,) = sampler.sample()[0]
+    assert gpu.clock_event_reasons is not None  # from the deprecated throttle-reasons call
+    assert gpu.processes is not None
+    assert [p.pid for p in gpu.processes] == [3]
+
+
+def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"count": 3}],
+            "processes": [{"pid": 9, "gpu": 1, "pattern": "steady", "level": 0.8}],
+            "faults": [{"kind": "gpu_lost", "gpu": 1, "at": "5s", "until": "12s"}],
+        }
+    )
+    caplog.set_level(logging.INFO)
+    history: list[dict[int, GpuSample]] = []
+    for _ in range(40):
+        clock.advance(1)
+        gpus, status = sampler.sample()
+        assert status.success
+        history.append(by_index(gpus))
+    up = [snapshot[1].up for snapshot in history]
+    assert up[:3] == [True] * 3
+    assert not any(up[4:11])
+    assert all(up[-10:]), "the GPU came back by itself"
+    assert all(snapshot[0].up and snapshot[2].up for snapshot in history), "others kept reporting"
+    down = history[6][1]
+    assert down.identity.uuid == history[0][1].identity.uuid, "down GPU keeps its identity"
+    assert down.utilization is None
+    back = history[-1][1]
+    before = history[3][1]
+    assert back.busy_seconds_total is not None
+    assert before.busy_seconds_total is not None
+    assert back.busy_seconds_total > before.busy_seconds_total, "counter continues, never resets"
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("stopped answering" in m for m in messages)
+    assert any("answers again" in m for m in messages)
+
+
+def test_reinit_backs_off_while_a_gpu_stays_lost() -> None:
+    clock = ManualClock()
+    driver = SimulatedNvml(
+        parse_fleet(
+            {"gpus": [{"count": 2}], "faults": [{"kind": "gpu_lost", "gpu": 0, "at": "1s"}]}
+        ),
+        clock=clock,
+    )
+    inits = 0
+    original = driver.nvmlInit
+
+    def counting_init() -> None:
+        nonlocal inits
+        inits += 1
+        original()
+
+    driver.nvmlInit = counting_init  # type: ignore[method-assign]
+    sampler = NvmlSampler(driver, clock=clock)
+    sampler.start()
+    for _ in range(300):
+        clock.advance(1)
+        gpus = by_index(sampler.sample()[0])
+        assert gpus[1].up
+        assert not gpus[0].up or clock.now < 1
+    # 1 start + retries after 1, 2, 5, 10, 30 s and then every 60 s: far fewer than 300
+    assert 5 <= inits <= 12
+
+
+def test_init_failure_at_start_is_retried() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{}],
+            "faults": [{"kind": "init_error", "error": "driver_not_loaded", "until": "3s"}],
+        }
+    )
+    results = []
+    for _ in range(10):
+        clock.advance(1)
+        gpus, status = sampler.sample()
+        results.append((status.success, [g.up for g in gpus]))
+    assert results[0] == (False, [])
+    assert results[-1] == (True, [True])
+
+
+def test_missing_library_is_fatal() -> None:
+    class NoLibrary:
+        def nvmlInit(self) -> None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    sampler = NvmlSampler(NoLibrary())  # type: ignore[arg-type]
+    with pytest.raises(NvmlUnavailable, match=r"libnvidia-ml\.so\.1 not found.*--simulate"):
+        sampler.start()
+
+
+def test_unexpected_exception_costs_only_its_reading(caplog: pytest.LogCaptureFixture) -> None:
+    sampler, clock = make({"gpus": [{}]})
+    driver = sampler._nvml
+
+    def broken(handle: object) -> int:
+        raise RuntimeError("struct size mismatch")
+
+    driver.nvmlDeviceGetPcieReplayCounter = broken  # type: ignore[method-assign]
+    clock.advance(1)
+    (gpu,) = sampler.sample()[0]
+    assert gpu.up
+    assert gpu.pcie_replays_total is None
+    assert gpu.power_watts is not None
+    assert any("unexpected error" in r.getMessage() for r in caplog.records)
+
+
+def test_processes_can_be_switched_off() -> None:
+    sampler, clock = make(
+        {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0}]}, collect_processes=False
+    )
+    clock.advance(1)
+    assert sampler.sample()[0][0].processes is None
+
+
+def test_mps_clients_and_server_are_both_listed() -> None:
+    sampler, clock = make(
+        {"gpus": [{"sharing": "mps"}], "processes": [{"pid": 21, "gpu": 0}, {"pid": 22, "gpu": 0}]}
+    )
+    clock.advance(1)
+    (gpu,) = sampler.sample()[0]
+    assert gpu.processes is not None
+    assert [p.pid for p in gpu.processes] == [21, 22, 4_000_000]
