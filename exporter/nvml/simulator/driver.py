@@ -32,6 +32,8 @@ _HOT_RISE_CELSIUS: Final = {"normal": 45.0, "poor": 66.0}
 _SW_THERMAL_CELSIUS: Final = 87.0
 _HW_THERMAL_CELSIUS: Final = 92.0
 _NOT_AVAILABLE: Final = 0xFFFFFFFF
+_STATE_QUANTUM_SECONDS: Final = 0.01
+"""Readings within this much time of each other see the same state (one sampling pass)."""
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -59,7 +61,7 @@ class _Device:
     ecc_applied: set[int] = field(default_factory=set)
 
     def advance(self, t: float, ecc_faults: list[Fault]) -> None:
-        if self.t is not None and t - self.t < 1e-4:
+        if self.t is not None and t - self.t < _STATE_QUANTUM_SECONDS:
             return
         model = self.gpu.model
         demands = {p.pid: demand(p, self.seed, t) for p in self.processes if running(p, t)}
