@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final
 from aiohttp import web
 
 from exporter import __version__
+from exporter.catalog import Catalog, builtin_catalog
 from exporter.config import ServeConfig
 from exporter.metrics.exposition import accepts_gzip, negotiate
 from exporter.metrics.families import BuildInfo
@@ -27,12 +28,16 @@ if TYPE_CHECKING:
 CONFIG: Final = web.AppKey("config", ServeConfig)
 DRIVER: Final = web.AppKey("driver", NvmlDriver)
 SAMPLING: Final = web.AppKey("sampling", SamplingLoop)
+CATALOG: Final = web.AppKey("catalog", Catalog)
 
 
-def init_app(config: ServeConfig, driver: NvmlDriver) -> web.Application:
+def init_app(
+    config: ServeConfig, driver: NvmlDriver, *, catalog: Catalog | None = None
+) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[CONFIG] = config
     app[DRIVER] = driver
+    app[CATALOG] = catalog or builtin_catalog()
     app.cleanup_ctx.append(_sampling)
     app.router.add_get("/", landing)
     app.router.add_get(config.telemetry_path, metrics)
@@ -42,7 +47,9 @@ def init_app(config: ServeConfig, driver: NvmlDriver) -> web.Application:
 
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
-    sampling = SamplingLoop(app[CONFIG], app[DRIVER], build=BuildInfo(__version__))
+    sampling = SamplingLoop(
+        app[CONFIG], app[DRIVER], build=BuildInfo(__version__), catalog=app[CATALOG]
+    )
     await sampling.start()
     app[SAMPLING] = sampling
     task = asyncio.create_task(sampling.run(), name="gpuscope-sampling")

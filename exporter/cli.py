@@ -1,7 +1,9 @@
-"""`gpuscope` command line: `serve` (the daemon); `calibrate` and `rightsize` join later.
+"""`gpuscope` command line: `serve` (the daemon) and `calibrate` (the calibration job, which
+imports PyTorch only when it runs); `rightsize` joins later.
 
-Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 when the daemon cannot run (no NVML
-library, port in use), 2 for bad configuration. Each failure is one line on stderr.
+Exit status: 0 after a clean stop (SIGTERM/SIGINT) or a finished calibration, 1 when the work
+cannot be done (no NVML library, port in use, no GPU, no PyTorch, ConfigMap not writable), 2 for
+bad configuration. Each failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from aiohttp import web
 
 from exporter import __version__, config, logs
 from exporter.app import init_app
+from exporter.calibrate import options as calibrate_options
+from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
@@ -46,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
         "can also be set by its environment variable or in the --config.file YAML.",
     )
     config.add_arguments(serve)
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="measure what this GPU type really achieves (needs gpuscope[calibrate])",
+        description="Run reference PyTorch kernels on one GPU (or the CPU) and write a "
+        "calibration profile: matmul rate per dtype, memory and host-device bandwidth, launch "
+        "latency, beside the datasheet figures. `gpuscope serve --calibration.path` exports it.",
+    )
+    calibrate_options.add_arguments(calibrate)
     return parser
 
 
@@ -54,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "calibrate":
+        return calibrate(args)
     parser.print_help(sys.stderr)
     return 2
 
@@ -70,8 +84,30 @@ def serve(args: argparse.Namespace) -> int:
         driver = open_driver(settings)
     except (ConfigError, FleetError) as error:
         return _fail(str(error), 2)
+    try:
+        catalog = catalog_from_file(settings.catalog_file)
+    except CatalogError as error:
+        return _fail(f"invalid --catalog.file: {error}", 2)
     logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, driver))
+    return asyncio.run(_serve(settings, driver, catalog))
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    try:
+        options = calibrate_options.parse(args)
+    except calibrate_options.OptionError as error:
+        return _fail(str(error), 2)
+    try:
+        # PyTorch is imported here only: the daemon never loads it.
+        from exporter.calibrate import command  # noqa: PLC0415
+    except ImportError as error:
+        if (error.name or "").partition(".")[0] in calibrate_options.EXTRA_MODULES:
+            return _fail(calibrate_options.INSTALL_HINT, 1)
+        raise
+    try:
+        return command.run(options)
+    except command.CommandError as error:
+        return _fail(str(error), error.status)
 
 
 def open_driver(settings: ServeConfig) -> NvmlDriver:
@@ -83,9 +119,11 @@ def open_driver(settings: ServeConfig) -> NvmlDriver:
     return SimulatedNvml(load_fleet(Path(settings.simulate)))
 
 
-async def _serve(settings: ServeConfig, driver: NvmlDriver) -> int:
+async def _serve(settings: ServeConfig, driver: NvmlDriver, catalog: Catalog) -> int:
     runner = web.AppRunner(
-        init_app(settings, driver), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS
+        init_app(settings, driver, catalog=catalog),
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_SECONDS,
     )
     try:
         await runner.setup()

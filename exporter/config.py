@@ -56,6 +56,8 @@ class ServeConfig:
     log_level: str = "info"
     log_format: str = "logfmt"
     config_file: Path | None = None
+    calibration_path: Path | None = None
+    catalog_file: Path | None = None
 
 
 # -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
@@ -144,6 +146,20 @@ def parse_path(value: object) -> Path:
     return Path(_text(value))
 
 
+def parse_existing_path(value: object) -> Path:
+    path = Path(_text(value))
+    if not path.exists():
+        raise ValueError(f"{str(path)!r}: no such file or directory")
+    return path
+
+
+def parse_file(value: object) -> Path:
+    path = Path(_text(value))
+    if not path.is_file():
+        raise ValueError(f"{str(path)!r} is not a readable file")
+    return path
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One configurable value: its dotted name, where it lands, how it is read, its help."""
@@ -213,6 +229,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "YAML file with any of these settings, nested at the dots (collect: {interval: 1s}).",
         "FILE",
         flag_only=True,
+    ),
+    Setting(
+        "calibration.path",
+        "calibration_path",
+        parse_existing_path,
+        "Calibration profiles (from gpuscope calibrate) to export as gpu_calibrated_* series: a "
+        "profile file or a directory of them, such as the mounted ConfigMap; re-read when it changes.",
+        "PATH",
+    ),
+    Setting(
+        "catalog.file",
+        "catalog_file",
+        parse_file,
+        "A GPU catalog in the built-in one's format, laid over it: datasheet peaks and prices "
+        "(gpu_datasheet_*, gpu_price_usd_per_hour).",
+        "FILE",
     ),
 )
 

@@ -83,6 +83,26 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Ceilings:
+    """What one GPU model can do: measured by `gpuscope calibrate`, and the catalog's datasheet.
+
+    Rates are per second: FLOP/s per dtype (int8 in integer OP/s), bytes per second."""
+
+    model: str
+    """The model name NVML reports, as in `GpuIdentity.model`."""
+    calibrated_flops: tuple[tuple[str, float], ...] = ()
+    """(dtype, rate) for every dtype the calibration measured."""
+    calibrated_memory_bandwidth: float | None = None
+    calibrated_host_to_device: float | None = None
+    calibrated_device_to_host: float | None = None
+    calibrated_launch_latency_seconds: float | None = None
+    datasheet_flops: tuple[tuple[str, float], ...] = ()
+    datasheet_memory_bandwidth: float | None = None
+    price_usd_per_hour: float | None = None
+    """On-demand price of one such GPU (the catalog's default provider and region)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     timestamp: float
     """Wall-clock time (Unix seconds) at which the cycle finished."""
@@ -91,3 +111,5 @@ class Snapshot:
     cycles_total: int = 0
     overruns_total: int = 0
     """Cycles that started late because the previous one outlasted the interval."""
+    ceilings: tuple[Ceilings, ...] = ()
+    """Per GPU model present: calibrated and datasheet figures, and price."""

@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from exporter.calibration.source import CeilingsSource
+from exporter.catalog import builtin_catalog
 from exporter.metrics.exposition import Exposition, FormatDemand
 from exporter.metrics.families import BuildInfo, snapshot_families
 from exporter.model import Snapshot
@@ -23,6 +25,7 @@ from exporter.nvml.sampler import NvmlSampler
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from exporter.catalog import Catalog
     from exporter.config import ServeConfig
     from exporter.nvml.driver import NvmlDriver
 
@@ -38,6 +41,7 @@ class SamplingLoop:
         build: BuildInfo,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        catalog: Catalog | None = None,
     ) -> None:
         self._interval = config.collect_interval
         self._build = build
@@ -45,6 +49,9 @@ class SamplingLoop:
         self._wall = wall
         self._executor: ThreadPoolExecutor | None = None
         self._nvml = NvmlSampler(driver, collect_processes=config.collect_processes, clock=clock)
+        self._ceilings = CeilingsSource(
+            catalog or builtin_catalog(), config.calibration_path, clock=clock
+        )
         self._cycles = 0
         self._overruns = 0
         self.demand = FormatDemand(clock=clock)
@@ -74,13 +81,18 @@ class SamplingLoop:
     def cycle(self) -> Exposition:
         """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
         gpus, nvml_status = self._nvml.sample()
+        # Profiles are re-read only when their files changed: a few stat() calls per cycle.
+        ceilings, calibration_status = self._ceilings.refresh(gpu.identity.model for gpu in gpus)
         self._cycles += 1
         snapshot = Snapshot(
             timestamp=self._wall(),
             gpus=gpus,
-            collectors=(nvml_status,),
+            collectors=(nvml_status,)
+            if calibration_status is None
+            else (nvml_status, calibration_status),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
+            ceilings=ceilings,
         )
         return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
 

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-    from exporter.model import GpuSample, Snapshot
+    from exporter.model import Ceilings, GpuSample, Snapshot
 
 GPU_LABELS: Final = ("gpu", "uuid", "model")
 
@@ -235,6 +235,85 @@ def process_families(up: list[GpuSample]) -> Iterator[Metric]:
     yield from (count, memory, busy)
 
 
+def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """What each GPU's model can do (calibrated, datasheet) and costs, beside the live series."""
+    by_model = {ceilings.model: ceilings for ceilings in snapshot.ceilings}
+    known = [
+        (sample, by_model[sample.identity.model])
+        for sample in snapshot.gpus
+        if sample.up and sample.identity.model in by_model
+    ]
+    calibrated_flops = _gauge(
+        "gpu_calibrated_flops",
+        "Dense matmul rate this GPU model reached in gpuscope calibrate, per dtype "
+        "(operations per second; int8 counts integer operations).",
+        ("dtype",),
+    )
+    datasheet_flops = _gauge(
+        "gpu_datasheet_flops",
+        "Dense peak rate of this GPU model per dtype from the catalog's datasheet figures "
+        "(operations per second).",
+        ("dtype",),
+    )
+    for sample, ceilings in known:
+        labels = _gpu_labels(sample)
+        for dtype, rate in ceilings.calibrated_flops:
+            calibrated_flops.add_metric([*labels, dtype], rate)
+        for dtype, rate in ceilings.datasheet_flops:
+            datasheet_flops.add_metric([*labels, dtype], rate)
+
+    def scalar(
+        name: str, documentation: str, unit: str, value: Callable[[Ceilings], float | None]
+    ) -> GaugeMetricFamily:
+        family = _gauge(name, documentation, unit=unit)
+        for sample, ceilings in known:
+            number = value(ceilings)
+            if number is not None:
+                family.add_metric(_gpu_labels(sample), number)
+        return family
+
+    yield calibrated_flops
+    yield scalar(
+        "gpu_calibrated_memory_bandwidth_bytes_per_second",
+        "Device memory bandwidth this GPU model reached in gpuscope calibrate "
+        "(the better of a streaming copy and a read-only reduction).",
+        "bytes_per_second",
+        lambda c: c.calibrated_memory_bandwidth,
+    )
+    yield scalar(
+        "gpu_calibrated_host_to_device_bytes_per_second",
+        "Host-to-device copy bandwidth from pinned memory this GPU model reached in calibration.",
+        "bytes_per_second",
+        lambda c: c.calibrated_host_to_device,
+    )
+    yield scalar(
+        "gpu_calibrated_device_to_host_bytes_per_second",
+        "Device-to-host copy bandwidth into pinned memory this GPU model reached in calibration.",
+        "bytes_per_second",
+        lambda c: c.calibrated_device_to_host,
+    )
+    yield scalar(
+        "gpu_calibrated_launch_latency_seconds",
+        "Time per launch of a tiny PyTorch kernel on this GPU model, measured in calibration.",
+        "seconds",
+        lambda c: c.calibrated_launch_latency_seconds,
+    )
+    yield datasheet_flops
+    yield scalar(
+        "gpu_datasheet_memory_bandwidth_bytes_per_second",
+        "Device memory bandwidth of this GPU model from the catalog's datasheet figures.",
+        "bytes_per_second",
+        lambda c: c.datasheet_memory_bandwidth,
+    )
+    yield scalar(
+        "gpu_price_usd_per_hour",
+        "On-demand price of one GPU of this model from the catalog "
+        "(its default provider and region), in US dollars per hour.",
+        "",
+        lambda c: c.price_usd_per_hour,
+    )
+
+
 def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
     info = GaugeMetricFamily(
         "gpuscope_build_info",
@@ -279,4 +358,8 @@ def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
 
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
     """Every family for one snapshot, GPU series first, in a stable order."""
-    return [*gpu_families(snapshot.gpus), *exporter_families(snapshot, build)]
+    return [
+        *gpu_families(snapshot.gpus),
+        *ceiling_families(snapshot),
+        *exporter_families(snapshot, build),
+    ]
