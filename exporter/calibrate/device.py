@@ -135,13 +135,18 @@ class NvmlConditions:
             return f"NVML unavailable: {error_name(error)}"
         try:
             self.driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
-            for index in range(self._nvml.nvmlDeviceGetCount()):
-                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
-                if _text(self._nvml.nvmlDeviceGetUUID(handle)) == self._uuid:
-                    self._handle = handle
-                    return None
+            count = self._nvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as error:
             return f"NVML failed: {error_name(error)}"
+        for index in range(count):
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(self._nvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError:
+                continue  # another GPU that does not answer is not this one's problem
+            if uuid == self._uuid:
+                self._handle = handle
+                return None
         return f"NVML has no GPU with UUID {self._uuid}"
 
     def read(self) -> Reading:
