@@ -21,7 +21,7 @@ from exporter.calibrate.device import (
     parse_cache_size,
     resolve,
 )
-from exporter.calibrate.method import MethodSettings, MonotonicTimer, iteration_times, summarize
+from exporter.calibrate.method import MethodSettings, iteration_times, summarize
 from exporter.calibrate.progress import BarReporter, LogReporter, reporter_for
 from exporter.calibrate.run import (
     GIB,
@@ -95,7 +95,9 @@ def test_measure_turns_trials_into_a_figure_and_refusals_into_reasons() -> None:
         yield kernels.Workload(lambda: None, 1000.0, kind, "tiny")  # type: ignore[arg-type]
 
     timer = FakeTimer(0.001, extras=[0.0, 0.0, 0.0005])  # warm-up, trial 1, trial 2 slow
-    rate = measure(lambda: fake("rate"), timer, MethodSettings(0.001, 0.001, 3), unit="B/s", datasheet=2e6)
+    rate = measure(
+        lambda: fake("rate"), timer, MethodSettings(0.001, 0.001, 3), unit="B/s", datasheet=2e6
+    )
     assert isinstance(rate, Figure)
     assert rate.value == pytest.approx(1e6)
     assert rate.minimum == pytest.approx(1000 / 0.0015)

@@ -63,8 +63,10 @@ def test_without_pytorch_one_line_says_what_to_install() -> None:
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "gpuscope: error: gpuscope calibrate needs PyTorch and the calibrate extra: "
-        "pip install 'gpuscope[calibrate]'"
+        (
+            "gpuscope: error: gpuscope calibrate needs PyTorch and the calibrate extra: "
+            "pip install 'gpuscope[calibrate]'"
+        )
     ]
 
 
@@ -72,11 +74,26 @@ def test_without_pytorch_one_line_says_what_to_install() -> None:
     ("args", "message"),
     [
         (["--device", "tpu"], "invalid --device: 'tpu' is not auto, cpu, cuda or cuda:N"),
-        (["--output", "profile.txt"], "invalid --output: 'profile.txt' must end in .json, .yaml or .yml"),
-        (["--output", "/no/such/dir/p.json"], "invalid --output: directory '/no/such/dir' does not exist"),
-        (["--configmap", "gpuscope"], "invalid --configmap: 'gpuscope' is not NAMESPACE/NAME (lower-case DNS names)"),
-        (["--configmap", "Bad_NS/x"], "invalid --configmap: 'Bad_NS/x' is not NAMESPACE/NAME (lower-case DNS names)"),
-        (["--kubeconfig", "/no/such/file"], "invalid --kubeconfig: '/no/such/file' is not a readable file"),
+        (
+            ["--output", "profile.txt"],
+            "invalid --output: 'profile.txt' must end in .json, .yaml or .yml",
+        ),
+        (
+            ["--output", "/no/such/dir/p.json"],
+            "invalid --output: directory '/no/such/dir' does not exist",
+        ),
+        (
+            ["--configmap", "gpuscope"],
+            "invalid --configmap: 'gpuscope' is not NAMESPACE/NAME (lower-case DNS names)",
+        ),
+        (
+            ["--configmap", "Bad_NS/x"],
+            "invalid --configmap: 'Bad_NS/x' is not NAMESPACE/NAME (lower-case DNS names)",
+        ),
+        (
+            ["--kubeconfig", "/no/such/file"],
+            "invalid --kubeconfig: '/no/such/file' is not a readable file",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
@@ -124,7 +141,9 @@ async def test_quick_cpu_run_writes_the_file_and_merges_into_the_configmap(
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": str(server.make_url("")).rstrip("/")}}],
+                "clusters": [
+                    {"name": "fake", "cluster": {"server": str(server.make_url("")).rstrip("/")}}
+                ],
                 "users": [{"name": "fake", "user": {"token": "test"}}],
                 "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
                 "current-context": "fake",
@@ -160,7 +179,7 @@ async def test_quick_cpu_run_writes_the_file_and_merges_into_the_configmap(
     assert stored["data"]["nvidia-l4.json"] == "kept as it was"
     assert parse_profile_text(stored["data"][key], source=key, fmt="json") == profile
     assert log.count("msg=measured ") == 13, "plain log lines when stderr is not a terminal"
-    assert f"configmap=\"gpuscope/gpuscope-calibration[{key}] updated\"" in log
+    assert f'configmap="gpuscope/gpuscope-calibration[{key}] updated"' in log
 
 
 def test_default_output_is_json_on_stdout() -> None:

@@ -102,7 +102,9 @@ def test_a_corrupt_profile_is_rejected_once_and_the_rest_keeps_working(
     with caplog.at_level(logging.INFO, logger="exporter.calibration"):
         for _ in range(5):
             directory.refresh()
-    rejected = [r for r in caplog.records if r.getMessage().startswith("calibration profile rejected")]
+    rejected = [
+        r for r in caplog.records if r.getMessage().startswith("calibration profile rejected")
+    ]
     assert len(rejected) == 1
     assert rejected[0].file == str(broken)  # type: ignore[attr-defined]
     assert "l4.json: not valid JSON" in rejected[0].error  # type: ignore[attr-defined]

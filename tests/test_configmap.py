@@ -134,7 +134,9 @@ async def test_access_check_fails_early_only_when_forbidden(
     store, api = kube
     await asyncio.to_thread(check_access, api, NAMESPACE, NAME)  # 404 is fine: it will be created
     store.inject_failures(403)
-    with pytest.raises(ConfigMapError, match=r"cannot read ConfigMap gpuscope/gpuscope-calibration: 403"):
+    with pytest.raises(
+        ConfigMapError, match=r"cannot read ConfigMap gpuscope/gpuscope-calibration: 403"
+    ):
         await asyncio.to_thread(check_access, api, NAMESPACE, NAME)
 
 

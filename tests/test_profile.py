@@ -67,7 +67,9 @@ def test_yaml_written_by_hand_with_an_unquoted_timestamp_is_accepted() -> None:
 def test_configmap_keys_are_valid_kubernetes_keys() -> None:
     assert configmap_key("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3.json"
     assert configmap_key("Tesla V100-SXM2-32GB") == "tesla-v100-sxm2-32gb.json"
-    assert configmap_key("AMD EPYC 7B13 64-Core Processor") == "amd-epyc-7b13-64-core-processor.json"
+    assert (
+        configmap_key("AMD EPYC 7B13 64-Core Processor") == "amd-epyc-7b13-64-core-processor.json"
+    )
     assert configmap_key("???") == "unknown.json"
 
 
@@ -109,7 +111,11 @@ _DELETE = object()
         ("software.torch", _DELETE, "software: missing field(s) torch"),
         ("method.trials", 0, "method.trials: expected a whole number"),
         ("method.timer", "sundial", "method.timer: expected one of cuda_events, monotonic_clock"),
-        ("conditions.before.power_watts", "hot", "conditions.before.power_watts: expected a number"),
+        (
+            "conditions.before.power_watts",
+            "hot",
+            "conditions.before.power_watts: expected a number",
+        ),
         ("conditions.after.clock_event_reasons", "idle", "expected a list of reason names"),
         ("matmul.fp8", _DELETE, "matmul: missing field(s) fp8"),
         ("matmul.fp4", {"skipped": "x"}, "matmul: unknown field(s) fp4"),
@@ -118,7 +124,18 @@ _DELETE = object()
         ("matmul.bf16.value", 0, "matmul.bf16.value: must be greater than 0"),
         ("matmul.bf16.value", 1e20, "matmul.bf16: expected min <= value <= max"),
         ("matmul.bf16.unit", "B/s", "matmul.bf16.unit: expected 'FLOP/s', got 'B/s'"),
-        ("matmul.int8", {"value": 1.0, "unit": "FLOP/s", "min": 1.0, "max": 1.0, "trials": 1, "unstable": False}, "matmul.int8.unit: expected 'OP/s'"),
+        (
+            "matmul.int8",
+            {
+                "value": 1.0,
+                "unit": "FLOP/s",
+                "min": 1.0,
+                "max": 1.0,
+                "trials": 1,
+                "unstable": False,
+            },
+            "matmul.int8.unit: expected 'OP/s'",
+        ),
         ("matmul.bf16.trials", 2.5, "matmul.bf16.trials: expected a whole number"),
         ("matmul.bf16.unstable", 0, "matmul.bf16.unstable: expected true or false"),
         ("matmul.bf16.spread", "wide", "matmul.bf16.spread: expected a number"),

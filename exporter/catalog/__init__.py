@@ -157,9 +157,16 @@ def _builtin_document() -> Mapping[str, Any]:
 def _read_document(path: Path) -> object:
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+    except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise CatalogError(f"{path}: cannot read catalog: {reason}") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or "syntax error"
+        raise CatalogError(
+            f"{path}: cannot read catalog: not valid YAML{line}: {problem}"
+        ) from error
 
 
 def load_catalog(path: Path) -> Catalog:

@@ -68,7 +68,12 @@ class ConfigMapStore:
     _failures: list[int] = field(default_factory=list)
 
     def put(
-        self, namespace: str, name: str, data: dict[str, str], *, labels: dict[str, str] | None = None
+        self,
+        namespace: str,
+        name: str,
+        data: dict[str, str],
+        *,
+        labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Create or replace a ConfigMap directly, as another client would have."""
         existing = self.objects.get((namespace, name))
@@ -165,10 +170,10 @@ class ConfigMapStore:
     @web.middleware
     async def middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
-        if request.path.startswith("/api/v1/namespaces/") and "/configmaps" in request.path:
-            if self._failures:
-                code = self._failures.pop(0)
-                return status(code, f"injected failure {code}")
+        is_configmaps = "/configmaps" in request.path
+        if is_configmaps and request.path.startswith("/api/v1/namespaces/") and self._failures:
+            code = self._failures.pop(0)
+            return status(code, f"injected failure {code}")
         response: web.StreamResponse = await handler(request)
         return response
 
