@@ -258,7 +258,6 @@ def test_quick_cpu_calibration_figures_are_plausible(quick_cpu_profile: Profile)
         assert 1e7 < result.value < 1e14, (dtype, result.value)  # 10 MFLOP/s .. 100 TFLOP/s
         assert result.minimum <= result.value <= result.maximum
         assert result.size == "256x256x256"
-    assert profile.matmul["fp32"].value > profile.matmul["fp16"].value  # type: ignore[union-attr]
     assert isinstance(profile.matmul["tf32"], Skipped)
     assert "tensor-core" in profile.matmul["tf32"].reason
     assert profile.memory_bandwidth is not None
