@@ -20,7 +20,14 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from exporter.calibration.profile import Profile, ProfileError, format_for, parse_profile_text
+from exporter.calibration.profile import (
+    Figure,
+    Profile,
+    ProfileError,
+    Result,
+    format_for,
+    parse_profile_text,
+)
 from exporter.logs import LogOnce
 from exporter.model import Ceilings, CollectorStatus
 
@@ -49,6 +56,8 @@ class ProfileDirectory:
         self._signature: tuple[_FileSignature, ...] | str | None = None
         self._profiles: tuple[Profile, ...] = ()
         self._rejected = 0
+        self._reported: set[_FileSignature] = set()
+        """Rejected files already logged, as they were then: each is logged once per version."""
         self.generation = 0
         """Incremented whenever the set of loaded profiles may have changed."""
 
@@ -101,33 +110,33 @@ class ProfileDirectory:
 
     def _load(self, signature: tuple[_FileSignature, ...]) -> None:
         loaded: list[tuple[str, Profile]] = []
-        rejected = 0
+        rejected: set[_FileSignature] = set()
         directory = self._path.is_dir()
-        for name, *stamp in signature:
+        for stamp in signature:
+            name = stamp[0]
             path = self._path / name if directory else self._path
             try:
                 with path.open("rb") as file:
                     text = file.read(2 * 1024 * 1024)
                 profile = parse_profile_text(text, source=name, fmt=format_for(name))
             except (OSError, ProfileError) as error:
-                rejected += 1
-                reason = str(error) if isinstance(error, ProfileError) else _os_reason(error)
-                self._once(
-                    logging.WARNING,
-                    ("file", name, *stamp),
-                    "calibration profile rejected; its model keeps only datasheet series",
-                    fields={"file": str(path), "error": reason},
-                )
+                rejected.add(stamp)
+                if stamp not in self._reported:
+                    log.warning(
+                        "calibration profile rejected; its model keeps only datasheet series",
+                        extra={"file": str(path), "error": _reason(error)},
+                    )
                 continue
             loaded.append((name, profile))
+        self._reported = rejected
+        self._rejected = len(rejected)
         self._profiles = _newest_per_model(loaded)
-        self._rejected = rejected
         log.info(
             "calibration profiles loaded",
             extra={
                 "path": str(self._path),
                 "models": ", ".join(profile.model for profile in self._profiles),
-                "rejected": rejected,
+                "rejected": len(rejected),
             },
         )
 
@@ -137,7 +146,9 @@ def _stat(path: str, name: str) -> _FileSignature:
     return (name, status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size)
 
 
-def _os_reason(error: OSError) -> str:
+def _reason(error: OSError | ProfileError) -> str:
+    if isinstance(error, ProfileError):
+        return str(error)
     return error.strerror or type(error).__name__
 
 
@@ -197,9 +208,8 @@ def _matching_profile(
     return None
 
 
-def _value(result: object) -> float | None:
-    value = getattr(result, "value", None)
-    return value if isinstance(value, float) else None
+def _value(result: Result) -> float | None:
+    return result.value if isinstance(result, Figure) else None
 
 
 class CeilingsSource:
