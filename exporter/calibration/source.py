@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
@@ -92,16 +93,20 @@ class ProfileDirectory:
     def _scan(self) -> tuple[_FileSignature, ...] | str:
         """The signature of every candidate file, or the reason the path cannot be read."""
         try:
-            if not self._path.is_dir():
-                return (_stat(str(self._path), self._path.name),)
+            status = os.stat(self._path)
+            if not stat.S_ISDIR(status.st_mode):
+                return (_signature(self._path.name, status),)
             found = []
             with os.scandir(self._path) as entries:
                 for entry in entries:
                     if entry.name.startswith(".") or format_for(entry.name) is None:
                         continue
-                    if not entry.is_file():  # follows symlinks: ConfigMap keys are symlinks
-                        continue
-                    found.append(_stat(entry.path, entry.name))
+                    try:
+                        target = entry.stat()  # follows symlinks: ConfigMap keys are symlinks
+                    except FileNotFoundError:
+                        continue  # a dangling symlink: a key that is going away
+                    if stat.S_ISREG(target.st_mode):
+                        found.append(_signature(entry.name, target))
                     if len(found) > _MAX_FILES:
                         return f"more than {_MAX_FILES} profile files"
         except OSError as error:
@@ -141,8 +146,7 @@ class ProfileDirectory:
         )
 
 
-def _stat(path: str, name: str) -> _FileSignature:
-    status = os.stat(path)
+def _signature(name: str, status: os.stat_result) -> _FileSignature:
     return (name, status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size)
 
 
