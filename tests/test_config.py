@@ -147,3 +147,21 @@ def test_readme_flag_table_matches_the_settings() -> None:
     assert config.settings_table() in readme, (
         "regenerate the README flag table from config.settings_table()"
     )
+
+
+def test_calibration_and_catalog_paths_from_flag_environment_and_file(tmp_path: Path) -> None:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text("models: []\n")
+    file = tmp_path / "gpuscope.yaml"
+    file.write_text(f"calibration:\n  path: {profiles}\ncatalog:\n  file: {catalog}\n")
+    settings = load([f"--config.file={file}"])
+    assert (settings.calibration_path, settings.catalog_file) == (profiles, catalog)
+    settings = load([], {"GPUSCOPE_CALIBRATION_PATH": str(catalog)})  # a single profile file
+    assert settings.calibration_path == catalog
+    assert settings.catalog_file is None
+    with pytest.raises(
+        ConfigError, match=r"invalid --catalog.file: '.*profiles' is not a readable"
+    ):
+        load([f"--catalog.file={profiles}"])
