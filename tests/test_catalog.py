@@ -79,7 +79,11 @@ def test_a_user_entry_with_a_new_key_adds_a_model(tmp_path: Path) -> None:
     price = catalog.price(model)
     assert price is not None
     assert price.source_date == "2026-11"
-    assert catalog.find("NVIDIA L4") is not None
+    l4 = catalog.find("NVIDIA L4")
+    assert l4 is not None
+    builtin_price = catalog.price(l4)
+    assert builtin_price is not None
+    assert builtin_price.source_date == "2026-06", "the built-in prices keep their own date"
 
 
 def test_extend_builtin_false_makes_the_file_the_whole_catalog(tmp_path: Path) -> None:

@@ -203,7 +203,7 @@ def merge_catalog_documents(
     user_models = user.get("models", [])
     if not isinstance(user_models, list):
         raise CatalogError(f"{source}: `models` must be a list")
-    merged_models = [dict(model) for model in base["models"]]
+    merged_models = [_dated(model, base.get("source_date")) for model in base["models"]]
     by_key = {model["key"]: model for model in merged_models}
     for position, entry in enumerate(user_models):
         if not isinstance(entry, Mapping) or "key" not in entry:
@@ -221,6 +221,18 @@ def merge_catalog_documents(
     )
     merged["models"] = merged_models
     return merged
+
+
+def _dated(model: Mapping[str, Any], source_date: object) -> dict[str, Any]:
+    """A copy of a model whose prices carry their catalog's date: the user's own `source_date`
+    must not re-date the built-in prices."""
+    copied = dict(model)
+    if source_date is not None and isinstance(copied.get("prices"), list):
+        copied["prices"] = [
+            {"source_date": source_date, **price} if isinstance(price, Mapping) else price
+            for price in copied["prices"]
+        ]
+    return copied
 
 
 def parse_catalog(document: object, *, source: str) -> Catalog:
