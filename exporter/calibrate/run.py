@@ -280,13 +280,15 @@ def run_calibration(
     ]
     results: dict[str, Result] = {}
     reporter.begin(len(steps))
-    for key, title, step in steps:
-        reporter.started(title)
-        results[key] = step()
-        reporter.finished(title, describe_result(results[key]))
-    after = conditions_reader.read() if conditions_reader is not None else None
-    if conditions_reader is not None:
-        conditions_reader.close()
+    try:
+        for key, title, step in steps:
+            reporter.started(title)
+            results[key] = step()
+            reporter.finished(title, describe_result(results[key]))
+        after = conditions_reader.read() if conditions_reader is not None else None
+    finally:
+        if conditions_reader is not None:
+            conditions_reader.close()
 
     conditions: Conditions | Skipped
     if before is not None and after is not None:
