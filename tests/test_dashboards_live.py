@@ -21,10 +21,12 @@ import yaml
 
 from dashboards import promql
 from dashboards.live import RULE_FILES, LiveStack, Node, Prometheus
+from dashboards.render import UNIT_PX, render_all
 from tests.helpers import FLEETS, ROOT, require_tool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = pytest.mark.slow
 
@@ -267,3 +269,17 @@ def test_pending_metrics_are_still_missing_live(prometheus: Prometheus) -> None:
     assert not present, (
         f"exported now: remove from PENDING_METRICS and assert their data: {present}"
     )
+
+
+def test_pictures_render_every_dashboard_from_live_data(
+    prometheus: Prometheus, tmp_path: Path
+) -> None:
+    written = render_all(prometheus, tmp_path, seconds=WINDOW_SECONDS)
+    assert sorted(path.stem for path in written) == sorted(
+        path.stem for path in (ROOT / "dashboards").glob("*.json")
+    )
+    for path in written:
+        with path.open("rb") as picture:
+            header = picture.read(24)
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(header[16:20], "big") == 24 * UNIT_PX[0]  # the grid's full width
