@@ -268,6 +268,12 @@ def bargauge(
     }
 
 
+def value_field(number: int, queries: int) -> str:
+    """The name Grafana gives the value of a table-format query: "Value" when the panel has one
+    query, "Value #<refId>" when it has several."""
+    return "Value" if queries == 1 else f"Value #{_REF_IDS[number]}"
+
+
 def table(
     title: str,
     description: str,
@@ -278,8 +284,9 @@ def table(
 ) -> Json:
     """Instant queries merged into one table on their shared labels: `labels` first, then one
     column per query (a column with an empty title only contributes its labels)."""
-    shown = [*labels, *(f"Value #{_REF_IDS[n]}" for n, c in enumerate(columns) if c.title)]
-    renames = {f"Value #{_REF_IDS[n]}": c.title for n, c in enumerate(columns) if c.title}
+    values = {value_field(n, len(columns)): c.title for n, c in enumerate(columns) if c.title}
+    shown = [*labels, *values]
+    renames = values
     overrides: list[Json] = []
     for column in columns:
         if not column.title:

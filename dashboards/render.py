@@ -26,6 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dashboards import promql
+from dashboards.build import value_field
 from dashboards.live import ROOT, LiveStack, Node, Prometheus
 
 if TYPE_CHECKING:
@@ -350,7 +351,7 @@ def table_rows(panel: Json, source: Source, dashboard: Json) -> tuple[list[str],
     """The merged table: label columns first, then one column per titled query."""
     shown = panel["transformations"][1]["options"]["include"]["names"]
     renames = panel["transformations"][2]["options"]["renameByName"]
-    labels = [name for name in shown if not name.startswith("Value #")]
+    labels = [name for name in shown if name not in renames]
     units = {
         o["matcher"]["options"]: next(
             (p["value"] for p in o["properties"] if p["id"] == "unit"), "short"
@@ -364,8 +365,8 @@ def table_rows(panel: Json, source: Source, dashboard: Json) -> tuple[list[str],
         for o in panel["fieldConfig"]["overrides"]
     }
     rows: list[dict[str, str]] = []
-    for target in panel["targets"]:
-        column = renames.get(f"Value #{target['refId']}")
+    for number, target in enumerate(panel["targets"]):
+        column = renames.get(value_field(number, len(panel["targets"])))
         for result in source.instant(dashboard, target["expr"]):
             keys = {label: result["metric"][label] for label in labels if label in result["metric"]}
             row = next((r for r in rows if all(r.get(k, v) == v for k, v in keys.items())), None)
