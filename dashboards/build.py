@@ -495,8 +495,11 @@ def datasource_variable() -> Json:
     }
 
 
-def query_variable(name: str, label: str, selector: str, label_name: str) -> Json:
-    """A multi-value variable over a label's values, "All" matching everything (`.*`)."""
+def query_variable(
+    name: str, label: str, selector: str, label_name: str, *, numeric: bool = False
+) -> Json:
+    """A multi-value variable over a label's values, "All" matching everything (`.*`), sorted
+    alphabetically or, for numbers such as GPU indexes, numerically."""
     query = f"label_values({selector}, {label_name})"
     return {
         "type": "query",
@@ -511,7 +514,7 @@ def query_variable(name: str, label: str, selector: str, label_name: str) -> Jso
         "hide": 0,
         "refresh": 2,
         "regex": "",
-        "sort": 1,
+        "sort": 3 if numeric else 1,
     }
 
 
@@ -1273,7 +1276,7 @@ def node_dashboard() -> Json:
         "Each GPU of the selected nodes: activity, memory, power, heat, clocks and throttling, interconnect, the processes and pods on it, and errors.",
         [
             query_variable("node", "Node", "gpu_info", "node"),
-            query_variable("gpu", "GPU", 'gpu_info{node=~"$node"}', "gpu"),
+            query_variable("gpu", "GPU", 'gpu_info{node=~"$node"}', "gpu", numeric=True),
         ],
         layout,
         annotations=(alerts_annotation('alertname=~"Gpu.*", node=~"$node"'),),
