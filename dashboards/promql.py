@@ -110,7 +110,7 @@ def substitute(text: str, values: Mapping[str, str]) -> str:
     def replace(match: re.Match[str]) -> str:
         name = next(group for group in match.groups() if group is not None)
         if name not in values:
-            raise KeyError(f"no value for variable {name!r} in {text!r}")
+            raise ValueError(f"no value for variable {name!r} in {text!r}")
         return values[name]
 
     return _VARIABLE.sub(replace, text)
