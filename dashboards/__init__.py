@@ -1,0 +1,3 @@
+"""gpuscope's Grafana dashboards: the generator (`build`), PromQL helpers for checking them
+(`promql`), a live stack of simulated daemons and a real Prometheus (`live`), and the picture
+renderer (`render`). The dashboards themselves are the `*.json` files beside this module."""

@@ -1,0 +1,251 @@
+"""A live stack on loopback: simulated gpuscope daemons scraped by a real Prometheus.
+
+`gpuscope serve --simulate FLEET` per node, Debian's `prometheus` scraping them every second
+with gpuscope's rule files loaded, a temporary data directory, and a small client for the HTTP
+API. The dashboard tests run every panel query against it; the picture renderer draws from it.
+A node without a fleet is a target nothing listens on (a daemon that is down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from types import TracebackType
+
+Json = dict[str, Any]
+
+ROOT: Final = Path(__file__).resolve().parent.parent
+RULE_FILES: Final = (ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml",)
+JOB: Final = "gpuscope"
+
+
+class StackError(RuntimeError):
+    """A part of the live stack did not start or answer; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    """The `node` label Prometheus adds to the target's series."""
+    fleet: Path | None
+    """The simulated fleet, or None for a target that is down."""
+
+
+@dataclass(slots=True)
+class Prometheus:
+    """The few calls of Prometheus' HTTP API the checks need; answers are the API's JSON."""
+
+    url: str
+
+    def get(self, path: str, params: Sequence[tuple[str, str]] = ()) -> Json:
+        query = urllib.parse.urlencode(list(params))
+        request = f"{self.url}{path}?{query}" if query else f"{self.url}{path}"
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answer: Json = json.load(response)
+        except urllib.error.HTTPError as error:
+            # Bad queries answer 400/422 with the API's own error JSON.
+            answer = json.loads(error.read() or b"{}")
+            answer.setdefault("status", "error")
+            answer.setdefault("error", f"HTTP {error.code}")
+        return answer
+
+    def query(self, expr: str, *, at: float | None = None) -> Json:
+        params = [("query", expr)]
+        if at is not None:
+            params.append(("time", f"{at:.3f}"))
+        return self.get("/api/v1/query", params)
+
+    def query_range(self, expr: str, *, start: float, end: float, step: float) -> Json:
+        return self.get(
+            "/api/v1/query_range",
+            [
+                ("query", expr),
+                ("start", f"{start:.3f}"),
+                ("end", f"{end:.3f}"),
+                ("step", f"{step:g}"),
+            ],
+        )
+
+    def series(self, selector: str, *, start: float, end: float) -> Json:
+        return self.get(
+            "/api/v1/series",
+            [("match[]", selector), ("start", f"{start:.3f}"), ("end", f"{end:.3f}")],
+        )
+
+    def alerts(self) -> list[Json]:
+        answer = self.get("/api/v1/alerts")
+        alerts: list[Json] = answer["data"]["alerts"]
+        return alerts
+
+    def value(self, expr: str) -> float | None:
+        """The single value of an instant query, None when it returns nothing."""
+        result = self.query(expr).get("data", {}).get("result", [])
+        return float(result[0]["value"][1]) if result else None
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout: float, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if ready():
+                return
+        time.sleep(0.2)
+    tail = ""
+    if log is not None and log.exists():
+        tail = "\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    raise StackError(f"{what} not ready after {timeout:.0f}s{tail}")
+
+
+def _answers(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+
+
+@dataclass
+class LiveStack:
+    """Start with `with LiveStack(nodes, workdir) as stack:`; everything stops on exit."""
+
+    nodes: Sequence[Node]
+    workdir: Path
+    rule_files: Sequence[Path] = RULE_FILES
+    interval: str = "1s"
+    prometheus_binary: str = field(
+        default_factory=lambda: shutil.which("prometheus") or "/usr/bin/prometheus"
+    )
+    prometheus: Prometheus = field(init=False)
+    ports: dict[str, int] = field(init=False, default_factory=dict)
+    _processes: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+
+    def __enter__(self) -> LiveStack:
+        try:
+            self._start()
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop()
+
+    def _spawn(self, command: list[str], log: Path) -> None:
+        with log.open("wb") as output:
+            self._processes.append(
+                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+            )
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for node in self.nodes:
+            port = free_port()
+            self.ports[node.name] = port
+            if node.fleet is None:
+                continue
+            log = self.workdir / f"gpuscope-{node.name}.log"
+            self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "exporter",
+                    "serve",
+                    f"--simulate={node.fleet}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    f"--collect.interval={self.interval}",
+                ],
+                log,
+            )
+            _wait(
+                f"gpuscope for {node.name}",
+                functools.partial(_answers, f"http://127.0.0.1:{port}/-/ready"),
+                30,
+                log,
+            )
+
+        config = self.workdir / "prometheus.yml"
+        config.write_text(json.dumps(self.config(), indent=2), encoding="utf-8")
+        port = free_port()
+        log = self.workdir / "prometheus.log"
+        self._spawn(
+            [
+                self.prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ],
+            log,
+        )
+        self.prometheus = Prometheus(f"http://127.0.0.1:{port}")
+        _wait("prometheus", lambda: _answers(f"{self.prometheus.url}/-/ready"), 30, log)
+
+    def config(self) -> Json:
+        """prometheus.yml (JSON is YAML): one job, a `node` label per target, the rules loaded."""
+        return {
+            "global": {
+                "scrape_interval": self.interval,
+                "scrape_timeout": self.interval,
+                "evaluation_interval": self.interval,
+            },
+            "rule_files": [str(path) for path in self.rule_files],
+            "scrape_configs": [
+                {
+                    "job_name": JOB,
+                    "static_configs": [
+                        {
+                            "targets": [f"127.0.0.1:{self.ports[node.name]}"],
+                            "labels": {"node": node.name},
+                        }
+                        for node in self.nodes
+                    ],
+                }
+            ],
+        }
+
+    def wait_for_scrapes(self, count: int, *, timeout: float = 60.0) -> None:
+        """Until every target has been scraped `count` times (the first takes about 6 s)."""
+        expr = f'min(count_over_time(up{{job="{JOB}"}}[10m])) >= {count} and count(up{{job="{JOB}"}}) >= {len(self.nodes)}'
+        _wait(
+            f"{count} scrapes of every target",
+            lambda: self.prometheus.value(expr) is not None,
+            timeout,
+        )
+
+    def _stop(self) -> None:
+        for process in reversed(self._processes):
+            if process.poll() is None:
+                process.terminate()
+        for process in self._processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()

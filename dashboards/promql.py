@@ -1,0 +1,141 @@
+"""Read a Grafana dashboard's queries the way Grafana would run them against Prometheus.
+
+Pure functions on the dashboard JSON and on PromQL text: the panels' and annotations' queries,
+the template variables, Grafana's variable substitution, and the metric names an expression
+reads. Used by the tests (syntax, live data) and by the picture renderer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+Json = dict[str, Any]
+
+GRAFANA_BUILTINS: Final = frozenset(
+    {
+        "__all",
+        "__data",
+        "__field",
+        "__from",
+        "__interval",
+        "__interval_ms",
+        "__range",
+        "__range_ms",
+        "__range_s",
+        "__rate_interval",
+        "__series",
+        "__to",
+        "__value",
+    }
+)
+"""Grafana's own variables (and data-link fields) that a dashboard may use without defining."""
+
+_VARIABLE: Final = re.compile(r"\$\{([\w.]+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(\w+)")
+_LABEL_VALUES: Final = re.compile(r"^\s*label_values\(\s*(.*?)\s*,\s*(\w+)\s*\)\s*$", re.DOTALL)
+_STRING: Final = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS: Final = re.compile(r"\{[^}]*\}")
+_RANGES: Final = re.compile(r"\[[^\]]*\]")
+_LABEL_LISTS: Final = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_IDENTIFIER: Final = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(\s*\()?")
+_KEYWORDS: Final = frozenset(
+    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
+    | {"offset", "bool", "atan2", "inf", "nan", "Inf", "NaN"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PanelQuery:
+    dashboard: str
+    panel: str
+    ref_id: str
+    expr: str
+    instant: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.dashboard} / {self.panel} / {self.ref_id}"
+
+
+def panels(dashboard: Json) -> Iterator[Json]:
+    """Every panel, rows included, and the panels nested in collapsed rows."""
+    for panel in dashboard.get("panels", []):
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def queries(dashboard: Json) -> list[PanelQuery]:
+    """Every PromQL query the dashboard runs: panel targets and annotation queries."""
+    title = dashboard["title"]
+    found = [
+        PanelQuery(
+            title, panel["title"], target["refId"], target["expr"], bool(target.get("instant"))
+        )
+        for panel in panels(dashboard)
+        for target in panel.get("targets", [])
+    ]
+    found.extend(
+        PanelQuery(
+            title,
+            f"annotation {annotation['name']}",
+            annotation["target"]["refId"],
+            annotation["target"]["expr"],
+            instant=False,
+        )
+        for annotation in dashboard.get("annotations", {}).get("list", [])
+    )
+    return found
+
+
+def variables(dashboard: Json) -> list[Json]:
+    return list(dashboard.get("templating", {}).get("list", []))
+
+
+def variable_references(text: str) -> set[str]:
+    """Names of the variables a string uses, in any of Grafana's syntaxes ($x, ${x:fmt}, [[x]])."""
+    names = set()
+    for match in _VARIABLE.finditer(text):
+        name = next(group for group in match.groups() if group is not None)
+        names.add(name.split(".", 1)[0])
+    return names
+
+
+def substitute(text: str, values: Mapping[str, str]) -> str:
+    """Grafana's interpolation of `values` into a query; a variable not in `values` is an error."""
+
+    def replace(match: re.Match[str]) -> str:
+        name = next(group for group in match.groups() if group is not None)
+        if name not in values:
+            raise ValueError(f"no value for variable {name!r} in {text!r}")
+        return values[name]
+
+    return _VARIABLE.sub(replace, text)
+
+
+def label_values(query: str) -> tuple[str, str]:
+    """The (selector, label) of a `label_values(selector, label)` variable query."""
+    match = _LABEL_VALUES.match(query)
+    if match is None:
+        raise ValueError(f"not a label_values(selector, label) query: {query!r}")
+    return match[1], match[2]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric (and recorded series) names a PromQL expression reads.
+
+    A lexical reading, enough for the expressions gpuscope writes: strings, label matchers,
+    ranges and label lists are removed, then every identifier that is not a function call or a
+    keyword is a metric name. Substitute Grafana variables first."""
+    text = _STRING.sub('""', expr)
+    text = _MATCHERS.sub(" ", text)
+    text = _RANGES.sub(" ", text)
+    text = _LABEL_LISTS.sub(" ", text)
+    return {
+        match[1]
+        for match in _IDENTIFIER.finditer(text)
+        if match[2] is None and match[1] not in _KEYWORDS
+    }

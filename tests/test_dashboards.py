@@ -1,0 +1,312 @@
+"""The Grafana dashboards without a Grafana: generated files up to date, structure, variables,
+PromQL syntax (promtool), metric names, and Grafana's own schema types (tsc + @grafana/schema).
+Their queries run against a live Prometheus in tests/test_dashboards_live.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from dashboards import build, promql
+from tests.helpers import IN_CI, ROOT, require_tool, samples
+from tests.test_dashboards_live import PENDING_METRICS, grafana_values, recorded_names
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+Json = dict[str, Any]
+
+DASHBOARDS = ROOT / "dashboards"
+DASHBOARD_FILES = sorted(DASHBOARDS.glob("*.json"))
+GOLDEN = ROOT / "tests" / "golden" / "metrics.prom"
+PROMETHEUS_OWN = {"up", "scrape_duration_seconds", "scrape_samples_scraped", "ALERTS"}
+SCHEMA_MODULES = ROOT / ".cache" / "grafana-schema" / "node_modules"
+PANEL_TYPES = {
+    # panel type: (module under @grafana/schema's raw/composable, its type prefix, has FieldConfig)
+    "timeseries": ("timeseries", "TimeSeries", True),
+    "stat": ("stat", "Stat", False),
+    "table": ("table", "Table", True),
+    "bargauge": ("bargauge", "BarGauge", False),
+    "state-timeline": ("statetimeline", "StateTimeline", True),
+    "heatmap": ("heatmap", "Heatmap", True),
+    "piechart": ("piechart", "PieChart", True),
+}
+
+
+def load(path: Path) -> Json:
+    dashboard: Json = json.loads(path.read_text(encoding="utf-8"))
+    return dashboard
+
+
+def strings(value: object, *, skip: frozenset[str] = frozenset()) -> list[str]:
+    """Every string in a JSON value, leaving out the values of keys in `skip`."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [
+            s for key, item in value.items() if key not in skip for s in strings(item, skip=skip)
+        ]
+    if isinstance(value, list):
+        return [s for item in value for s in strings(item, skip=skip)]
+    return []
+
+
+def uids(value: object) -> list[str]:
+    if isinstance(value, dict):
+        found = [value["uid"]] if isinstance(value.get("uid"), str) else []
+        return found + [uid for item in value.values() for uid in uids(item)]
+    if isinstance(value, list):
+        return [uid for item in value for uid in uids(item)]
+    return []
+
+
+def test_committed_dashboards_are_the_generators_output() -> None:
+    assert {path.name for path in DASHBOARD_FILES} == set(build.DASHBOARDS)
+    for name, make in build.DASHBOARDS.items():
+        assert (DASHBOARDS / name).read_text(encoding="utf-8") == build.render(make), (
+            f"dashboards/{name} is out of date: run python -m dashboards.build"
+        )
+    assert build.main(["--check"]) == 0
+
+
+def test_dashboard_uids_and_titles_are_unique() -> None:
+    dashboards = [load(path) for path in DASHBOARD_FILES]
+    assert len({d["uid"] for d in dashboards}) == len(dashboards)
+    assert len({d["title"] for d in dashboards}) == len(dashboards)
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda path: path.stem)
+def test_structure(path: Path) -> None:
+    dashboard = load(path)
+    assert dashboard["schemaVersion"] >= 39
+    assert dashboard["id"] is None, "an exported id would clash on import"
+    assert "gpuscope" in dashboard["tags"]
+    assert not {"__inputs", "__requires"} & set(dashboard), "import needs no datasource mapping"
+
+    everything = list(promql.panels(dashboard))
+    ids = [panel["id"] for panel in everything]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids in {path.name}"
+
+    cells: dict[tuple[int, int], str] = {}
+    for panel in everything:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0
+        assert grid["x"] + grid["w"] <= 24
+        assert grid["h"] > 0
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
+
+    for panel in everything:
+        if panel["type"] == "row":
+            assert "targets" not in panel
+            continue
+        assert panel["type"] in PANEL_TYPES
+        assert panel["title"]
+        assert panel["description"], f"{panel['title']}: every panel says what it shows"
+        assert panel["datasource"] == build.DATASOURCE, panel["title"]
+        assert panel["targets"], f"{panel['title']} has no query"
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids))
+        for target in panel["targets"]:
+            assert target["datasource"] == build.DATASOURCE, panel["title"]
+            assert isinstance(target["expr"], str)
+            assert target["expr"].strip(), panel["title"]
+
+    for annotation in dashboard["annotations"]["list"]:
+        assert annotation["datasource"] == build.DATASOURCE
+        assert annotation["target"]["expr"].strip()
+
+    variables = promql.variables(dashboard)
+    assert variables[0] == build.datasource_variable()
+    for variable in variables[1:]:
+        assert variable["type"] == "query"
+        assert variable["datasource"] == build.DATASOURCE
+        promql.label_values(variable["query"])
+
+    assert set(uids(dashboard)) == {"${datasource}", dashboard["uid"]}, (
+        "no hard-coded datasource uid"
+    )
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda path: path.stem)
+def test_variables_are_defined_and_used(path: Path) -> None:
+    dashboard = load(path)
+    defined = {variable["name"] for variable in promql.variables(dashboard)}
+    used: set[str] = set()
+    for text in strings(dashboard, skip=frozenset({"current"})):
+        used |= promql.variable_references(text)
+    unknown = used - defined - promql.GRAFANA_BUILTINS
+    assert not unknown, f"{path.name} uses undefined variables: {sorted(unknown)}"
+    assert defined <= used, f"{path.name} defines unused variables: {sorted(defined - used)}"
+
+
+@pytest.mark.parametrize("path", DASHBOARD_FILES, ids=lambda path: path.stem)
+def test_ranges_follow_the_dashboard(path: Path) -> None:
+    """Rates use $__rate_interval; other windows span the dashboard's range. Fixed windows
+    belong in recording rules."""
+    for query in promql.queries(load(path)):
+        for window in re.findall(r"\[([^\]:]+)\]", query.expr):
+            assert window in {"$__rate_interval", "$__range"}, f"{query.name}: [{window}]"
+
+
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query (variables substituted the way Grafana would) as a rule."""
+    expressions: dict[str, str] = {}
+    for path in DASHBOARD_FILES:
+        dashboard = load(path)
+        values = grafana_values(dashboard)
+        for query in promql.queries(dashboard):
+            expressions[query.name] = promql.substitute(query.expr, values)
+        for variable in promql.variables(dashboard)[1:]:
+            selector, _ = promql.label_values(variable["query"])
+            expressions[f"{dashboard['title']} / variable {variable['name']}"] = promql.substitute(
+                selector, values
+            )
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard-queries",
+                "rules": [
+                    {"record": f"dashboard:query_{number}:check", "expr": expr}
+                    for number, expr in enumerate(expressions.values())
+                ],
+            }
+        ]
+    }
+    rule_file = tmp_path / "queries.rules.yaml"
+    rule_file.write_text(yaml.safe_dump(rules), encoding="utf-8")
+    result = subprocess.run(
+        [require_tool("promtool"), "check", "rules", str(rule_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    names = list(expressions)
+    report = re.sub(
+        r"dashboard:query_(\d+):check",
+        lambda match: names[int(match[1])],
+        result.stdout + result.stderr,
+    )
+    assert result.returncode == 0, report
+    assert f"SUCCESS: {len(expressions)} rules found" in result.stdout
+
+
+def referenced_names() -> set[str]:
+    names: set[str] = set()
+    for path in DASHBOARD_FILES:
+        dashboard = load(path)
+        values = grafana_values(dashboard)
+        for query in promql.queries(dashboard):
+            names |= promql.metric_names(promql.substitute(query.expr, values))
+        for variable in promql.variables(dashboard)[1:]:
+            selector, _ = promql.label_values(variable["query"])
+            names |= promql.metric_names(promql.substitute(selector, values))
+    document = yaml.safe_load((ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml").read_text())
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            names |= promql.metric_names(rule["expr"])
+    return names
+
+
+def test_every_metric_read_is_exported_pending_recorded_or_prometheus_own() -> None:
+    exported = {name for name, _ in samples(GOLDEN.read_text(encoding="utf-8"))}
+    known = exported | PENDING_METRICS | recorded_names() | PROMETHEUS_OWN
+    referenced = referenced_names()
+    assert not referenced - known, f"unknown metric names (typos?): {sorted(referenced - known)}"
+    assert not PENDING_METRICS & exported, (
+        f"exported now, remove from PENDING_METRICS: {sorted(PENDING_METRICS & exported)}"
+    )
+    assert referenced >= PENDING_METRICS, (
+        f"PENDING_METRICS lists names nothing reads: {sorted(PENDING_METRICS - referenced)}"
+    )
+
+
+def typescript_check(dashboards: list[Json]) -> str:
+    """TypeScript that assigns each dashboard to @grafana/schema's types: the dashboard model
+    with Prometheus annotation targets, and each panel's options and custom field config to its
+    plugin's types. String enums are compared by value (JSON carries "list", not an enum)."""
+    lines = [
+        "import type { AnnotationQuery, DataQuery, Dashboard } from '@grafana/schema';",
+        *(
+            f"import type * as {module} from "
+            f"'@grafana/schema/dist/esm/raw/composable/{module}/panelcfg/x/{prefix}PanelCfg_types.gen';"
+            for module, prefix, _ in PANEL_TYPES.values()
+        ),
+        (
+            "type Json<T> = T extends string ? `${T}` : T extends readonly (infer U)[] ? Json<U>[]"
+            " : T extends object ? { [K in keyof T]: Json<T[K]> } : T;"
+        ),
+        # Grafana's Prometheus annotations keep the query in `target` and their formats beside it.
+        "type PrometheusTarget = DataQuery & { expr: string; interval?: string };",
+        (
+            "type PrometheusAnnotation = Json<AnnotationQuery<PrometheusTarget>> & { titleFormat?: string;"
+            " textFormat?: string; tagKeys?: string; useValueForTime?: boolean };"
+        ),
+    ]
+    for number, dashboard in enumerate(dashboards):
+        model = {key: value for key, value in dashboard.items() if key != "annotations"}
+        lines.append(
+            f"export const d{number}: Json<Omit<Dashboard, 'annotations'>> = {json.dumps(model)};"
+        )
+        lines.append(
+            f"export const d{number}_annotations: PrometheusAnnotation[] = "
+            f"{json.dumps(dashboard['annotations']['list'])};"
+        )
+        for panel in promql.panels(dashboard):
+            if panel["type"] == "row":
+                continue
+            module, _, has_field_config = PANEL_TYPES[panel["type"]]
+            name = f"d{number}_panel{panel['id']}"
+            lines.append(
+                f"export const {name}_options: Json<{module}.Options> = {json.dumps(panel['options'])};"
+            )
+            custom = panel["fieldConfig"]["defaults"].get("custom")
+            if has_field_config and custom is not None:
+                lines.append(
+                    f"export const {name}_custom: Json<{module}.FieldConfig> = {json.dumps(custom)};"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def test_dashboards_type_check_against_grafana_schema(tmp_path: Path) -> None:
+    tsc = SCHEMA_MODULES / ".bin" / "tsc"
+    if not tsc.exists():
+        message = f"{tsc} missing (scripts/test installs @grafana/schema and typescript there)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    require_tool("node")
+    (tmp_path / "node_modules").symlink_to(SCHEMA_MODULES)
+    source = tmp_path / "dashboards.ts"
+    source.write_text(typescript_check([load(path) for path in DASHBOARD_FILES]), encoding="utf-8")
+    result = subprocess.run(
+        [
+            str(tsc),
+            "--noEmit",
+            "--strict",
+            "--skipLibCheck",
+            "--module",
+            "esnext",
+            "--moduleResolution",
+            "bundler",
+            "--target",
+            "es2022",
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "NO_COLOR": "1"},
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[:5000]

@@ -1,0 +1,285 @@
+"""Every dashboard query and the alerts, against a real Prometheus scraping simulated daemons.
+
+The stack (dashboards/live.py): node sim-a runs tests/fixtures/fleets/dashboards.yaml (a busy
+trainer, a shared GPU, an idle holder, a hot L4, an MPS card with a fan, an uncorrectable ECC
+error, a GPU that falls off the bus), node sim-b a daemon whose driver never loads, node sim-c a
+target nothing listens on. Prometheus scrapes them every second with the rule file loaded. Every
+panel, annotation and variable query of every dashboard then runs through the HTTP API with the
+variables substituted the way Grafana would, and must return data; the alerts this fleet gives a
+reason to fire must be pending or firing, and no other alert may be.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import cache
+from typing import TYPE_CHECKING, Any, Final
+
+import pytest
+import yaml
+
+from dashboards import promql
+from dashboards.live import RULE_FILES, LiveStack, Node, Prometheus
+from dashboards.render import UNIT_PX, render_all
+from tests.helpers import FLEETS, ROOT, require_tool
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+pytestmark = pytest.mark.slow
+
+# Metrics the dashboards and rules read that other branches add: issue 3 (deeper signals),
+# issue 4 (pod attribution) and issue 5 (calibration and prices). The daemon on this branch does
+# not produce them yet, so a query or alert that reads any of them (directly or through a recording
+# rule) must still parse and evaluate, but need not return data. The lead empties this set when
+# those branches are merged, and extends tests/fixtures/fleets/dashboards.yaml (MIG, a GPM model,
+# XIDs, pods) so that every query returns data. test_dashboards.py fails when a name listed here is
+# exported already, or read by nothing.
+PENDING_METRICS: Final = frozenset(
+    {
+        # issue 3
+        "gpu_sm_occupancy_ratio",
+        "gpu_fp64_active_ratio",
+        "gpu_fp32_active_ratio",
+        "gpu_fp16_active_ratio",
+        "gpu_pcie_transmit_bytes_per_second",
+        "gpu_pcie_receive_bytes_per_second",
+        "gpu_nvlink_transmit_bytes_per_second",
+        "gpu_nvlink_receive_bytes_per_second",
+        "gpu_sm_active_seconds_total",
+        "gpu_tensor_active_seconds_total",
+        "gpu_dram_active_seconds_total",
+        "gpu_xid_errors_total",
+        "gpu_last_xid_timestamp_seconds",
+        "gpu_throttle_seconds_total",
+        "gpu_remapped_rows",
+        "gpu_remapped_rows_pending",
+        "gpu_remapped_rows_failed",
+        "gpu_retired_pages",
+        "gpu_retired_pages_pending",
+        "gpu_mig_mode_enabled",
+        # issue 4
+        "gpu_pod_memory_used_bytes",
+        "gpu_pod_utilization_ratio",
+        "gpu_pod_busy_seconds_total",
+        "gpu_allocation_info",
+        "gpu_allocation_in_use",
+        "gpu_allocation_shared",
+        "gpu_unattributed_memory_used_bytes",
+        "gpuscope_kubernetes_watch_up",
+        "gpuscope_kubernetes_cache_age_seconds",
+        "gpuscope_pods_cached",
+        # issue 5
+        "gpu_calibrated_flops",
+        "gpu_calibrated_memory_bandwidth_bytes_per_second",
+        "gpu_datasheet_flops",
+        "gpu_datasheet_memory_bandwidth_bytes_per_second",
+        "gpu_price_usd_per_hour",
+    }
+)
+
+NODES: Final = (
+    Node("sim-a", FLEETS / "dashboards.yaml"),
+    Node("sim-b", FLEETS / "broken-node.yaml"),
+    Node("sim-c", None),
+)
+SCRAPE_SECONDS: Final = 1.0
+RANGE_SECONDS: Final = 60.0
+"""The dashboard time range the queries are run for ($__range); longer than the data there is."""
+WINDOW_SECONDS: Final = 15.0
+"""How far back range queries (time series panels) look."""
+
+EXPECTED_ALERTS: Final = (
+    ("GpuDown", {"node": "sim-a", "gpu": "5"}),
+    ("GpuUncorrectableEccErrors", {"node": "sim-a", "gpu": "0", "type": "uncorrected"}),
+    ("GpuSlowdownSustained", {"node": "sim-a", "gpu": "3", "model": "NVIDIA L4"}),
+    ("GpuscopeExporterDown", {"node": "sim-c"}),
+    ("GpuscopeCollectorFailing", {"node": "sim-b", "collector": "nvml"}),
+    # Read pending metrics: asserted once PENDING_METRICS is empty, and the fleet then needs an
+    # XID 79 and a critical XID (e.g. 48) that stay visible, pods on GPU 1 with the GPU over 95%
+    # full, and the idle notebook on GPU 2 as a pod holding its GPU.
+    ("GpuFellOffTheBus", {"node": "sim-a", "xid": "79"}),
+    ("GpuCriticalXid", {"node": "sim-a"}),
+    ("GpuPodMemoryNearlyFull", {"node": "sim-a", "gpu": "1"}),
+    ("GpuAllocatedButIdle", {"node": "sim-a", "gpu": "2"}),
+)
+"""Alerts the stack gives a reason to fire (labels: a subset the alert must carry)."""
+
+NOT_TRIGGERED_LIVE: Final = {
+    "GpuMemoryRepairPending": "the simulator has no row-remapping or page-retirement faults",
+    "GpuRowRemapFailed": "the simulator has no row-remapping faults",
+    "GpuscopeSamplesStale": "needs a driver call that hangs; the simulator never hangs",
+    "GpuscopeKubernetesWatchDown": "the stack runs without a Kubernetes API to lose",
+}
+"""Alerts covered by the promtool unit tests only, and why the live stack cannot raise them."""
+
+
+@cache
+def rule_documents() -> tuple[dict[str, Any], ...]:
+    return tuple(yaml.safe_load(path.read_text(encoding="utf-8")) for path in RULE_FILES)
+
+
+def rules() -> list[dict[str, Any]]:
+    return [
+        rule
+        for document in rule_documents()
+        for group in document["groups"]
+        for rule in group["rules"]
+    ]
+
+
+def recorded_names() -> set[str]:
+    return {rule["record"] for rule in rules() if "record" in rule}
+
+
+def pending_reads(expr: str) -> set[str]:
+    """The pending metrics an expression reads, directly or through recording rules."""
+    sources = {
+        rule["record"]: promql.metric_names(rule["expr"]) for rule in rules() if "record" in rule
+    }
+    seen: set[str] = set()
+    todo = promql.metric_names(expr)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo |= sources.get(name, set())
+    return seen & PENDING_METRICS
+
+
+def grafana_values(dashboard: dict[str, Any]) -> dict[str, str]:
+    """What Grafana substitutes for the variables: "All" for each template variable, and the
+    built-ins for a 1 s scrape interval and the test's time range."""
+    rate_interval = max(SCRAPE_SECONDS + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
+    values = {
+        "__rate_interval": f"{rate_interval:g}s",
+        "__interval": f"{SCRAPE_SECONDS:g}s",
+        "__interval_ms": f"{SCRAPE_SECONDS * 1000:.0f}",
+        "__range": f"{RANGE_SECONDS:g}s",
+        "__range_s": f"{RANGE_SECONDS:.0f}",
+        "__range_ms": f"{RANGE_SECONDS * 1000:.0f}",
+    }
+    for variable in promql.variables(dashboard):
+        if variable["type"] == "query":
+            values[variable["name"]] = variable["allValue"]
+    return values
+
+
+def dashboards() -> list[dict[str, Any]]:
+    return [
+        json.loads(path.read_text(encoding="utf-8"))
+        for path in sorted((ROOT / "dashboards").glob("*.json"))
+    ]
+
+
+QUERIES: Final = [
+    (dashboard, query) for dashboard in dashboards() for query in promql.queries(dashboard)
+]
+VARIABLES: Final = [
+    (dashboard, variable)
+    for dashboard in dashboards()
+    for variable in promql.variables(dashboard)
+    if variable["type"] == "query"
+]
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    require_tool("prometheus")
+    with LiveStack(NODES, tmp_path_factory.mktemp("live")) as stack:
+        stack.wait_for_scrapes(12)
+        yield stack.prometheus
+
+
+@pytest.mark.parametrize(("dashboard", "query"), QUERIES, ids=[query.name for _, query in QUERIES])
+def test_panel_query_returns_data(
+    prometheus: Prometheus, dashboard: dict[str, Any], query: promql.PanelQuery
+) -> None:
+    expr = promql.substitute(query.expr, grafana_values(dashboard))
+    now = time.time()
+    if query.instant:
+        answer = prometheus.query(expr, at=now)
+    else:
+        answer = prometheus.query_range(
+            expr, start=now - WINDOW_SECONDS, end=now, step=SCRAPE_SECONDS
+        )
+    assert answer["status"] == "success", f"{expr}\n{answer.get('error')}"
+    if pending_reads(expr):
+        return  # reads metrics other branches add: it ran without error, data comes with them
+    assert answer["data"]["result"], f"no data for {expr}"
+
+
+@pytest.mark.parametrize(
+    ("dashboard", "variable"),
+    VARIABLES,
+    ids=[f"{d['title']} / ${v['name']}" for d, v in VARIABLES],
+)
+def test_variable_query_finds_values(
+    prometheus: Prometheus, dashboard: dict[str, Any], variable: dict[str, Any]
+) -> None:
+    selector, label = promql.label_values(variable["query"])
+    selector = promql.substitute(selector, grafana_values(dashboard))
+    now = time.time()
+    answer = prometheus.series(selector, start=now - RANGE_SECONDS, end=now)
+    assert answer["status"] == "success", answer.get("error")
+    if pending_reads(selector):
+        return
+    assert {series.get(label) for series in answer["data"]} - {None}, (
+        f"no values of {label} in {selector}"
+    )
+
+
+def test_the_fleets_alerts_are_active_and_no_others(prometheus: Prometheus) -> None:
+    active = [alert for alert in prometheus.alerts() if alert["state"] in {"pending", "firing"}]
+
+    def matches(alert: dict[str, Any], name: str, labels: dict[str, str]) -> bool:
+        return alert["labels"]["alertname"] == name and labels.items() <= alert["labels"].items()
+
+    by_name = {rule["alert"]: rule for rule in rules() if "alert" in rule}
+    missing = [
+        (name, labels)
+        for name, labels in EXPECTED_ALERTS
+        if not pending_reads(by_name[name]["expr"])
+        and not any(matches(a, name, labels) for a in active)
+    ]
+    assert not missing, (
+        f"expected alerts not active: {missing}\nactive: {[a['labels'] for a in active]}"
+    )
+    unexpected = [
+        alert["labels"]
+        for alert in active
+        if not any(matches(alert, name, labels) for name, labels in EXPECTED_ALERTS)
+    ]
+    assert not unexpected, f"alerts active without a reason in the fleet: {unexpected}"
+
+
+def test_every_alert_is_either_triggered_live_or_says_why_not() -> None:
+    alerts = {rule["alert"] for rule in rules() if "alert" in rule}
+    triggered = {name for name, _ in EXPECTED_ALERTS}
+    assert not triggered & set(NOT_TRIGGERED_LIVE)
+    assert triggered | set(NOT_TRIGGERED_LIVE) == alerts
+
+
+def test_pending_metrics_are_still_missing_live(prometheus: Prometheus) -> None:
+    pattern = "|".join(sorted(PENDING_METRICS))
+    answer = prometheus.query(f'count by (__name__) ({{__name__=~"{pattern}"}})')
+    present = sorted(series["metric"]["__name__"] for series in answer["data"]["result"])
+    assert not present, (
+        f"exported now: remove from PENDING_METRICS and assert their data: {present}"
+    )
+
+
+def test_pictures_render_every_dashboard_from_live_data(
+    prometheus: Prometheus, tmp_path: Path
+) -> None:
+    written = render_all(prometheus, tmp_path, seconds=WINDOW_SECONDS)
+    assert sorted(path.stem for path in written) == sorted(
+        path.stem for path in (ROOT / "dashboards").glob("*.json")
+    )
+    for path in written:
+        with path.open("rb") as picture:
+            header = picture.read(24)
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(header[16:20], "big") == 24 * UNIT_PX[0]  # the grid's full width

@@ -1,0 +1,119 @@
+"""gpuscope's Prometheus rules: promtool's checks and unit tests, and the conventions every
+alert follows (severity, annotations, a runbook section that exists)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, require_tool
+
+RULES = ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml"
+RULE_TESTS = ROOT / "tests" / "prometheus" / "gpuscope.rules.test.yaml"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK_URL = "https://github.com/gpuscope/gpuscope/blob/main/docs/runbook.md#"
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def unit_tests() -> list[dict[str, Any]]:
+    tests: list[dict[str, Any]] = yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))["tests"]
+    return tests
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_tool("promtool"), *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_promtool_check_rules_with_every_lint() -> None:
+    result = promtool("check", "rules", "--lint=all", "--lint-fatal", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = promtool("test", "rules", str(RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_rule_file_is_a_plain_prometheus_rule_file() -> None:
+    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    assert set(document) == {"groups"}, "the Helm chart embeds this file as a PrometheusRule spec"
+    names = [group["name"] for group in document["groups"]]
+    assert len(names) == len(set(names))
+    records = [rule["record"] for rule in rules() if "record" in rule]
+    assert len(records) == len(set(records))
+    for record in records:
+        assert re.fullmatch(r"[a-z_]+:[a-z0-9_]+:[a-z0-9_]+", record), (
+            f"{record}: recording rules are named level:metric:operations"
+        )
+
+
+@pytest.mark.parametrize("alert", alerts(), ids=lambda alert: alert["alert"])
+def test_every_alert_has_a_severity_annotations_and_a_runbook(alert: dict[str, Any]) -> None:
+    name = alert["alert"]
+    assert alert["labels"]["severity"] in SEVERITIES
+    annotations = alert["annotations"]
+    assert set(annotations) == {"summary", "description", "runbook_url"}
+    assert annotations["runbook_url"] == RUNBOOK_URL + name.lower()
+    headings = re.findall(r"^## (\w+)$", RUNBOOK.read_text(encoding="utf-8"), re.MULTILINE)
+    assert name in headings, f"docs/runbook.md has no section '## {name}'"
+
+
+def test_runbook_has_a_section_for_each_alert_and_no_other() -> None:
+    headings = re.findall(r"^## (\w+)$", RUNBOOK.read_text(encoding="utf-8"), re.MULTILINE)
+    assert sorted(headings) == sorted(alert["alert"] for alert in alerts())
+
+
+@pytest.mark.parametrize("alert", alerts(), ids=lambda alert: alert["alert"])
+def test_every_alert_is_unit_tested_firing_and_silent(alert: dict[str, Any]) -> None:
+    name = alert["alert"]
+    cases = [
+        case
+        for test in unit_tests()
+        for case in test.get("alert_rule_test", [])
+        if case["alertname"] == name
+    ]
+    firing = [case for case in cases if case.get("exp_alerts")]
+    silent = [case for case in cases if not case.get("exp_alerts")]
+    assert firing, f"{name}: no unit test where it fires"
+    assert silent, f"{name}: no unit test where it stays silent"
+    for case in firing:
+        for expected in case["exp_alerts"]:
+            assert expected["exp_labels"]["severity"] == alert["labels"]["severity"]
+            assert set(expected["exp_annotations"]) == set(alert["annotations"]), (
+                f"{name}: a firing case must check every annotation"
+            )
+
+
+def test_every_recording_rule_is_unit_tested() -> None:
+    tested = " ".join(
+        case["expr"] for test in unit_tests() for case in test.get("promql_expr_test", [])
+    )
+    untested = [
+        rule["record"]
+        for rule in rules()
+        if "record" in rule
+        and not re.search(rf"(?<![\w:]){re.escape(rule['record'])}(?![\w:])", tested)
+    ]
+    assert not untested, f"recording rules without a promql_expr_test: {untested}"
