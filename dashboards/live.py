@@ -44,6 +44,22 @@ class Node:
     """The `node` label Prometheus adds to the target's series."""
     fleet: Path | None
     """The simulated fleet, or None for a target that is down."""
+    args: tuple[str, ...] = ()
+    """Further `gpuscope serve` flags for this node."""
+
+
+FIXTURES: Final = ROOT / "tests" / "fixtures"
+DEMO_NODES: Final = (
+    # every panel has something to show and the alerts fire where this node gives them a reason
+    Node(
+        "sim-a",
+        FIXTURES / "fleets" / "dashboards.yaml",
+        (f"--calibration.path={FIXTURES / 'calibration'}",),
+    ),
+    Node("sim-b", FIXTURES / "fleets" / "broken-node.yaml"),  # NVML never initialises
+    Node("sim-c", None),  # a daemon that is down
+)
+"""The stack behind the dashboard tests and the dashboard pictures."""
 
 
 @dataclass(slots=True)
@@ -178,6 +194,7 @@ class LiveStack:
                     f"--simulate={node.fleet}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     f"--collect.interval={self.interval}",
+                    *node.args,
                 ],
                 log,
             )

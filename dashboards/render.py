@@ -27,7 +27,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dashboards import promql
 from dashboards.build import value_field
-from dashboards.live import ROOT, LiveStack, Node, Prometheus
+from dashboards.live import DEMO_NODES, ROOT, LiveStack, Prometheus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,12 +37,6 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 
 OUTPUT: Final = ROOT / "docs" / "dashboards"
-FLEETS: Final = ROOT / "tests" / "fixtures" / "fleets"
-NODES: Final = (
-    Node("sim-a", FLEETS / "dashboards.yaml"),
-    Node("sim-b", FLEETS / "broken-node.yaml"),
-    Node("sim-c", None),
-)
 UNIT_PX: Final = (60, 30)
 """Pixels per grid column and per grid row (Grafana's row height is 30 px)."""
 DPI: Final = 100
@@ -627,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with (
             tempfile.TemporaryDirectory(prefix="gpuscope-render-") as workdir,
-            LiveStack(NODES, Path(workdir)) as stack,
+            LiveStack(DEMO_NODES, Path(workdir)) as stack,
         ):
             stack.wait_for_scrapes(3)
             print(

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from dashboards import promql
-from dashboards.live import RULE_FILES, LiveStack, Node, Prometheus
+from dashboards.live import DEMO_NODES, RULE_FILES, LiveStack, Prometheus
 from dashboards.render import UNIT_PX, render_all
-from tests.helpers import FLEETS, ROOT, require_tool
+from tests.helpers import ROOT, require_tool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -71,20 +71,9 @@ PENDING_METRICS: Final = frozenset(
         "gpuscope_kubernetes_watch_up",
         "gpuscope_kubernetes_cache_age_seconds",
         "gpuscope_pods_cached",
-        # issue 5
-        "gpu_calibrated_flops",
-        "gpu_calibrated_memory_bandwidth_bytes_per_second",
-        "gpu_datasheet_flops",
-        "gpu_datasheet_memory_bandwidth_bytes_per_second",
-        "gpu_price_usd_per_hour",
     }
 )
 
-NODES: Final = (
-    Node("sim-a", FLEETS / "dashboards.yaml"),
-    Node("sim-b", FLEETS / "broken-node.yaml"),
-    Node("sim-c", None),
-)
 SCRAPE_SECONDS: Final = 1.0
 RANGE_SECONDS: Final = 60.0
 """The dashboard time range the queries are run for ($__range); longer than the data there is."""
@@ -188,7 +177,7 @@ VARIABLES: Final = [
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     require_tool("prometheus")
-    with LiveStack(NODES, tmp_path_factory.mktemp("live")) as stack:
+    with LiveStack(DEMO_NODES, tmp_path_factory.mktemp("live")) as stack:
         stack.wait_for_scrapes(12)
         yield stack.prometheus
 
