@@ -1,4 +1,5 @@
-"""`gpuscope` command line: `serve` (the daemon); `calibrate` and `rightsize` join later.
+"""`gpuscope` command line: `serve` (the daemon) and `rightsize` (the rightsizing job);
+`calibrate` joins later.
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT), 1 when the daemon cannot run (no NVML
 library, port in use), 2 for bad configuration. Each failure is one line on stderr.
@@ -46,12 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
         "can also be set by its environment variable or in the --config.file YAML.",
     )
     config.add_arguments(serve)
+    commands.add_parser(
+        "rightsize",
+        add_help=False,
+        help="recommend per workload what GPU it should run on, from Prometheus history "
+        "(see gpuscope rightsize --help)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["rightsize"]:
+        # Imported only here, so the daemon never loads the rightsizing job's code.
+        from exporter.rightsize.cli import main as rightsize  # noqa: PLC0415 - see above
+
+        return rightsize(arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if args.command == "serve":
         return serve(args)
     parser.print_help(sys.stderr)
