@@ -10,9 +10,11 @@ whose `str()` is one complete line for the user.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import math
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -93,12 +95,11 @@ class PrometheusClient:
         headers = dict(self.connection.headers)
         if self.connection.bearer_token is not None:
             headers["Authorization"] = f"Bearer {self.connection.bearer_token}"
-        auth = None
         if self.connection.username is not None:
-            auth = aiohttp.BasicAuth(self.connection.username, self.connection.password or "")
+            pair = f"{self.connection.username}:{self.connection.password or ''}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
         self._session = aiohttp.ClientSession(
             headers=headers,
-            auth=auth,
             timeout=aiohttp.ClientTimeout(total=self.connection.timeout_seconds),
             connector=aiohttp.TCPConnector(
                 ssl=_ssl_context(self.connection), limit=self.connection.concurrency
@@ -261,7 +262,9 @@ def _retry_after_seconds(header: str) -> float:
 def _connection_reason(error: aiohttp.ClientError) -> str:
     if isinstance(error, aiohttp.ClientConnectorError):
         cause = error.os_error
-        return (cause.strerror or str(cause)).lower() if cause is not None else str(error)
+        if cause.errno:
+            return os.strerror(cause.errno).lower()
+        return str(cause)
     return str(error) or type(error).__name__
 
 

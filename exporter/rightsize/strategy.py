@@ -277,7 +277,8 @@ def _size(
         memory_blocked=[
             option
             for option in memory_blocked
-            if (price := price_of(option.model)) is not None and price * option.share < current_cost
+            if (price := price_of(option.model)) is not None
+            and price * option.share <= current_cost * (1 - settings.min_savings)
         ],
     )
 
@@ -316,7 +317,8 @@ def _keep(
     *,
     memory_blocked: list[Option],
 ) -> Recommendation:
-    """Nothing cheaper covers the demand: say which side binds."""
+    """Nothing cheaper covers the demand: say which side binds. `memory_blocked` are the options
+    that would save enough and have the compute, but not the memory."""
     used = demand.compute / current.compute
     if used >= settings.saturation:
         if demand.roofline_side == "memory":
