@@ -24,8 +24,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_prometheus(data_dir: Path, *, ready_timeout: float = 90.0) -> Iterator[str]:
-    """`prometheus` serving `data_dir` on a free loopback port; yields its base URL."""
+def running_prometheus(
+    data_dir: Path, *, retention: str = "400d", ready_timeout: float = 90.0
+) -> Iterator[str]:
+    """`prometheus` serving `data_dir` on a free loopback port; yields its base URL.
+
+    Retention counts back from the newest block, so backfilled history stays whatever its date.
+    """
     binary = require_tool("prometheus")
     config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
@@ -37,8 +42,7 @@ def running_prometheus(data_dir: Path, *, ready_timeout: float = 90.0) -> Iterat
             f"--config.file={config}",
             f"--storage.tsdb.path={data_dir}",
             f"--web.listen-address=127.0.0.1:{port}",
-            # Backfilled blocks are up to weeks old: keep them.
-            "--storage.tsdb.retention.time=400d",
+            f"--storage.tsdb.retention.time={retention}",
             "--log.level=warn",
         ],
         stdout=log,

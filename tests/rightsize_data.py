@@ -49,7 +49,6 @@ def device(
         mig_profile=mig_profile,
         resource=f"nvidia.com/mig-{mig_profile}" if mig_profile else "nvidia.com/gpu",
         held_seconds=held,
-        last_seen=END,
         observed_seconds=held if observed is None else observed,
         in_use_ratio=extra.pop("in_use_ratio", 1.0),
         busy_mean=busy if busy_mean is None else busy_mean,
@@ -96,15 +95,45 @@ def settings(**changes: Any) -> StrategySettings:
 def sample_workloads() -> tuple[WorkloadHistory, ...]:
     """One workload per classification, on plain data."""
     return (
-        workload(device(uuid="GPU-idle", busy=0.0, in_use_ratio=0.02, memory_gib=0.0), name="notebook", namespace="research", kind="StatefulSet"),
         workload(
-            device(uuid="GPU-small", model=A100_80, busy=0.1, memory_gib=6, sm_quantile=0.07, sm_mean=0.05, tensor_mean=0.03, dram_mean=0.04),
+            device(uuid="GPU-idle", busy=0.0, in_use_ratio=0.02, memory_gib=0.0),
+            name="notebook",
+            namespace="research",
+            kind="StatefulSet",
+        ),
+        workload(
+            device(
+                uuid="GPU-small",
+                model=A100_80,
+                busy=0.1,
+                memory_gib=6,
+                sm_quantile=0.07,
+                sm_mean=0.05,
+                tensor_mean=0.03,
+                dram_mean=0.04,
+            ),
             name="chat|small",
             namespace="serving",
         ),
-        workload(device(uuid="GPU-mem", model=A100_80, busy=0.55, memory_gib=72), name="embed", namespace="training", kind="Job"),
         workload(
-            *(device(uuid=f"GPU-llm-{i}", busy=0.97, memory_gib=74, sm_quantile=0.92, sm_mean=0.9, tensor_mean=0.75, dram_mean=0.35) for i in range(4)),
+            device(uuid="GPU-mem", model=A100_80, busy=0.55, memory_gib=72),
+            name="embed",
+            namespace="training",
+            kind="Job",
+        ),
+        workload(
+            *(
+                device(
+                    uuid=f"GPU-llm-{i}",
+                    busy=0.97,
+                    memory_gib=74,
+                    sm_quantile=0.92,
+                    sm_mean=0.9,
+                    tensor_mean=0.75,
+                    dram_mean=0.35,
+                )
+                for i in range(4)
+            ),
             name="llm",
             namespace="training",
             kind="Job",
@@ -117,7 +146,11 @@ def sample_workloads() -> tuple[WorkloadHistory, ...]:
             cpu=(ContainerCpu("main", 3.95, 4.0),),
         ),
         workload(device(uuid="GPU-new", held=2 * 3600), name="<new>", namespace="serving"),
-        workload(device(uuid="GPU-l4", model=L4, busy=0.55, memory_gib=12), name="ocr", namespace="serving"),
+        workload(
+            device(uuid="GPU-l4", model=L4, busy=0.55, memory_gib=12),
+            name="ocr",
+            namespace="serving",
+        ),
     )
 
 
@@ -136,7 +169,9 @@ def sample_report() -> Report:
     return build_report(
         sample_history(),
         strategy=STRATEGIES["simple"],
-        hardware=hardware(Ceilings(flops={(H100, "bf16"): 800e12}, memory_bandwidth={H100: 3.0e12})),
+        hardware=hardware(
+            Ceilings(flops={(H100, "bf16"): 800e12}, memory_bandwidth={H100: 3.0e12})
+        ),
         settings=StrategySettings(),
         source="http://prometheus.example:9090",
     )

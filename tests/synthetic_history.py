@@ -107,10 +107,21 @@ def write_openmetrics(
     interval: float = 60.0,
     calibration: dict[str, tuple[dict[str, float], float]] | None = None,
     seed: int = 1,
+    chunk: tuple[float, float] | None = None,
+    state: dict[str, tuple[random.Random, float]] | None = None,
 ) -> None:
     """Write every family, each together, then `# EOF`. `calibration` maps an NVML model name to
-    ({dtype: FLOP/s}, memory bytes/s) exported beside each GPU of that model."""
+    ({dtype: FLOP/s}, memory bytes/s) exported beside each GPU of that model.
+
+    With `chunk=(start, stop)` only samples in [start, stop) are written; passing the same `state`
+    to consecutive chunks continues every counter and random sequence, so a long history can be
+    written and backfilled piece by piece."""
     start = end - duration
+    chunk_start, chunk_stop = chunk or (start, end + 1)
+    carried: dict[str, tuple[random.Random, float]] = {} if state is None else state
+
+    def times(w: FakeWorkload) -> list[float]:
+        return [t for t in _times(w, start, end, interval) if chunk_start <= t < chunk_stop]
 
     def device_labels(w: FakeWorkload, pod: str, gpu: str, uuid: str) -> dict[str, str]:
         labels = {
@@ -144,22 +155,22 @@ def write_openmetrics(
                 yield w, pod, gpu, uuid
 
     def constant(w: FakeWorkload, value: float) -> Iterator[tuple[float, float]]:
-        return ((t, value) for t in _times(w, start, end, interval))
+        return ((t, value) for t in times(w))
 
     def gauge(
         w: FakeWorkload, wave: Wave, key: str, scale: float = 1.0, high: float = 1.0
     ) -> Iterator[tuple[float, float]]:
-        rng = random.Random(f"{seed}/{key}")
-        return ((t, wave.at(t, rng, high=high) * scale) for t in _times(w, start, end, interval))
+        rng, _ = carried.setdefault(key, (random.Random(f"{seed}/{key}"), 0.0))
+        return ((t, wave.at(t, rng, high=high) * scale) for t in times(w))
 
     def counter(
         w: FakeWorkload, wave: Wave, key: str, high: float = 1.0
     ) -> Iterator[tuple[float, float]]:
-        rng = random.Random(f"{seed}/{key}")
-        total = 0.0
-        for t in _times(w, start, end, interval):
+        rng, total = carried.get(key, (random.Random(f"{seed}/{key}"), 0.0))
+        for t in times(w):
             yield t, total
             total += wave.at(t, rng, high=high) * interval
+        carried[key] = (rng, total)
 
     holders: dict[str, int] = {}
     for _, _, _, uuid in each_device():
@@ -311,8 +322,11 @@ def _resource(w: FakeWorkload) -> str:
     return f"nvidia.com/mig-{w.mig_profile}" if w.mig_profile else "nvidia.com/gpu"
 
 
-def backfill(promtool: str, openmetrics: Path, data_dir: Path) -> None:
-    """promtool's blocks from the OpenMetrics file (large blocks: one parse pass per block)."""
+def backfill(
+    promtool: str, openmetrics: Path, data_dir: Path, *, max_block_duration: str = "1000h"
+) -> None:
+    """promtool's blocks from the OpenMetrics file. promtool parses the whole file once per
+    block range, so large blocks (the hidden --max-block-duration) make it fast."""
     subprocess.run(
         [
             promtool,
@@ -320,7 +334,7 @@ def backfill(promtool: str, openmetrics: Path, data_dir: Path) -> None:
             "create-blocks-from",
             "openmetrics",
             "--quiet",
-            "--max-block-duration=1000h",
+            f"--max-block-duration={max_block_duration}",
             str(openmetrics),
             str(data_dir),
         ],

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import yaml
@@ -43,14 +43,18 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     openmetrics = root / "history.om"
     with openmetrics.open("w") as out:
         # Scraped every 2 minutes, a little more than the 14-day window.
-        write_openmetrics(out, WORKLOADS, end=END, duration=14 * DAY + 3600, interval=120, calibration=CALIBRATION)
+        write_openmetrics(
+            out, WORKLOADS, end=END, duration=14 * DAY + 3600, interval=120, calibration=CALIBRATION
+        )
     backfill(promtool, openmetrics, root / "data")
     openmetrics.unlink()
     with running_prometheus(root / "data") as url:
         yield url
 
 
-def rightsize(*args: str, env: dict[str, str] | None = None, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def rightsize(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "exporter", "rightsize", *args],
         capture_output=True,
@@ -124,18 +128,28 @@ def test_savings_arithmetic_follows_the_prices(prometheus: str) -> None:
         )
     new = workloads["new-ranker"]
     assert new["savings_usd_per_month"] == 0.0
-    assert new["cost_current_usd_per_month"] == pytest.approx(6.88 * HOURS * 2 / (14 * 24), rel=0.05)
+    assert new["cost_current_usd_per_month"] == pytest.approx(
+        6.88 * HOURS * 2 / (14 * 24), rel=0.05
+    )
 
     summary = document["summary"]
     assert summary["savings_usd_per_month"] == pytest.approx(
         sum(w["savings_usd_per_month"] for w in workloads.values()), abs=0.05
     )
-    assert summary["savings_usd_per_year"] == pytest.approx(summary["savings_usd_per_month"] * 12, abs=0.1)
+    assert summary["savings_usd_per_year"] == pytest.approx(
+        summary["savings_usd_per_month"] * 12, abs=0.1
+    )
     namespaces = {n["namespace"]: n for n in document["namespaces"]}
-    assert namespaces["research"]["savings_usd_per_month"] == pytest.approx(month("H100 SXM"), rel=2e-3)
+    assert namespaces["research"]["savings_usd_per_month"] == pytest.approx(
+        month("H100 SXM"), rel=2e-3
+    )
     assert namespaces["training"]["savings_usd_per_month"] == 0.0
     assert namespaces["serving"]["savings_usd_per_month"] == pytest.approx(
-        sum(workloads[n]["savings_usd_per_month"] for n in ("chat-small", "tts", "asr", "new-ranker")), abs=0.05
+        sum(
+            workloads[n]["savings_usd_per_month"]
+            for n in ("chat-small", "tts", "asr", "new-ranker")
+        ),
+        abs=0.05,
     )
     consolidation = document["consolidation"]
     # Before: 10 H100s, 3 A100 80GB (one time-sliced by tts and asr), 1 A100 40GB. After: the
@@ -161,7 +175,12 @@ def test_calibrated_ceilings_from_prometheus_draw_the_roofline(prometheus: str) 
 
 def test_namespace_and_label_selector_narrow_the_report(prometheus: str) -> None:
     serving = report_json(prometheus, "--namespace=serving")
-    assert {w["workload"] for w in serving["workloads"]} == {"chat-small", "new-ranker", "tts", "asr"}
+    assert {w["workload"] for w in serving["workloads"]} == {
+        "chat-small",
+        "new-ranker",
+        "tts",
+        "asr",
+    }
     research = report_json(prometheus, "--selector=team in (research, vision),team!=serving")
     assert {w["workload"] for w in research["workloads"]} == {
         "notebook-alice",
@@ -179,14 +198,19 @@ def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> No
     assert "serving/chat-small" in table.stdout
     assert "A100 80GB SXM MIG 1g.10gb" in table.stdout
     assert "\x1b[" not in table.stdout  # not a terminal: no colour codes
-    assert 'msg="report ready" workloads=8 queries=19' in table.stderr
+    assert 'msg="report ready" workloads=8 queries=20' in table.stderr
     for name, check in (
-        ("markdown", lambda text: text.startswith("# GPU rightsizing: 14d to 2026-05-28T20:30:00Z")),
+        (
+            "markdown",
+            lambda text: text.startswith("# GPU rightsizing: 14d to 2026-05-28T20:30:00Z"),
+        ),
         ("csv", lambda text: text.count("\n") == 9),
         ("yaml", lambda text: yaml.safe_load(text)["summary"]["workloads"] == 8),
     ):
         out = tmp_path / f"report.{name}"
-        result = rightsize("--prometheus", prometheus, f"--end={END}", f"--format={name}", f"--output={out}")
+        result = rightsize(
+            "--prometheus", prometheus, f"--end={END}", f"--format={name}", f"--output={out}"
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout == ""
         assert check(out.read_text()), name
@@ -195,7 +219,9 @@ def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> No
 def test_html_report_renders_in_headless_chromium(prometheus: str, tmp_path: Path) -> None:
     chromium = require_tool("chromium")
     page = tmp_path / "report.html"
-    result = rightsize("--prometheus", prometheus, f"--end={END}", "--format=html", f"--output={page}")
+    result = rightsize(
+        "--prometheus", prometheus, f"--end={END}", "--format=html", f"--output={page}"
+    )
     assert result.returncode == 0, result.stderr
     screenshot = tmp_path / "report.png"
     subprocess.run(
@@ -230,8 +256,8 @@ def test_html_report_renders_in_headless_chromium(prometheus: str, tmp_path: Pat
 class _FakeKubernetes(BaseHTTPRequestHandler):
     """Just enough of the API server for a ConfigMap: PUT (404 until created), POST."""
 
-    stored: dict[str, dict[str, Any]] = {}
-    calls: list[str] = []
+    stored: ClassVar[dict[str, dict[str, Any]]] = {}
+    calls: ClassVar[list[str]] = []
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
         payload = json.dumps(body).encode()
@@ -248,7 +274,9 @@ class _FakeKubernetes(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self.calls.append(f"PUT {self.path} {self.headers.get('Authorization')}")
         if self.path not in self.stored:
-            self._send(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404})
+            self._send(
+                404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
+            )
             return
         self.stored[self.path] = self._body()
         self._send(200, self.stored[self.path])
@@ -259,7 +287,7 @@ class _FakeKubernetes(BaseHTTPRequestHandler):
         self.stored[f"{self.path}/{body['metadata']['name']}"] = body
         self._send(201, body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         return
 
 
@@ -272,7 +300,12 @@ def test_configmap_output_creates_then_replaces(prometheus: str, tmp_path: Path)
             {
                 "apiVersion": "v1",
                 "kind": "Config",
-                "clusters": [{"name": "test", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"},
+                    }
+                ],
                 "users": [{"name": "job", "user": {"token": "sa-token"}}],
                 "contexts": [{"name": "test", "context": {"cluster": "test", "user": "job"}}],
                 "current-context": "test",
@@ -283,7 +316,12 @@ def test_configmap_output_creates_then_replaces(prometheus: str, tmp_path: Path)
     try:
         for _ in range(2):
             result = rightsize(
-                "--prometheus", prometheus, f"--end={END}", "--format=markdown", "--configmap=gpuscope/rightsize-report", env=env
+                "--prometheus",
+                prometheus,
+                f"--end={END}",
+                "--format=markdown",
+                "--configmap=gpuscope/rightsize-report",
+                env=env,
             )
             assert result.returncode == 0, result.stderr
     finally:
@@ -315,7 +353,7 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
@@ -329,8 +367,11 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
         server.shutdown()
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"gpuscope rightsize: error: Prometheus at {url} refused the request (HTTP 401): check the "
-        "bearer token or basic-auth credentials (--prometheus.bearer-token-file, --prometheus.username)"
+        (
+            f"gpuscope rightsize: error: Prometheus at {url} refused the request (HTTP 401): check "
+            "the bearer token or basic-auth credentials (--prometheus.bearer-token-file, "
+            "--prometheus.username)"
+        )
     ]
 
 
@@ -338,23 +379,56 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
     ("args", "message"),
     [
         ([], "the following arguments are required: --prometheus"),
-        (["--prometheus=prometheus:9090"], "invalid --prometheus: 'prometheus:9090' is not an http:// or https:// URL"),
-        (["--window=2w3"], "invalid --window: '2w3' is not a duration (missing unit?); use e.g. 500ms, 1s, 5m, 1h30m"),
+        (
+            ["--prometheus=prometheus:9090"],
+            "invalid --prometheus: 'prometheus:9090' is not an http:// or https:// URL",
+        ),
+        (
+            ["--window=2w3"],
+            "invalid --window: '2w3' is not a duration (missing unit?); use e.g. 500ms, 1s, 5m, 1h30m",
+        ),
         (["--step=1s"], "invalid --step: 1s is outside 10s..1d"),
         (["--window=1h", "--step=1h"], "invalid --window: must span at least two steps"),
-        (["--format=pdf"], "invalid --format: 'pdf' is not one of json, yaml, csv, markdown, table, html"),
+        (
+            ["--format=pdf"],
+            "invalid --format: 'pdf' is not one of json, yaml, csv, markdown, table, html",
+        ),
         (["--strategy=magic"], "invalid --strategy: 'magic' is not one of simple"),
         (["--percentile=101"], "invalid --percentile: 101% is outside 50..100%"),
-        (["--models=h100,l4"], "invalid --models: h100 not in the catalog (use keys like h100-sxm, l4)"),
-        (["--namespace=Bad_NS"], "invalid --namespace: 'Bad_NS' is not a Kubernetes namespace name"),
-        (["--selector=tier in (a"], "invalid --selector: selector 'tier in (a': unbalanced parentheses"),
+        (
+            ["--models=h100,l4"],
+            "invalid --models: h100 not in the catalog (use keys like h100-sxm, l4)",
+        ),
+        (
+            ["--namespace=Bad_NS"],
+            "invalid --namespace: 'Bad_NS' is not a Kubernetes namespace name",
+        ),
+        (
+            ["--selector=tier in (a"],
+            "invalid --selector: selector 'tier in (a': unbalanced parentheses",
+        ),
         (["--end=yesterday"], "invalid --end: 'yesterday' is neither RFC 3339 nor unix seconds"),
-        (["--configmap=report"], "invalid --configmap: 'report' is not NAMESPACE/NAME (e.g. gpuscope/gpuscope-rightsize)"),
-        (["--prometheus.header=X-Scope-OrgID"], "invalid --prometheus.header: 'X-Scope-OrgID' is not 'Name: value'"),
+        (
+            ["--configmap=report"],
+            "invalid --configmap: 'report' is not NAMESPACE/NAME (e.g. gpuscope/gpuscope-rightsize)",
+        ),
+        (
+            ["--prometheus.header=X-Scope-OrgID"],
+            "invalid --prometheus.header: 'X-Scope-OrgID' is not 'Name: value'",
+        ),
         (["--prometheus.concurrency=0"], "invalid --prometheus.concurrency: 0 is outside 1..32"),
-        (["--prometheus.ca-file=/nonexistent.pem"], "invalid --prometheus.ca-file: /nonexistent.pem is not a readable file"),
-        (["--prometheus.bearer-token-file=/nonexistent"], "invalid --prometheus.bearer-token-file: cannot read /nonexistent: No such file or directory"),
-        (["--prices=/nonexistent.yaml"], "invalid --prices: /nonexistent.yaml: No such file or directory"),
+        (
+            ["--prometheus.ca-file=/nonexistent.pem"],
+            "invalid --prometheus.ca-file: /nonexistent.pem is not a readable file",
+        ),
+        (
+            ["--prometheus.bearer-token-file=/nonexistent"],
+            "invalid --prometheus.bearer-token-file: cannot read /nonexistent: No such file or directory",
+        ),
+        (
+            ["--prices=/nonexistent.yaml"],
+            "invalid --prices: /nonexistent.yaml: No such file or directory",
+        ),
         (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
     ],
 )
@@ -371,7 +445,10 @@ def test_bad_price_file_entries_are_named(tmp_path: Path) -> None:
     prices.write_text("prices:\n  h100-sxm: 4.1\n  tpu-v5: 1.2\n")
     result = rightsize("--prometheus=http://127.0.0.1:1", f"--prices={prices}")
     assert result.returncode == 2
-    assert result.stderr == f"gpuscope rightsize: error: invalid --prices: {prices}: prices.tpu-v5: no such GPU model in the catalog\n"
+    assert (
+        result.stderr
+        == f"gpuscope rightsize: error: invalid --prices: {prices}: prices.tpu-v5: no such GPU model in the catalog\n"
+    )
 
 
 def test_price_file_overrides_the_catalog(prometheus: str, tmp_path: Path) -> None:
@@ -388,5 +465,7 @@ def test_the_daemon_never_loads_the_rightsizing_code() -> None:
         "loaded = [m for m in sys.modules if m.startswith('exporter.rightsize')];"
         "print(loaded)"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert result.stdout.strip() == "[]"

@@ -11,7 +11,13 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
-from exporter.rightsize.formatters import CSV_COLUMNS, EXTENSIONS, FORMATTERS, Output, report_document
+from exporter.rightsize.formatters import (
+    CSV_COLUMNS,
+    EXTENSIONS,
+    FORMATTERS,
+    Output,
+    report_document,
+)
 from tests.rightsize_data import sample_report
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -24,7 +30,14 @@ def report():  # type: ignore[no-untyped-def]
 
 def test_every_format_is_registered_with_an_extension() -> None:
     assert list(FORMATTERS) == ["json", "yaml", "csv", "markdown", "table", "html"]
-    assert EXTENSIONS == {"json": "json", "yaml": "yaml", "csv": "csv", "markdown": "md", "table": "txt", "html": "html"}
+    assert EXTENSIONS == {
+        "json": "json",
+        "yaml": "yaml",
+        "csv": "csv",
+        "markdown": "md",
+        "table": "txt",
+        "html": "html",
+    }
 
 
 def test_json_carries_everything_and_adds_up(report) -> None:  # type: ignore[no-untyped-def]
@@ -57,7 +70,13 @@ def test_json_carries_everything_and_adds_up(report) -> None:  # type: ignore[no
     assert workloads["notebook"]["recommended"] == "release"
     assert workloads["notebook"]["target"] is None
     assert workloads["resnet"]["cpu_changes"] == [
-        {"pod": "resnet-0", "container": "main", "usage_cores": 3.95, "limit_cores": 4.0, "recommended_limit_cores": 9.5}
+        {
+            "pod": "resnet-0",
+            "container": "main",
+            "usage_cores": 3.95,
+            "limit_cores": 4.0,
+            "recommended_limit_cores": 9.5,
+        }
     ]
     assert workloads["<new>"]["recommended"] == "-"
     consolidation = document["consolidation"]
@@ -80,7 +99,9 @@ def test_csv_has_one_row_per_workload(report) -> None:  # type: ignore[no-untype
     by_name = {row["workload"]: row for row in rows}
     assert by_name["chat|small"]["recommended"] == "A100 80GB SXM MIG 1g.10gb"
     assert by_name["notebook"]["classification"] == "idle"
-    assert float(by_name["notebook"]["savings_usd_per_month"]) == pytest.approx(6.88 * 730, abs=0.01)
+    assert float(by_name["notebook"]["savings_usd_per_month"]) == pytest.approx(
+        6.88 * 730, abs=0.01
+    )
     assert by_name["embed"]["memory_peak_gib"] == "72"
     assert by_name["<new>"]["savings_usd_per_month"] == "0"
 
@@ -91,7 +112,9 @@ def test_markdown_escapes_cells_and_has_every_section(report) -> None:  # type: 
     for heading in ("## Workloads", "## Namespaces", "## Consolidation"):
         assert heading in text
     assert "serving/chat\\|small" in text
-    table = [line for line in text.splitlines() if line.startswith("| ") and "/" in line.split("|")[1]]
+    table = [
+        line for line in text.splitlines() if line.startswith("| ") and "/" in line.split("|")[1]
+    ]
     assert len(table) == 7
     assert all(line.count(" | ") == 10 for line in table)  # escaped pipes do not split cells
 
@@ -99,7 +122,9 @@ def test_markdown_escapes_cells_and_has_every_section(report) -> None:  # type: 
 class _Checker(HTMLParser):
     """Balanced tags, no external resources."""
 
-    VOID = frozenset({"meta", "br", "img", "link", "input", "hr", "circle", "line", "rect", "polyline"})
+    VOID = frozenset(
+        {"meta", "br", "img", "link", "input", "hr", "circle", "line", "rect", "polyline"}
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -139,7 +164,8 @@ def test_html_is_self_contained_balanced_and_escaped(report) -> None:  # type: i
     assert checker.external == []
     assert "<script" not in page
     assert page.count("<svg xmlns") == 3  # two rooflines (A100 80GB, H100), the consolidation
-    assert "&lt;new&gt;" in page and "<new>" not in page
+    assert "&lt;new&gt;" in page
+    assert "<new>" not in page
     text = " ".join(checker.text)
     assert report.business_case.split(":")[0] in text
     assert "Roofline of H100 SXM" in page

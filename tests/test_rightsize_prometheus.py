@@ -55,7 +55,9 @@ class Script:
             await asyncio.sleep(body)
             body = VECTOR
         text = body if isinstance(body, str) else json.dumps(body)
-        return web.Response(status=status, text=text, headers=headers, content_type="application/json")
+        return web.Response(
+            status=status, text=text, headers=headers, content_type="application/json"
+        )
 
 
 @asynccontextmanager
@@ -87,7 +89,9 @@ async def test_a_vector_comes_back_without_nans_and_the_query_is_posted() -> Non
     assert form == {"query": "up", "time": "1700000000.500"}
 
 
-async def test_5xx_and_429_are_retried_and_logged_as_attempts(caplog: pytest.LogCaptureFixture) -> None:
+async def test_5xx_and_429_are_retried_and_logged_as_attempts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     script = Script(
         (503, {"status": "error", "error": "overloaded"}, {}),
         (429, "slow down", {"Retry-After": "0"}),
@@ -124,7 +128,9 @@ async def test_unauthorized_is_final_at_once(status: int) -> None:
 
 
 async def test_a_bad_query_names_the_signal_and_the_parse_error() -> None:
-    script = Script((400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}, {}))
+    script = Script(
+        (400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}, {})
+    )
     async with serve(script) as url:
         with pytest.raises(PrometheusQueryError) as caught:
             await query(url)
@@ -138,11 +144,15 @@ async def test_wrong_base_url_and_non_prometheus_answers_are_explained() -> None
     async with serve(Script((200, "<html>hello</html>", {}))) as url:
         with pytest.raises(PrometheusQueryError, match="not a PromQL API response"):
             await query(url)
-        with pytest.raises(PrometheusQueryError, match=r"HTTP 404 for /api/v1/query\): give the base URL"):
+        with pytest.raises(
+            PrometheusQueryError, match=r"HTTP 404 for /api/v1/query\): give the base URL"
+        ):
             await query(url + "/wrong")
     matrix = {"status": "success", "data": {"resultType": "matrix", "result": []}}
     async with serve(Script((200, matrix, {}))) as url:
-        with pytest.raises(PrometheusQueryError, match="returned matrix, expected an instant vector"):
+        with pytest.raises(
+            PrometheusQueryError, match="returned matrix, expected an instant vector"
+        ):
             await query(url)
 
 

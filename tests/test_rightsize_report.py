@@ -96,9 +96,13 @@ def test_a_strategy_that_breaks_on_one_workload_costs_only_that_row() -> None:
             raise ValueError("boom")
         return STRATEGIES["simple"].run(history, hardware, settings)
 
-    history = History(END, WINDOW, 300.0, 0.95, (workload(device(), name="bad"), workload(device(), name="good")))
+    history = History(
+        END, WINDOW, 300.0, 0.95, (workload(device(), name="bad"), workload(device(), name="good"))
+    )
     strategy = replace(STRATEGIES["simple"], run=broken)
-    report = build_report(history, strategy=strategy, hardware=hardware(), settings=StrategySettings(), source="t")
+    report = build_report(
+        history, strategy=strategy, hardware=hardware(), settings=StrategySettings(), source="t"
+    )
     rows = {row.history.name: row.recommendation for row in report.rows}
     assert rows["bad"].classification == "undefined"
     assert rows["bad"].reason == "strategy failed: boom"
@@ -123,7 +127,9 @@ def _profiles(model_key: str, *names: str):  # type: ignore[no-untyped-def]
         ((), 0),
     ],
 )
-def test_mig_packing_respects_slices_and_instance_limits(profiles: tuple[str, ...], gpus: int) -> None:
+def test_mig_packing_respects_slices_and_instance_limits(
+    profiles: tuple[str, ...], gpus: int
+) -> None:
     assert pack_mig(_profiles("a100-sxm4-80gb", *profiles)) == gpus
 
 
@@ -150,7 +156,12 @@ def test_consolidation_reports_before_after_and_utilization() -> None:
     h100 = catalog.by_key("h100-sxm")
     assert h100 is not None
     one_g = h100.mig_profile("1g.10gb")
-    before = [Slot(h100, None, 0.05), Slot(h100, None, 0.05), Slot(h100, None, 0.0), Slot(h100, None, 0.9)]
+    before = [
+        Slot(h100, None, 0.05),
+        Slot(h100, None, 0.05),
+        Slot(h100, None, 0.0),
+        Slot(h100, None, 0.9),
+    ]
     after = [Slot(h100, one_g, 0.05), Slot(h100, one_g, 0.05), Slot(h100, None, 0.9)]
     result = consolidate(before, after)
     assert (result.gpus_before, result.gpus_after) == (4, 2)

@@ -7,7 +7,12 @@ import pytest
 from exporter.catalog import builtin_catalog
 from exporter.rightsize.hardware import Option, mig_compute_fraction
 from exporter.rightsize.history import Ceilings, ContainerCpu
-from exporter.rightsize.settings import SettingsError, StrategySettings, load_settings, settings_table
+from exporter.rightsize.settings import (
+    SettingsError,
+    StrategySettings,
+    load_settings,
+    settings_table,
+)
 from exporter.rightsize.strategy import (
     COMPUTE_BOUND,
     IDLE,
@@ -115,8 +120,16 @@ def test_multi_gpu_pods_are_never_offered_mig() -> None:
 
 
 def test_shared_gpu_sizes_from_per_pod_utilization_and_costs_a_share() -> None:
-    shared = device(uuid="GPU-s", model=A100_80, busy=0.2, memory_gib=10, shared=True, holders=2,
-                    sm_quantile=0.9, sm_mean=0.9)
+    shared = device(
+        uuid="GPU-s",
+        model=A100_80,
+        busy=0.2,
+        memory_gib=10,
+        shared=True,
+        holders=2,
+        sm_quantile=0.9,
+        sm_mean=0.9,
+    )
     recommendation = recommend(workload(shared))
     assert recommendation.current is not None
     assert recommendation.current.label == "A100 80GB SXM (shared by 2)"
@@ -129,7 +142,9 @@ def test_shared_gpu_sizes_from_per_pod_utilization_and_costs_a_share() -> None:
 
 
 def test_bandwidth_bound_workload_is_memory_bound_on_the_roofline() -> None:
-    history = workload(device(busy=0.9, sm_quantile=0.85, sm_mean=0.8, dram_mean=0.9, memory_gib=30))
+    history = workload(
+        device(busy=0.9, sm_quantile=0.85, sm_mean=0.8, dram_mean=0.9, memory_gib=30)
+    )
     recommendation = recommend(history)
     assert recommendation.classification == MEMORY_BOUND
     assert "bandwidth-bound side of the roofline" in recommendation.reason
@@ -149,8 +164,14 @@ def test_busy_gpu_without_activity_series_says_the_side_is_unknown() -> None:
             workload(device(observed=0.3 * WINDOW)),
             "not enough data: utilization known for 30% of the held time, needs 50%",
         ),
-        (workload(device(model="NVIDIA Imaginary 9000")), "GPU model 'NVIDIA Imaginary 9000' is not in the catalog"),
-        (workload(device(mig_profile="5g.60gb")), f"MIG profile '5g.60gb' of '{H100}' is not in the catalog"),
+        (
+            workload(device(model="NVIDIA Imaginary 9000")),
+            "GPU model 'NVIDIA Imaginary 9000' is not in the catalog",
+        ),
+        (
+            workload(device(mig_profile="5g.60gb")),
+            f"MIG profile '5g.60gb' of '{H100}' is not in the catalog",
+        ),
     ],
 )
 def test_not_enough_data_is_an_explicit_answer(history, reason: str) -> None:  # type: ignore[no-untyped-def]
@@ -245,9 +266,15 @@ def test_option_prices_and_capacities_follow_the_catalog() -> None:
     ("raw", "message"),
     [
         ({"percentile": "40"}, "invalid --percentile: 40% is outside 50..100%"),
-        ({"compute_headroom": "lots"}, "invalid --compute-headroom: 'lots' is not a percentage (e.g. 20 or 20%)"),
+        (
+            {"compute_headroom": "lots"},
+            "invalid --compute-headroom: 'lots' is not a percentage (e.g. 20 or 20%)",
+        ),
         ({"min_history": "10m"}, "invalid --min-history: 10m is outside 1h..90d"),
-        ({"dtype": "fp4"}, "invalid --dtype: 'fp4' is not one of fp64, fp32, tf32, fp16, bf16, fp8, int8"),
+        (
+            {"dtype": "fp4"},
+            "invalid --dtype: 'fp4' is not one of fp64, fp32, tf32, fp16, bf16, fp8, int8",
+        ),
         ({"models": "all,l4"}, "invalid --models: all and seen stand alone, not in a list"),
     ],
 )

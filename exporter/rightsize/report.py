@@ -192,7 +192,7 @@ def build_report(
         rows=tuple(rows),
         namespaces=_per_namespace(rows),
         total=_money(rows),
-        consolidation=_consolidation(rows, hardware, settings, history),
+        consolidation=_consolidation(rows, hardware, settings),
         rooflines=_rooflines(rows, hardware, settings),
         missing_signals=history.missing_signals,
     )
@@ -247,10 +247,9 @@ def _per_namespace(rows: list[WorkloadRow]) -> tuple[tuple[str, Money], ...]:
 
 
 def _consolidation(
-    rows: list[WorkloadRow], hardware: Hardware, settings: StrategySettings, history: History
+    rows: list[WorkloadRow], hardware: Hardware, settings: StrategySettings
 ) -> Consolidation:
     """Slots of the devices held at the end of the window, as they are and as recommended."""
-    recent = history.end - 2 * history.step_seconds
     before: list[Slot] = []
     after: list[Slot] = []
     for row in rows:
@@ -259,7 +258,7 @@ def _consolidation(
         if current is None:
             continue
         for device in row.devices:
-            if device.last_seen < recent:
+            if not device.present:
                 continue
             shared_uuid = device.uuid if device.shared else None
             work = (device.busy_mean or 0.0) * current.compute
