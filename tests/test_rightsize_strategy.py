@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from exporter.catalog import builtin_catalog
@@ -104,11 +106,21 @@ def test_a_mig_instance_moves_to_a_smaller_profile() -> None:
 
 
 def test_models_setting_limits_where_a_workload_may_move() -> None:
-    small = sample_workloads()[1]
-    recommendation = recommend(small, models=("h100-sxm",))
-    assert recommendation.target is not None
-    assert recommendation.target.label == "H100 SXM MIG 1g.10gb"
-    assert recommend(small, models=("seen",)).target.label == "A100 80GB SXM MIG 1g.10gb"  # type: ignore[union-attr]
+    light = workload(device(busy=0.05, memory_gib=5))
+
+    def target(models: tuple[str, ...], seen: tuple[str, ...] = ()) -> str:
+        found = run(light, replace(hardware(), seen=seen), settings(models=models)).target
+        assert found is not None
+        return found.label
+
+    # Anywhere: a whole T4 covers 5% of an H100 (scaled by the larger of the FLOP/s and
+    # bandwidth ratios) for $0.53/h; only L4s: an L4; only what the cluster has: an H100 slice.
+    assert target(("all",)) == "T4"
+    assert target(("l4",)) == "L4"
+    assert target(("seen",)) == "H100 SXM MIG 1g.10gb"
+    assert target(("seen",), seen=(H100, L4)) == "L4"
+    # Its own model's MIG profiles are always allowed; a model without a price never is.
+    assert target(("b200",)) == "H100 SXM MIG 1g.10gb"
 
 
 def test_multi_gpu_pods_are_never_offered_mig() -> None:

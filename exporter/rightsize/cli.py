@@ -410,7 +410,12 @@ async def produce(config: RightsizeConfig) -> Report:
             quantile=config.settings.percentile,
         )
         queries = client.queries_sent
-    hardware = Hardware.build(config.catalog, history.ceilings, config.prices)
+    hardware = Hardware.build(
+        config.catalog,
+        history.ceilings,
+        config.prices,
+        seen=(workload.model for workload in history.workloads),
+    )
     report = build_report(
         history,
         strategy=STRATEGIES[config.strategy],

@@ -114,6 +114,8 @@ class Hardware:
     ceilings_flops: Mapping[tuple[str, str], float]
     """(NVML model name, dtype) -> calibrated FLOP/s."""
     ceilings_bandwidth: Mapping[str, float]
+    seen: tuple[str, ...] = ()
+    """Models the cluster already has (from the history), for `--models seen`."""
 
     @classmethod
     def build(
@@ -121,6 +123,8 @@ class Hardware:
         catalog: Catalog,
         ceilings: Ceilings,
         price_overrides: Mapping[str, float] | None = None,
+        *,
+        seen: Iterable[str] = (),
     ) -> Hardware:
         prices = {}
         for model in catalog.models:
@@ -128,7 +132,13 @@ class Hardware:
             if price is not None:
                 prices[model.key] = price.usd_per_hour
         prices.update(price_overrides or {})
-        return cls(catalog, prices, dict(ceilings.flops), dict(ceilings.memory_bandwidth))
+        return cls(
+            catalog,
+            prices,
+            dict(ceilings.flops),
+            dict(ceilings.memory_bandwidth),
+            tuple(sorted(set(seen))),
+        )
 
     def model(self, name: str) -> GpuModel | None:
         return self.catalog.find(name)
@@ -187,16 +197,16 @@ class Hardware:
             options.extend(Option(model, profile) for profile in model.mig_profiles)
         return options
 
-    def target_models(self, wanted: Iterable[str], seen: Iterable[str]) -> list[GpuModel]:
+    def target_models(self, wanted: Iterable[str]) -> list[GpuModel]:
         """Models a workload may move to: every priced model (`all`), the models already in the
         cluster (`seen`), or the listed ones."""
         names = list(wanted)
         if names in ([], ["all"]):
             return [model for model in self.catalog.models if model.key in self.prices]
         if names == ["seen"]:
-            found = {m.key: m for name in seen if (m := self.model(name)) is not None}
-            return list(found.values())
-        return [model for name in names if (model := self.model(name)) is not None]
+            names = list(self.seen)
+        found = {m.key: m for name in names if (m := self.model(name)) is not None}
+        return list(found.values())
 
 
 def load_price_file(path: Path, catalog: Catalog) -> dict[str, float]:

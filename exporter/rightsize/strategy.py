@@ -248,9 +248,10 @@ def _size(
     price_of = hardware.price if current_price is not None else (lambda _model: 1.0)
     current_cost = price_of(current.model) or 0.0
     current_cost *= current.share
-    models = hardware.target_models(settings.models, [workload.model])
-    if current_price is None:
-        models = [current.model]
+    # Its own model's MIG profiles are always an option; other models as the settings allow.
+    models = [current.model]
+    if current_price is not None:
+        models += [m for m in hardware.target_models(settings.models) if m.key != current.model.key]
     fitting, memory_blocked = _candidates(
         demand, current, hardware, settings, models, allow_mig=gpus_per_pod(workload) == 1
     )

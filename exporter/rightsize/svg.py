@@ -35,7 +35,7 @@ def _si(value: float, unit: str) -> str:
 
 
 def roofline(chart: Roofline, *, width: int = 520, height: int = 340) -> str:
-    left, right, top, bottom = 62, 16, 40, 44
+    left, right, top, bottom = 62, 28, 40, 44
     plot_w, plot_h = width - left - right, height - top - bottom
     peak, bandwidth = chart.peak_flops.value, chart.bandwidth.value
     ridge = peak / bandwidth
