@@ -3,6 +3,7 @@
 Expected answers (default settings, built-in catalog prices):
 - research/notebook-alice holds an H100 and never runs a process on it: idle, release.
 - serving/chat-small uses ~7% of an A100 80GB's SMs and 7 GiB: underused, -> A100 80GB MIG 1g.10gb.
+  The daemon on its node restarted 100 h before the end, splitting each of its series in two.
 - training/embed-finetune keeps 70 GiB on an A100 80GB: memory-bound (capacity), keep.
 - training/llm-pretrain keeps 8 H100s' SMs 90% busy, tensor cores ahead of DRAM: compute-bound.
 - training/resnet-train runs its A100 40GB at ~35% while its 4-core CPU limit is exhausted:
@@ -35,6 +36,7 @@ WORKLOADS = [
         dram=Wave(0.04, 0.01),
         cpu_limit=8,
         cpu_usage=Wave(1.5, 0.3, jitter=0.1),
+        daemon_restart_hours=100,
         labels={"team": "serving"},
     ),
     FakeWorkload(

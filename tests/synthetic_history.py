@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 GIB = 1024**3
 TARGET = {"job": "gpuscope", "instance": "10.0.0.7:9455"}
 """Labels a scrape adds; the queries must aggregate them away."""
+RESTARTED_INSTANCE = "10.0.0.9:9455"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class FakeWorkload:
     """Pods of workloads naming the same uuid time-slice one GPU."""
     hours: float | None = None
     """History length; None = the whole generated span."""
+    daemon_restart_hours: float | None = None
+    """The daemon on this workload's node restarted this many hours before the end: from then on
+    its series carry another `instance` label (new series, as after a real restart)."""
     labels: dict[str, str] = field(default_factory=dict)
 
     def pod_name(self, index: int) -> str:
@@ -145,7 +149,20 @@ def write_openmetrics(
         out.write(f"# TYPE {family} {kind}\n")
         for labels, points in rows:
             prefix = name + _labels(labels) + " "
-            out.write("".join(f"{prefix}{value:.6g} {t:.0f}\n" for t, value in points))
+            switch = (
+                restarts.get(labels.get("uuid") or labels.get("pod", ""))
+                if labels.get("job") == TARGET["job"]
+                else None
+            )
+            if switch is None:
+                out.write("".join(f"{prefix}{value:.6g} {t:.0f}\n" for t, value in points))
+                continue
+            later = name + _labels(labels | {"instance": RESTARTED_INSTANCE}) + " "
+            out.write(
+                "".join(
+                    f"{prefix if t < switch else later}{value:.6g} {t:.0f}\n" for t, value in points
+                )
+            )
 
     def each_device(only_busy: bool = False) -> Iterator[tuple[FakeWorkload, str, str, str]]:
         for w in workloads:
@@ -172,6 +189,13 @@ def write_openmetrics(
             total += wave.at(t, rng, high=high) * interval
         carried[key] = (rng, total)
 
+    restarts = {
+        key: end - w.daemon_restart_hours * 3600
+        for w in workloads
+        if w.daemon_restart_hours is not None
+        for pod, _, uuid in w.devices()
+        for key in (pod, uuid)
+    }
     holders: dict[str, int] = {}
     for _, _, _, uuid in each_device():
         holders[uuid] = holders.get(uuid, 0) + 1

@@ -85,7 +85,7 @@ def test_busy_quantile_query_aggregates_outside_the_subquery() -> None:
         signal("busy_quantile"), selection=selection, window=14 * DAY, step=300, quantile=0.95
     )
     assert promql == (
-        "sum by (namespace, workload_kind, workload, pod, uuid) (quantile_over_time(0.95, "
+        "max by (namespace, workload_kind, workload, pod, uuid) (quantile_over_time(0.95, "
         'rate(gpu_pod_busy_seconds_total{namespace=~"ml|serving"}[5m])[14d:5m]))'
         " and on (namespace, pod) group by (namespace, pod) "
         '(last_over_time(gpu_pod_info{namespace=~"ml|serving", label_team="search"}[14d]))'

@@ -7,8 +7,10 @@ A separate program from the daemon that shares its package: it never imports the
     prometheus.py   the PromQL HTTP API client (auth, TLS, retries, bounded concurrency)
     selection.py    which workloads: namespaces and a Kubernetes label selector, as PromQL
     history.py      one PromQL template per signal -> WorkloadHistory per workload
-    strategy.py     pure: history + catalog + ceilings + settings -> Recommendation
-    money.py        prices per GPU model (catalog, overridable by a YAML price file)
+    hardware.py     GPU options, prices (catalog, overridable by a YAML price file), ceilings
+                    (calibrated from Prometheus, else datasheet)
+    settings.py     the strategy's settings table: flags, bounds, README
+    strategy.py     pure, registered by name: history + hardware + settings -> Recommendation
     consolidation.py  pure bin-packing of recommended demands onto GPUs, MIG layouts included
     report.py       recommendations + money + consolidation -> Report
     formatters.py   Report -> table | json | yaml | csv | markdown | html (svg.py draws the plots)

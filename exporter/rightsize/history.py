@@ -10,7 +10,9 @@ the window is the exact busy time.
 Aggregations (`sum by`, `max by`, joins) sit outside the `*_over_time` functions: inside a
 subquery Prometheus would evaluate them at every one of its 4,000 steps, which costs ten times
 more than the rest of the query. Joins that would need them per step (device activity onto the
-pod holding the device) happen in `assemble`, in Python, by uuid.
+pod holding the device) happen in `assemble`, in Python, by uuid. One device's series can be
+split in time (the daemon restarted and the scrape's `instance` label changed), so counts and
+increases add up across series (`sum by`) while percentiles and peaks take the largest (`max by`).
 
 Results are keyed per device a pod held (namespace, workload_kind, workload, pod, uuid) and then
 grouped per workload. A signal whose series do not exist (no GPM on Ampere, no cAdvisor, no
@@ -71,7 +73,7 @@ _HELD_UUIDS: Final = (
 SIGNALS: Final = (
     Signal(
         "held",
-        "max by ({D}, model, mig_profile, resource) "
+        "sum by ({D}, model, mig_profile, resource) "
         "(count_over_time(gpu_allocation_info{{{m}}}[{w}:{s}])){f}",
         required=True,
     ),
@@ -85,7 +87,7 @@ SIGNALS: Final = (
     Signal("in_use", "max by ({D}) (avg_over_time(gpu_allocation_in_use{{{m}}}[{w}])){f}"),
     Signal(
         "busy_steps",
-        "max by ({D}) (count_over_time(rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
+        "sum by ({D}) (count_over_time(rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
     ),
     Signal(
@@ -95,24 +97,24 @@ SIGNALS: Final = (
     ),
     Signal(
         "busy_quantile",
-        "sum by ({D}) "
+        "max by ({D}) "
         "(quantile_over_time({q}, rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
     ),
     Signal(
         "busy_idle_quantile",
-        f"sum by ({{D}}) (quantile_over_time({IDLE_QUANTILE}, "
+        f"max by ({{D}}) (quantile_over_time({IDLE_QUANTILE}, "
         "rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
     ),
     Signal(
         "memory_peak",
-        "sum by ({D}) (max_over_time(gpu_pod_memory_used_bytes{{{m}}}[{w}])){f}",
+        "max by ({D}) (max_over_time(gpu_pod_memory_used_bytes{{{m}}}[{w}])){f}",
         required=True,
     ),
     Signal(
         "memory_quantile",
-        f"sum by ({{D}}) (quantile_over_time({MEMORY_QUANTILE}, "
+        f"max by ({{D}}) (quantile_over_time({MEMORY_QUANTILE}, "
         "gpu_pod_memory_used_bytes{{{m}}}[{w}])){f}",
     ),
     Signal(
@@ -121,14 +123,14 @@ SIGNALS: Final = (
         + _HELD_UUIDS,
     ),
     Signal(
-        "sm_seconds", "max by (uuid) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS
+        "sm_seconds", "sum by (uuid) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS
     ),
     Signal(
         "tensor_seconds",
-        "max by (uuid) (increase(gpu_tensor_active_seconds_total[{w}]))" + _HELD_UUIDS,
+        "sum by (uuid) (increase(gpu_tensor_active_seconds_total[{w}]))" + _HELD_UUIDS,
     ),
     Signal(
-        "dram_seconds", "max by (uuid) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS
+        "dram_seconds", "sum by (uuid) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS
     ),
     Signal(
         "cpu_usage_quantile",

@@ -25,7 +25,6 @@ from exporter.rightsize.strategy import (
     UNDERUSED,
     Recommendation,
     Strategy,
-    gpus_per_pod,
     undefined,
 )
 
@@ -395,7 +394,3 @@ def business_case(report: Report) -> str:
 
 def _plural(count: int, word: str) -> str:
     return word if count == 1 else f"{word}s"
-
-
-def gpus_per_replica(row: WorkloadRow) -> int:
-    return gpus_per_pod(row.history)
