@@ -1,5 +1,5 @@
-"""`gpuscope` command line: `serve` (the daemon) and `calibrate` (the calibration job, which
-imports PyTorch only when it runs); `rightsize` joins later.
+"""`gpuscope` command line: `serve` (the daemon), `calibrate` (the calibration job, which imports
+PyTorch only when it runs) and `rightsize` (the rightsizing job, imported only when it runs).
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT) or a finished calibration, 1 when the work
 cannot be done (no NVML library, port in use, no GPU, no PyTorch, ConfigMap not writable), 2 for
@@ -58,12 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
         "latency, beside the datasheet figures. `gpuscope serve --calibration.path` exports it.",
     )
     calibrate_options.add_arguments(calibrate)
+    commands.add_parser(
+        "rightsize",
+        add_help=False,
+        help="recommend per workload what GPU it should run on, from Prometheus history "
+        "(see gpuscope rightsize --help)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["rightsize"]:
+        # Imported only here, so the daemon never loads the rightsizing job's code.
+        from exporter.rightsize.cli import main as rightsize  # noqa: PLC0415 - see above
+
+        return rightsize(arguments[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(arguments)
     if args.command == "serve":
         return serve(args)
     if args.command == "calibrate":

@@ -1,0 +1,270 @@
+"""Benchmark `gpuscope rightsize` against a real Prometheus holding 1,000 workloads x 14 days.
+
+    .venv/bin/python benchmarks/rightsize.py [--workloads 1000] [--days 14] [--interval 2m] [--keep DIR]
+
+1. Writes the synthetic history (tests/synthetic_history.py: a mix of idle holders, small
+   inference services, memory-heavy jobs, compute-bound trainers with GPM series, input-starved
+   trainers with cAdvisor/kube-state-metrics series, time-sliced pairs, MIG instances and a few
+   new workloads) as OpenMetrics, in 54-hour pieces that promtool backfills into non-overlapping
+   blocks (a piece at a time keeps the text files small).
+2. Starts Prometheus on that data (loopback, default query limits).
+3. Runs `gpuscope rightsize --format json` as a user would and measures the wall time until the
+   report is written and the process's peak resident memory (from wait4).
+
+Prints one JSON document. Targets from the issue: report in < 60 s, process < 500 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from exporter.durations import parse_duration  # noqa: E402 - after the path set-up above
+from tests.prometheus_server import running_prometheus  # noqa: E402
+from tests.synthetic_history import FakeWorkload, Wave, backfill, write_openmetrics  # noqa: E402
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100_80 = "NVIDIA A100-SXM4-80GB"
+L4 = "NVIDIA L4"
+PIECE = 54 * 3600  # promtool's 54 h block range: pieces aligned to it never overlap
+
+
+def fleet(count: int) -> list[FakeWorkload]:
+    """`count` workloads over 20 namespaces, ten kinds of behaviour in turn."""
+    workloads = []
+    for n in range(count):
+        namespace, name, kind = f"team-{n % 20:02d}", f"w{n:04d}", n % 10
+        hours = 3.0 if n % 50 == 49 else None
+        swing = 0.02 + (n % 7) * 0.01
+        common = {"hours": hours, "labels": {"team": namespace}}
+        if kind == 0:
+            workloads.append(FakeWorkload(namespace, name, model=H100, **common))
+        elif kind in {1, 2}:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    model=A100_80,
+                    busy=Wave(0.08, swing, jitter=0.01),
+                    memory_gib=Wave(6, 1),
+                    **common,
+                )
+            )
+        elif kind == 3:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    model=H100,
+                    busy=Wave(0.1, swing),
+                    memory_gib=Wave(8, 1),
+                    sm=Wave(0.06, 0.01),
+                    tensor=Wave(0.03, 0.01),
+                    dram=Wave(0.05, 0.01),
+                    **common,
+                )
+            )
+        elif kind == 4:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    kind="Job",
+                    model=A100_80,
+                    busy=Wave(0.5, 0.1),
+                    memory_gib=Wave(70, 1),
+                    **common,
+                )
+            )
+        elif kind == 5:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    kind="Job",
+                    model=H100,
+                    gpus_per_pod=2,
+                    busy=Wave(0.95, 0.02),
+                    memory_gib=Wave(70, 2),
+                    sm=Wave(0.88, 0.02),
+                    tensor=Wave(0.7, 0.05),
+                    dram=Wave(0.3, 0.05),
+                    **common,
+                )
+            )
+        elif kind == 6:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    kind="Job",
+                    model=A100_80,
+                    busy=Wave(0.35, 0.08),
+                    memory_gib=Wave(20, 1),
+                    cpu_limit=4,
+                    cpu_usage=Wave(3.95, 0.03),
+                    **common,
+                )
+            )
+        elif kind == 7:
+            pair = f"GPU-shared-{n // 20:04d}"  # workloads n and n + 10 time-slice one GPU
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    model=A100_80,
+                    busy=Wave(0.15, swing),
+                    memory_gib=Wave(9, 1),
+                    shared_uuid=pair,
+                    **common,
+                )
+            )
+        elif kind == 8:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    model=L4,
+                    busy=Wave(0.55, 0.1),
+                    memory_gib=Wave(12, 1),
+                    **common,
+                )
+            )
+        else:
+            workloads.append(
+                FakeWorkload(
+                    namespace,
+                    name,
+                    model=H100,
+                    mig_profile="3g.40gb",
+                    busy=Wave(0.2, swing),
+                    memory_gib=Wave(5, 1),
+                    **common,
+                )
+            )
+    return workloads
+
+
+def build(
+    data: Path, workloads: list[FakeWorkload], end: float, duration: float, interval: float
+) -> dict[str, float]:
+    state: dict = {}
+    promtool = "/usr/bin/promtool"
+    write_seconds = backfill_seconds = 0.0
+    lines = 0
+    start = end - duration
+    piece_start = start - start % PIECE
+    while piece_start <= end:
+        text = data.parent / "piece.om"
+        began = time.monotonic()
+        with text.open("w") as out:
+            write_openmetrics(
+                out,
+                workloads,
+                end=end,
+                duration=duration,
+                interval=interval,
+                chunk=(piece_start, piece_start + PIECE),
+                state=state,
+            )
+        write_seconds += time.monotonic() - began
+        with text.open("rb") as counted:
+            lines += sum(1 for line in counted if not line.startswith(b"#"))
+        began = time.monotonic()
+        backfill(promtool, text, data, max_block_duration="54h")
+        backfill_seconds += time.monotonic() - began
+        text.unlink()
+        piece_start += PIECE
+    return {
+        "samples": lines,
+        "write_seconds": round(write_seconds, 1),
+        "backfill_seconds": round(backfill_seconds, 1),
+    }
+
+
+def run_report(url: str, end: float, output: Path) -> dict[str, float]:
+    command = [
+        sys.executable,
+        "-m",
+        "exporter",
+        "rightsize",
+        f"--prometheus={url}",
+        f"--end={end:.0f}",
+        "--format=json",
+        f"--output={output}",
+        "--log.format=json",
+    ]
+    began = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.monotonic() - began
+    log = process.stderr.read() if process.stderr else ""
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"rightsize failed ({process.returncode}):\n{log}")
+    ready = next(json.loads(line) for line in log.splitlines() if '"report ready"' in line)
+    return {
+        "report_seconds": round(seconds, 2),
+        "report_max_rss_mib": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+        "queries": ready["queries"],
+        "workloads_reported": ready["workloads"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", type=int, default=1000)
+    parser.add_argument("--days", type=float, default=14)
+    parser.add_argument("--interval", default="2m", help="scrape interval of the synthetic history")
+    parser.add_argument("--keep", type=Path, help="build the data here (and reuse it if present)")
+    args = parser.parse_args()
+    interval = parse_duration(args.interval)
+    workloads = fleet(args.workloads)
+    end = float(int(time.time()) // 300 * 300 - 3600)
+    duration = args.days * 86400 + 3600
+    with tempfile.TemporaryDirectory(prefix="gpuscope-bench-") as scratch:
+        root = args.keep or Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        data = root / "data"
+        marker = root / "end"
+        built: dict[str, float] = {}
+        if marker.exists() and data.exists():
+            end = float(marker.read_text())
+        else:
+            data.mkdir(exist_ok=True)
+            built = build(data, workloads, end, duration, interval)
+            marker.write_text(f"{end:.0f}")
+        began = time.monotonic()
+        with running_prometheus(data, retention="15d", ready_timeout=600) as url:
+            started = time.monotonic() - began
+            report = run_report(url, end, root / "report.json")
+            summary = json.loads((root / "report.json").read_text())["summary"]
+    print(
+        json.dumps(
+            {
+                "workloads": args.workloads,
+                "days": args.days,
+                "scrape_interval": args.interval,
+                **built,
+                "prometheus_start_seconds": round(started, 1),
+                **report,
+                "classifications": summary["classifications"],
+                "targets": {"report_seconds": 60, "report_max_rss_mib": 500},
+                "met": report["report_seconds"] < 60 and report["report_max_rss_mib"] < 500,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""A real Prometheus on loopback over a data directory (e.g. backfilled history)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from tests.helpers import require_tool
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def running_prometheus(
+    data_dir: Path, *, retention: str = "400d", ready_timeout: float = 90.0
+) -> Iterator[str]:
+    """`prometheus` serving `data_dir` on a free loopback port; yields its base URL.
+
+    Retention counts back from the newest block, so backfilled history stays whatever its date.
+    """
+    binary = require_tool("prometheus")
+    config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    port = free_port()
+    log = (data_dir.parent / f"{data_dir.name}-prometheus.log").open("w")
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.retention.time={retention}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"prometheus exited with {process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"prometheus not ready after {ready_timeout}s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

@@ -1,0 +1,224 @@
+"""The PromQL API client against a scripted aiohttp stand-in: retries, errors, auth, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trustme
+from aiohttp import web
+
+from exporter.rightsize.prometheus import (
+    Connection,
+    PrometheusClient,
+    PrometheusQueryError,
+    PrometheusUnauthorized,
+    PrometheusUnreachable,
+    Sample,
+)
+from tests.prometheus_server import free_port
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from pathlib import Path
+
+FAST = (0.01, 0.01, 0.01)
+VECTOR = {
+    "status": "success",
+    "data": {
+        "resultType": "vector",
+        "result": [
+            {"metric": {"pod": "a"}, "value": [1.0, "0.25"]},
+            {"metric": {"pod": "b"}, "value": [1.0, "NaN"]},
+        ],
+    },
+}
+
+
+class Script:
+    """Answers queries with the scripted (status, body, headers) in turn, the last one forever."""
+
+    def __init__(self, *answers: tuple[int, Any, dict[str, str]]) -> None:
+        self.answers = list(answers)
+        self.requests: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        self.requests.append(({k: str(v) for k, v in form.items()}, dict(request.headers)))
+        status, body, headers = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(body, float):
+            await asyncio.sleep(body)
+            body = VECTOR
+        text = body if isinstance(body, str) else json.dumps(body)
+        return web.Response(
+            status=status, text=text, headers=headers, content_type="application/json"
+        )
+
+
+@asynccontextmanager
+async def serve(script: Script, *, ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/prefix/api/v1/query", script.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context)
+    await site.start()
+    try:
+        yield f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}/prefix"
+    finally:
+        await runner.cleanup()
+
+
+async def query(url: str, **connection: Any) -> list[Sample]:
+    async with PrometheusClient(Connection(url=url, **connection), backoff=FAST) as client:
+        return await client.query("up", at=1700000000.5, name="busy_mean")
+
+
+async def test_a_vector_comes_back_without_nans_and_the_query_is_posted() -> None:
+    script = Script((200, VECTOR, {}))
+    async with serve(script) as url:
+        samples = await query(url + "/")
+    assert samples == [Sample({"pod": "a"}, 0.25)]
+    form, _ = script.requests[0]
+    assert form == {"query": "up", "time": "1700000000.500"}
+
+
+async def test_5xx_and_429_are_retried_and_logged_as_attempts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    script = Script(
+        (503, {"status": "error", "error": "overloaded"}, {}),
+        (429, "slow down", {"Retry-After": "0"}),
+        (200, VECTOR, {}),
+    )
+    caplog.set_level(logging.WARNING, "exporter.rightsize.prometheus")
+    async with serve(script) as url:
+        samples = await query(url)
+    assert len(samples) == 1
+    attempts = [record.__dict__["attempt"] for record in caplog.records]
+    assert attempts == ["#2/4", "#3/4"]
+    assert [record.__dict__["reason"] for record in caplog.records] == ["HTTP 503", "HTTP 429"]
+
+
+async def test_persistent_5xx_fails_after_the_last_attempt_with_the_servers_reason() -> None:
+    script = Script((502, {"status": "error", "errorType": "internal", "error": "store down"}, {}))
+    async with serve(script) as url:
+        with pytest.raises(PrometheusQueryError) as caught:
+            await query(url)
+    assert len(script.requests) == 4
+    assert str(caught.value) == (
+        f"Prometheus at {url} answered HTTP 502 to the busy_mean query (4 attempts): internal: store down"
+    )
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_unauthorized_is_final_at_once(status: int) -> None:
+    script = Script((status, "denied", {}))
+    async with serve(script) as url:
+        with pytest.raises(PrometheusUnauthorized) as caught:
+            await query(url)
+    assert len(script.requests) == 1
+    assert str(caught.value).startswith(f"Prometheus at {url} refused the request (HTTP {status})")
+
+
+async def test_a_bad_query_names_the_signal_and_the_parse_error() -> None:
+    script = Script(
+        (400, {"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}, {})
+    )
+    async with serve(script) as url:
+        with pytest.raises(PrometheusQueryError) as caught:
+            await query(url)
+    assert len(script.requests) == 1
+    assert str(caught.value) == (
+        f"Prometheus at {url} refused the busy_mean query (HTTP 400): bad_data: parse error at char 3"
+    )
+
+
+async def test_wrong_base_url_and_non_prometheus_answers_are_explained() -> None:
+    async with serve(Script((200, "<html>hello</html>", {}))) as url:
+        with pytest.raises(PrometheusQueryError, match="not a PromQL API response"):
+            await query(url)
+        with pytest.raises(
+            PrometheusQueryError, match=r"HTTP 404 for /api/v1/query\): give the base URL"
+        ):
+            await query(url + "/wrong")
+    matrix = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+    async with serve(Script((200, matrix, {}))) as url:
+        with pytest.raises(
+            PrometheusQueryError, match="returned matrix, expected an instant vector"
+        ):
+            await query(url)
+
+
+async def test_unreachable_server_is_retried_then_one_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(PrometheusUnreachable) as caught:
+        await query(url)
+    assert str(caught.value) == f"cannot reach Prometheus at {url}: connection refused (4 attempts)"
+
+
+async def test_a_slow_server_times_out_per_attempt() -> None:
+    async with serve(Script((200, 2.0, {}))) as url:
+        with pytest.raises(PrometheusUnreachable) as caught:
+            await query(url, timeout_seconds=0.2)
+    assert "did not answer the busy_mean query within 0.2s (4 attempts)" in str(caught.value)
+
+
+async def test_bearer_token_basic_auth_and_extra_headers_are_sent() -> None:
+    script = Script((200, VECTOR, {}))
+    async with serve(script) as url:
+        await query(url, bearer_token="s3cret", headers={"X-Scope-OrgID": "team-a"})
+        await query(url, username="alice", password="pw")
+    (_, first), (_, second) = script.requests
+    assert first["Authorization"] == "Bearer s3cret"
+    assert first["X-Scope-OrgID"] == "team-a"
+    assert second["Authorization"] == "Basic YWxpY2U6cHc="
+
+
+async def test_concurrency_is_bounded() -> None:
+    in_flight = 0
+    highest = 0
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal in_flight, highest
+        in_flight += 1
+        highest = max(highest, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return web.json_response(VECTOR)
+
+    app = web.Application()
+    app.router.add_post("/api/v1/query", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        connection = Connection(url=f"http://127.0.0.1:{port}", concurrency=2)
+        async with PrometheusClient(connection) as client:
+            await asyncio.gather(*(client.query("up", at=0) for _ in range(8)))
+    finally:
+        await runner.cleanup()
+    assert highest == 2
+
+
+async def test_tls_with_a_ca_file_and_with_verification_off(tmp_path: Path) -> None:
+    authority = trustme.CA()
+    certificate = authority.issue_cert("127.0.0.1")
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    certificate.configure_cert(server_context)
+    ca_file = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca_file))
+    async with serve(Script((200, VECTOR, {})), ssl_context=server_context) as url:
+        assert len(await query(url, ca_file=ca_file)) == 1
+        assert len(await query(url, insecure_skip_verify=True)) == 1
+        with pytest.raises(PrometheusUnreachable) as caught:
+            await query(url)
+    assert "TLS certificate not trusted" in str(caught.value)
+    assert "--prometheus.ca-file" in str(caught.value)
