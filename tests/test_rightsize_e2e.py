@@ -440,6 +440,18 @@ def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str) -> No
     assert result.stderr == f"gpuscope rightsize: error: {message}\n"
 
 
+def test_a_password_without_a_user_is_refused() -> None:
+    result = rightsize(
+        "--prometheus=http://127.0.0.1:1", env={"GPUSCOPE_PROMETHEUS_PASSWORD": "secret"}
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuscope rightsize: error: invalid GPUSCOPE_PROMETHEUS_PASSWORD: "
+        "a password needs --prometheus.username\n"
+    )
+    assert "secret" not in result.stderr
+
+
 def test_bad_price_file_entries_are_named(tmp_path: Path) -> None:
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices:\n  h100-sxm: 4.1\n  tpu-v5: 1.2\n")

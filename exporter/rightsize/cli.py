@@ -337,6 +337,8 @@ def _connection(args: argparse.Namespace, environ: dict[str, str]) -> Connection
         password = _read_secret("--prometheus.password-file", args.password_file)
     if args.password_file and args.username is None:
         raise UsageError("invalid --prometheus.password-file: needs --prometheus.username")
+    if password and args.username is None:
+        raise UsageError(f"invalid {PASSWORD_ENV}: a password needs --prometheus.username")
     if token and args.username:
         raise UsageError(
             "invalid --prometheus.username: choose bearer token or basic auth, not both"
@@ -347,7 +349,7 @@ def _connection(args: argparse.Namespace, environ: dict[str, str]) -> Connection
         url=url,
         bearer_token=token or None,
         username=args.username,
-        password=password if args.username else None,
+        password=password,
         ca_file=Path(args.ca_file) if args.ca_file else None,
         insecure_skip_verify=args.insecure,
         headers=_headers(args.headers),
