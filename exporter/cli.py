@@ -19,12 +19,15 @@ from aiohttp import web
 
 from exporter import __version__, config, logs
 from exporter.app import init_app
+from exporter.attribution import cluster_configured
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+
+    from exporter.attribution import ClusterAccess
 
 log = logging.getLogger("exporter")
 
@@ -68,10 +71,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = config.load(flags)
         driver = open_driver(settings)
+        cluster = open_cluster(settings, os.environ)
     except (ConfigError, FleetError) as error:
         return _fail(str(error), 2)
     logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, driver))
+    return asyncio.run(_serve(settings, driver, cluster))
 
 
 def open_driver(settings: ServeConfig) -> NvmlDriver:
@@ -83,9 +87,25 @@ def open_driver(settings: ServeConfig) -> NvmlDriver:
     return SimulatedNvml(load_fleet(Path(settings.simulate)))
 
 
-async def _serve(settings: ServeConfig, driver: NvmlDriver) -> int:
+def open_cluster(settings: ServeConfig, environ: Mapping[str, str]) -> ClusterAccess | None:
+    """The Kubernetes cluster to attribute pods from; None (attribution off) without one."""
+    if not cluster_configured(settings.kubeconfig, environ):
+        return None
+    # The kubernetes client costs ~16 MiB: imported only when there is a cluster.
+    from exporter.attribution.cluster import resolve_cluster  # noqa: PLC0415
+
+    return resolve_cluster(
+        kubeconfig=settings.kubeconfig, node_name=settings.node_name, environ=environ
+    )
+
+
+async def _serve(
+    settings: ServeConfig, driver: NvmlDriver, cluster: ClusterAccess | None = None
+) -> int:
     runner = web.AppRunner(
-        init_app(settings, driver), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS
+        init_app(settings, driver, cluster=cluster),
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_SECONDS,
     )
     try:
         await runner.setup()

@@ -23,6 +23,7 @@ from exporter.nvml.sampler import NvmlSampler
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from exporter.attribution.attributor import Attributor
     from exporter.config import ServeConfig
     from exporter.nvml.driver import NvmlDriver
 
@@ -38,8 +39,10 @@ class SamplingLoop:
         build: BuildInfo,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        attributor: Attributor | None = None,
     ) -> None:
         self._interval = config.collect_interval
+        self._attributor = attributor
         self._build = build
         self._clock = clock
         self._wall = wall
@@ -74,13 +77,17 @@ class SamplingLoop:
     def cycle(self) -> Exposition:
         """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
         gpus, nvml_status = self._nvml.sample()
+        attribution, attribution_statuses = (
+            self._attributor.attribute(gpus) if self._attributor is not None else (None, ())
+        )
         self._cycles += 1
         snapshot = Snapshot(
             timestamp=self._wall(),
             gpus=gpus,
-            collectors=(nvml_status,),
+            collectors=(nvml_status, *attribution_statuses),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
+            attribution=attribution,
         )
         return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
 

@@ -1,0 +1,75 @@
+"""`Attributor` runs the three sources once per sampling cycle, in the sampler's worker thread, and
+joins them with the cycle's GPU samples. Each source fails alone and reports itself as a
+collector (`kubernetes`, `podresources`, `cgroups`). The pod watch runs in a thread of its own,
+started and stopped with the application.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from exporter.attribution.cluster import KubernetesClient
+from exporter.attribution.join import Join
+from exporter.attribution.podresources import PodResourcesClient
+from exporter.attribution.pods import PodCache
+from exporter.attribution.procfs import ProcessContainers
+from exporter.model import CollectorStatus
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from exporter.attribution import ClusterAccess
+    from exporter.config import ServeConfig
+    from exporter.model import Attribution, GpuSample
+
+
+class Attributor:
+    def __init__(
+        self,
+        config: ServeConfig,
+        access: ClusterAccess,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self.pods = PodCache(KubernetesClient(access), access.node_name)
+        self._podresources = PodResourcesClient(
+            config.pod_resources_socket,
+            resource_names=config.resource_names or (),
+            timeout=config.collect_interval / 2,
+            clock=clock,
+        )
+        self._processes = ProcessContainers(config.procfs)
+        self._join = Join(access.node_name, pod_labels=config.pod_labels)
+
+    def start(self) -> None:
+        """Start watching pods (in a thread of its own)."""
+        self.pods.start()
+
+    def stop(self) -> None:
+        self.pods.stop()
+        self._podresources.close()
+
+    def attribute(
+        self, gpus: tuple[GpuSample, ...]
+    ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
+        """One cycle's attribution of these GPU samples. Blocking: runs in the worker thread."""
+        started = self._clock()
+        index = self.pods.view()
+        kubernetes = self.pods.status()
+        viewed = self._clock()
+        allocations, allocations_ok = self._podresources.allocations()
+        asked = self._clock()
+        pids = {
+            process.pid for gpu in gpus if gpu.up and gpu.processes for process in gpu.processes
+        }
+        containers, cgroups_ok = self._processes.lookup(pids)
+        read = self._clock()
+        attribution = self._join(gpus, containers, index, allocations, kubernetes, now=read)
+        joined = self._clock()
+        return attribution, (
+            CollectorStatus("kubernetes", kubernetes.watch_up, viewed - started + joined - read),
+            CollectorStatus("podresources", allocations_ok, asked - viewed),
+            CollectorStatus("cgroups", cgroups_ok, read - asked),
+        )
