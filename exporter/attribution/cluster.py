@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Final
 
+import yaml
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -86,8 +87,11 @@ def _load_kubeconfig(path: str, configuration: Configuration, setting: str) -> N
     try:
         # persist_config=False: never write refreshed credentials back into the user's file.
         load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
+    except yaml.YAMLError as error:
+        raise ConfigError(setting, f"{path}: not valid YAML") from error
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as error:
-        raise ConfigError(setting, f"{path}: {error}") from error
+        problem = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigError(setting, f"{path}: {problem}") from error
 
 
 class KubernetesClient:

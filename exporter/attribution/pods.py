@@ -297,17 +297,22 @@ class PodCache:
 
     def _watch(self) -> None:
         assert self._resource_version is not None
-        response = self._client.get(
-            PODS_PATH,
-            [
-                ("fieldSelector", f"spec.nodeName={self._node}"),
-                ("resourceVersion", self._resource_version),
-                ("allowWatchBookmarks", "true"),
-                ("timeoutSeconds", str(random.randint(*WATCH_SECONDS))),  # noqa: S311 - not a secret
-                ("watch", "true"),
-            ],
-            timeout=(CONNECT_TIMEOUT_SECONDS, self._watch_read_timeout),
-        )
+        try:
+            response = self._client.get(
+                PODS_PATH,
+                [
+                    ("fieldSelector", f"spec.nodeName={self._node}"),
+                    ("resourceVersion", self._resource_version),
+                    ("allowWatchBookmarks", "true"),
+                    ("timeoutSeconds", str(random.randint(*WATCH_SECONDS))),  # noqa: S311 - not a secret
+                    ("watch", "true"),
+                ],
+                timeout=(CONNECT_TIMEOUT_SECONDS, self._watch_read_timeout),
+            )
+        except ApiException as error:
+            if error.status == GONE:
+                raise _Expired from error
+            raise
         with self._lock:
             self._response = response
         if self._stopping.is_set():  # stop() came before the response was known
@@ -423,7 +428,7 @@ class PodCache:
             self._resource_version = None  # an event may be lost: start again from a list
             fields["problem"] = str(error)
             message = "the Kubernetes API sent a malformed answer; listing again"
-            cause = ("api", "malformed", str(error))
+            cause = ("malformed", str(error))  # bad input: said once, even across recoveries
         else:
             fields["error"] = _describe(error)
             message = "Kubernetes API unreachable; keeping the last known pods and retrying"
