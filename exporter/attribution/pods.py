@@ -432,7 +432,7 @@ class PodCache:
         else:
             fields["error"] = _describe(error)
             message = "Kubernetes API unreachable; keeping the last known pods and retrying"
-            cause = ("api", "unreachable", type(error).__name__)
+            cause = ("api", "unreachable")
         self._once(logging.WARNING, cause, message, fields=fields)
         return wait * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not a secret
 
