@@ -90,28 +90,22 @@ def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
 def test_lists_allocations_over_the_socket(kubelet: FakeKubelet) -> None:
     kubelet.trailing_bytes = b"\x78\x01"  # field 15, varint 1: unknown to this proto
     client = PodResourcesClient(kubelet.socket)
-    try:
-        allocations, healthy = client.allocations()
-    finally:
-        client.close()
+    allocations, healthy = client.allocations()
     assert healthy
     assert allocations is not None
     assert {a.device_id for a in allocations} == {"GPU-aaaa", "GPU-bbbb::0", "MIG-cccc"}
 
 
-def test_asked_on_the_samplers_clock_at_most_once_a_second(kubelet: FakeKubelet) -> None:
+def test_asked_on_the_samplers_clock_at_most_once_per_period(kubelet: FakeKubelet) -> None:
     clock = ManualClock()
     client = PodResourcesClient(kubelet.socket, clock=clock)
-    try:
-        for _ in range(10):
-            client.allocations()
-            clock.advance(MIN_PERIOD_SECONDS / 4)
-        assert kubelet.calls == 3
-        kubelet.set({})
-        clock.advance(MIN_PERIOD_SECONDS)
-        assert client.allocations() == ((), True)
-    finally:
-        client.close()
+    for _ in range(10):
+        client.allocations()
+        clock.advance(MIN_PERIOD_SECONDS / 4)
+    assert kubelet.calls == 3
+    kubelet.set({})
+    clock.advance(MIN_PERIOD_SECONDS)
+    assert client.allocations() == ((), True)
 
 
 def test_failures_keep_the_last_answer_for_a_while(
@@ -120,25 +114,22 @@ def test_failures_keep_the_last_answer_for_a_while(
     caplog.set_level(logging.INFO)
     clock = ManualClock()
     client = PodResourcesClient(kubelet.socket, clock=clock, timeout=0.2)
-    try:
-        first, _ = client.allocations()
-        kubelet.failure = grpc.StatusCode.UNAVAILABLE
-        for _ in range(5):
-            clock.advance(MIN_PERIOD_SECONDS)
-            assert client.allocations() == (first, False)
-        kubelet.failure = None
-        kubelet.delay = 1.0  # slower than the timeout
+    first, _ = client.allocations()
+    kubelet.failure = grpc.StatusCode.UNAVAILABLE
+    for _ in range(5):
         clock.advance(MIN_PERIOD_SECONDS)
         assert client.allocations() == (first, False)
-        kubelet.delay = 0.0
-        kubelet.failure = grpc.StatusCode.UNAVAILABLE
-        clock.advance(STALE_SECONDS)
-        assert client.allocations() == (None, False)
-        kubelet.failure = None
-        clock.advance(MIN_PERIOD_SECONDS)
-        assert client.allocations() == (first, True)
-    finally:
-        client.close()
+    kubelet.failure = None
+    kubelet.delay = 1.0  # slower than the timeout
+    clock.advance(MIN_PERIOD_SECONDS)
+    assert client.allocations() == (first, False)
+    kubelet.delay = 0.0
+    kubelet.failure = grpc.StatusCode.UNAVAILABLE
+    clock.advance(STALE_SECONDS)
+    assert client.allocations() == (None, False)
+    kubelet.failure = None
+    clock.advance(MIN_PERIOD_SECONDS)
+    assert client.allocations() == (first, True)
     failures = [r for r in caplog.records if "List failed" in r.getMessage()]
     assert [r.code for r in failures] == ["UNAVAILABLE", "DEADLINE_EXCEEDED"]  # type: ignore[attr-defined]
     assert any("answers" in r.getMessage() for r in caplog.records)
@@ -150,17 +141,14 @@ def test_a_missing_socket_disables_only_this_source_until_it_appears(
     socket = tmp_path / "kubelet.sock"
     clock = ManualClock()
     client = PodResourcesClient(socket, clock=clock)
-    try:
-        for _ in range(3):
-            assert client.allocations() == (None, False)
-            clock.advance(MIN_PERIOD_SECONDS)
-        with FakeKubelet(socket) as kubelet:
-            kubelet.set(ALLOCATIONS)
-            allocations, healthy = client.allocations()
-        assert healthy
-        assert allocations
-    finally:
-        client.close()
+    for _ in range(3):
+        assert client.allocations() == (None, False)
+        clock.advance(MIN_PERIOD_SECONDS)
+    with FakeKubelet(socket) as kubelet:
+        kubelet.set(ALLOCATIONS)
+        allocations, healthy = client.allocations()
+    assert healthy
+    assert allocations
     assert (
         len([r for r in caplog.records if "no kubelet pod-resources socket" in r.getMessage()]) == 1
     )

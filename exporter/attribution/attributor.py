@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.join import Join
 from exporter.attribution.podresources import PodResourcesClient
-from exporter.attribution.pods import PodCache
+from exporter.attribution.pods import BATCH_SECONDS, PodCache
 from exporter.attribution.procfs import ProcessContainers
 from exporter.model import CollectorStatus
 
@@ -33,7 +33,11 @@ class Attributor:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clock = clock
-        self.pods = PodCache(KubernetesClient(access), access.node_name)
+        self.pods = PodCache(
+            KubernetesClient(access),
+            access.node_name,
+            batch_seconds=min(BATCH_SECONDS, config.collect_interval / 2),
+        )
         self._podresources = PodResourcesClient(
             config.pod_resources_socket,
             resource_names=config.resource_names or (),
@@ -49,7 +53,6 @@ class Attributor:
 
     def stop(self) -> None:
         self.pods.stop()
-        self._podresources.close()
 
     def attribute(
         self, gpus: tuple[GpuSample, ...]

@@ -62,6 +62,8 @@ class Join:
         self._pod_labels = pod_labels
         self._busy: dict[Key, _Busy] = {}
         self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
+        self._held: dict[tuple[str, str, str, str], Allocation] = {}
+        """Last cycle's allocations, reused while unchanged (most cycles change none)."""
         self._once = LogOnce(log)
 
     def __call__(
@@ -221,16 +223,31 @@ class Join:
             use = uses.get((pod.uid, allocation.container, identity.uuid))
             key = (pod.uid, allocation.container, identity.uuid, allocation.resource)
             previous = held.get(key)
-            held[key] = Allocation(
-                pod=self._identity(pod),
-                container=allocation.container,
-                resource=allocation.resource,
-                gpu=identity,
-                in_use=use is not None and use.processes > 0,
-                shared=is_replica
+            pod_identity = self._identity(pod)
+            in_use = use is not None and use.processes > 0
+            shared = (
+                is_replica
                 or len(holders[identity.uuid]) > 1
-                or (previous is not None and previous.shared),
+                or (previous is not None and previous.shared)
             )
+            known = self._held.get(key)
+            if (
+                known is None
+                or known.pod is not pod_identity
+                or known.gpu is not identity
+                or known.in_use != in_use
+                or known.shared != shared
+            ):
+                known = Allocation(
+                    pod_identity,
+                    allocation.container,
+                    allocation.resource,
+                    identity,
+                    in_use,
+                    shared,
+                )
+            held[key] = known
+        self._held = held
         return held
 
     def _identity(self, pod: Pod) -> PodIdentity:

@@ -285,8 +285,20 @@ def _identity_labels(identity: GpuIdentity) -> list[str]:
     return [str(identity.index), identity.uuid, identity.model]
 
 
-def _pod_labels(pod: PodIdentity, container: str) -> list[str]:
-    return [pod.namespace, pod.name, container, pod.workload, pod.workload_kind]
+def _row_labels(gpu: GpuIdentity, pod: PodIdentity, container: str, **more: str) -> dict[str, str]:
+    """One pod row's labels. Built once and shared by the row's samples in every family (the
+    samples only read them): pod rows are most of a node's series."""
+    return {
+        "gpu": str(gpu.index),
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "container": container,
+        "workload": pod.workload,
+        "workload_kind": pod.workload_kind,
+        **more,
+    }
 
 
 def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
@@ -313,13 +325,13 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         unit="seconds",
     )
     for use in attribution.usage:
-        labels = [*_identity_labels(use.gpu), *_pod_labels(use.pod, use.container)]
+        labels = _row_labels(use.gpu, use.pod, use.container)
         if use.memory_used_bytes is not None:
-            memory.add_metric(labels, use.memory_used_bytes)
+            memory.samples.append(Sample(memory.name, labels, use.memory_used_bytes))
         if use.utilization is not None:
-            utilization.add_metric(labels, use.utilization)
+            utilization.samples.append(Sample(utilization.name, labels, use.utilization))
         if use.busy_seconds_total is not None:
-            busy.add_metric(labels, use.busy_seconds_total)
+            busy.samples.append(Sample(f"{busy.name}_total", labels, use.busy_seconds_total))
     yield from (memory, utilization, busy)
 
     allocation_labels = (*POD_LABELS, "resource")
@@ -340,14 +352,12 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         allocation_labels,
     )
     for allocation in attribution.allocations:
-        labels = [
-            *_identity_labels(allocation.gpu),
-            *_pod_labels(allocation.pod, allocation.container),
-            allocation.resource,
-        ]
-        info.add_metric(labels, 1)
-        in_use.add_metric(labels, 1 if allocation.in_use else 0)
-        shared.add_metric(labels, 1 if allocation.shared else 0)
+        labels = _row_labels(
+            allocation.gpu, allocation.pod, allocation.container, resource=allocation.resource
+        )
+        info.samples.append(Sample(info.name, labels, 1))
+        in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
+        shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
     yield from (info, in_use, shared)
 
     pod_info = GaugeMetricFamily(
@@ -374,9 +384,9 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     )
     stray = _gauge("gpu_unattributed_processes", "Processes on the GPU that map to no pod.")
     for unattributed in attribution.unattributed:
-        labels = _identity_labels(unattributed.gpu)
-        stray_memory.add_metric(labels, unattributed.memory_used_bytes)
-        stray.add_metric(labels, unattributed.processes)
+        gpu_labels = _identity_labels(unattributed.gpu)
+        stray_memory.add_metric(gpu_labels, unattributed.memory_used_bytes)
+        stray.add_metric(gpu_labels, unattributed.processes)
     yield from (stray_memory, stray)
 
     kubernetes = attribution.kubernetes
