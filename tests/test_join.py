@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
+from kubernetes.client import Configuration
 
+from exporter.attribution import ClusterAccess
+from exporter.attribution.attributor import Attributor
 from exporter.attribution.cgroups import ContainerRef
 from exporter.attribution.join import Join
 from exporter.attribution.podresources import DeviceAllocation
 from exporter.attribution.pods import PodIndex, pod_from_api
+from exporter.config import ServeConfig
 from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
 from tests.fake_kube.pods import NODE, pod
-from tests.proc_fixture import STATIC_UID, container_id, pod_uid
+from tests.proc_fixture import PROC, STATIC_UID, container_id, pod_uid
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 GIB = 2**30
 GPU0 = GpuIdentity(0, "GPU-0000", "NVIDIA H100 80GB HBM3", minor_number=0)
@@ -237,3 +246,25 @@ def test_chosen_pod_labels_are_exported_under_valid_names() -> None:
         .labels
         == ()
     )
+
+
+def test_a_failing_cycle_costs_only_the_pod_series(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = replace(ServeConfig(), procfs=PROC, pod_resources_socket=tmp_path / "absent.sock")
+    access = ClusterAccess(Configuration(host="http://127.0.0.1:9"), NODE, "test")
+    attributor = Attributor(config, access)
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    attributor._join = broken  # type: ignore[assignment]
+    for _ in range(2):
+        attribution, statuses = attributor.attribute((gpu(GPU0, process(1001, 1, 0.5)),))
+    assert attribution.usage == ()
+    assert {status.name: status.success for status in statuses} == {
+        "kubernetes": False,
+        "podresources": False,
+        "cgroups": False,
+    }
+    assert len([r for r in caplog.records if "attribution failed" in r.getMessage()]) == 1

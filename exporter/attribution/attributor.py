@@ -6,6 +6,7 @@ started and stopped with the application.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -14,14 +15,17 @@ from exporter.attribution.join import Join
 from exporter.attribution.podresources import PodResourcesClient
 from exporter.attribution.pods import BATCH_SECONDS, PodCache
 from exporter.attribution.procfs import ProcessContainers
-from exporter.model import CollectorStatus
+from exporter.logs import LogOnce
+from exporter.model import Attribution, CollectorStatus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.attribution import ClusterAccess
     from exporter.config import ServeConfig
-    from exporter.model import Attribution, GpuSample
+    from exporter.model import GpuSample
+
+log = logging.getLogger(__name__)
 
 
 class Attributor:
@@ -46,6 +50,8 @@ class Attributor:
         )
         self._processes = ProcessContainers(config.procfs)
         self._join = Join(access.node_name, pod_labels=config.pod_labels)
+        self._node = access.node_name
+        self._once = LogOnce(log)
 
     def start(self) -> None:
         """Start watching pods (in a thread of its own)."""
@@ -57,8 +63,30 @@ class Attributor:
     def attribute(
         self, gpus: tuple[GpuSample, ...]
     ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
-        """One cycle's attribution of these GPU samples. Blocking: runs in the worker thread."""
+        """One cycle's attribution of these GPU samples. Blocking: runs in the worker thread.
+
+        Never raises: whatever breaks here costs the pod series of this cycle, not the device
+        series beside them."""
         started = self._clock()
+        try:
+            return self._attribute(gpus, started)
+        except Exception as error:  # noqa: BLE001 - attribution must never stop sampling
+            self._once(
+                logging.ERROR,
+                (type(error).__name__, str(error)),
+                "pod attribution failed this cycle; device metrics are unaffected",
+                exc_info=error,
+            )
+            failed = self._clock() - started
+            empty = Attribution(self._node, (), (), (), (), self.pods.status())
+            return empty, tuple(
+                CollectorStatus(name, success=False, duration_seconds=failed)
+                for name in ("kubernetes", "podresources", "cgroups")
+            )
+
+    def _attribute(
+        self, gpus: tuple[GpuSample, ...], started: float
+    ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
         index = self.pods.view()
         kubernetes = self.pods.status()
         viewed = self._clock()
