@@ -1,6 +1,7 @@
 """Benchmark the daemon on a simulated node; prints one JSON document.
 
     .venv/bin/python benchmarks/daemon.py [--gpus 8] [--processes 64] [--quick]
+    .venv/bin/python benchmarks/daemon.py --pods 200 --pod-changes 10    # with pod attribution
 
 Phases (about 75 s in all):
 1. 30 s with no scrapes: the daemon's CPU time per sampling cycle (from /proc/<pid>/stat and the
@@ -12,6 +13,12 @@ Phases (about 75 s in all):
 
 Targets from the daemon issue: <= 10 ms CPU per 1 s cycle, <= 80 MiB resident, p99 < 5 ms at
 100 scrapes/s, >= 1,000 scrapes/s.
+
+With `--pods N`, pod attribution is on: a stand-in API server (tests/fake_kube) serves N pods on
+the node and changes `--pod-changes` of them per second through the watch, a real gRPC
+pod-resources server (tests/fake_kubelet) allocates every GPU to the pods whose processes run on
+it (time-sliced), and a generated procfs tree puts each process in its pod's container. Both
+stand-ins run in a process of their own, so their work is not counted as the daemon's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -32,6 +40,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
+
+from exporter.nvml.simulator import load_fleet  # noqa: E402
+from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
+from tests.fake_kube.server import FakeKube  # noqa: E402
+from tests.fake_kubelet import FakeKubelet, gpu_allocations  # noqa: E402
+
 PROMETHEUS_HEADERS = {  # what Prometheus 2.x sends (the benchmark takes the body uncompressed)
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
@@ -56,6 +71,71 @@ def fleet(gpus: int, processes: int) -> dict[str, object]:
             for n in range(processes)
         ],
     }
+
+
+def attribution_node(
+    scratch: Path, fleet_file: Path, pods: int, changes: float, ready: multiprocessing.Queue
+) -> None:
+    """The stand-in API server and kubelet, run in a process of their own until terminated."""
+    fleet_spec = load_fleet(fleet_file)
+    processes = fleet_spec.processes
+    uuids = [gpu.uuid for gpu in fleet_spec.gpus]
+    holders = [
+        (f"gpu-{n}", process_uid(n), container(n), process.gpu)
+        for n, process in enumerate(processes)
+    ]
+    documents = [
+        pod(
+            name, uid, namespace="ml", containers={"main": cid}, owner=("ReplicaSet", f"{name}-abc")
+        )
+        for name, uid, cid, _ in holders
+    ]
+    documents += [
+        pod(f"web-{n}", process_uid(10_000 + n), containers={"main": container(10_000 + n)})
+        for n in range(max(pods - len(holders), 0))
+    ]
+    with (
+        serve_pods(FakeKube(), *documents) as api,
+        FakeKubelet(scratch / "kubelet.sock") as kubelet,
+    ):
+        kubelet.set(
+            gpu_allocations(
+                ("ml", name, "main", "nvidia.com/gpu", [f"{uuids[gpu]}::{n}"])
+                for n, (name, _, _, gpu) in enumerate(holders)
+            )
+        )
+        ready.put(str(api.write_kubeconfig(scratch / "kubeconfig")))
+        change = 0
+        started = time.monotonic()
+        while True:  # churn: status updates to every pod in turn, one in ten a delete + re-create
+            change += 1
+            document = documents[change % len(documents)]
+            metadata = document["metadata"]
+            if change % 10 == 0 and metadata["name"].startswith("web-"):
+                api.delete("pods", metadata["namespace"], metadata["name"])
+            document["metadata"] = {**metadata, "labels": {"revision": str(change)}}
+            api.put("pods", document)
+            time.sleep(max(0.0, started + change / changes - time.monotonic()))
+
+
+def process_uid(n: int) -> str:
+    return f"{n:08x}-0000-4000-8000-{n:012x}"
+
+
+def container(n: int) -> str:
+    return f"{n:064x}"
+
+
+def procfs_tree(root: Path, processes: int) -> None:
+    """A procfs with one cgroup file per process: process n runs in pod n's container."""
+    for n in range(processes):
+        directory = root / str(100_000 + n)
+        directory.mkdir(parents=True)
+        uid = process_uid(n).replace("-", "_")
+        (directory / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+            f"cri-containerd-{container(n)}.scope\n"
+        )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -200,11 +280,30 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=64)
     parser.add_argument("--interval", default="1s")
     parser.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke run)")
+    parser.add_argument("--pods", type=int, default=0, help="pods on the node (0: no attribution)")
+    parser.add_argument("--pod-changes", type=float, default=10.0, help="pod changes per second")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
         fleet_file = Path(scratch) / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump(fleet(args.gpus, args.processes)))
+        attribution: list[str] = []
+        node = None
+        if args.pods:
+            procfs_tree(Path(scratch) / "proc", args.processes)
+            ready: multiprocessing.Queue[str] = multiprocessing.get_context("spawn").Queue()
+            node = multiprocessing.get_context("spawn").Process(
+                target=attribution_node,
+                args=(Path(scratch), fleet_file, args.pods, args.pod_changes, ready),
+                daemon=True,
+            )
+            node.start()
+            attribution = [
+                f"--path.procfs={Path(scratch) / 'proc'}",
+                f"--kubeconfig={ready.get(timeout=60)}",
+                f"--kubernetes.node-name={NODE}",
+                f"--kubelet.pod-resources-socket={Path(scratch) / 'kubelet.sock'}",
+            ]
         command = [
             sys.executable,
             "-m",
@@ -214,6 +313,7 @@ def main() -> int:
             f"--collect.interval={args.interval}",
             "--web.listen-address=127.0.0.1:0",
             "--log.level=warn",
+            *attribution,
         ]
         port_file = Path(scratch) / "stderr"
         with port_file.open("w") as stderr:
@@ -234,11 +334,20 @@ def main() -> int:
             finally:
                 daemon.send_signal(signal.SIGTERM)
                 daemon.wait(10)
+                if node is not None:
+                    node.terminate()
+                    node.join(10)
     latency = results["scrape_latency_ms_at_100_per_second"]
     assert isinstance(latency, dict)
     report = {
         "benchmark": "daemon",
-        "node": {"gpus": args.gpus, "processes": args.processes, "collect_interval": args.interval},
+        "node": {
+            "gpus": args.gpus,
+            "processes": args.processes,
+            "collect_interval": args.interval,
+            "pods": args.pods,
+            "pod_changes_per_second": args.pod_changes if args.pods else 0,
+        },
         "python": sys.version.split()[0],
         **results,
         "targets": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import logging
 from typing import TYPE_CHECKING, Final
 
 from aiohttp import web
@@ -25,19 +26,35 @@ from exporter.sampling import SamplingLoop
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from exporter.attribution import ClusterAccess
+    from exporter.attribution.attributor import Attributor
+
+log = logging.getLogger(__name__)
+
 CONFIG: Final = web.AppKey("config", ServeConfig)
 DRIVER: Final = web.AppKey("driver", NvmlDriver)
 SAMPLING: Final = web.AppKey("sampling", SamplingLoop)
 CATALOG: Final = web.AppKey("catalog", Catalog)
+# Typed by annotation only: their classes live in modules imported only when a cluster exists.
+CLUSTER: Final[web.AppKey[ClusterAccess | None]] = web.AppKey("cluster")
+ATTRIBUTOR: Final[web.AppKey[Attributor]] = web.AppKey("attributor")
 
 
 def init_app(
-    config: ServeConfig, driver: NvmlDriver, *, catalog: Catalog | None = None
+    config: ServeConfig,
+    driver: NvmlDriver,
+    *,
+    catalog: Catalog | None = None,
+    cluster: ClusterAccess | None = None,
 ) -> web.Application:
+    """The application; `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns
+    pod attribution on."""
     app = web.Application(client_max_size=64 * 1024)
     app[CONFIG] = config
     app[DRIVER] = driver
     app[CATALOG] = catalog or builtin_catalog()
+    app[CLUSTER] = cluster
+    app.cleanup_ctx.append(_attribution)
     app.cleanup_ctx.append(_sampling)
     app.router.add_get("/", landing)
     app.router.add_get(config.telemetry_path, metrics)
@@ -46,9 +63,43 @@ def init_app(
     return app
 
 
+async def _attribution(app: web.Application) -> AsyncIterator[None]:
+    """The pod watch: started before sampling, stopped after it."""
+    cluster = app[CLUSTER]
+    if cluster is None:
+        log.info(
+            "no Kubernetes configuration (no --kubeconfig, no service account, no $KUBECONFIG): "
+            "pod attribution is off"
+        )
+        yield
+        return
+    # kubernetes and grpc cost ~25 MiB: imported only when there is a cluster to attribute to.
+    from exporter.attribution.attributor import Attributor  # noqa: PLC0415
+
+    config = app[CONFIG]
+    attributor = Attributor(config, cluster)
+    attributor.start()
+    app[ATTRIBUTOR] = attributor
+    log.info(
+        "pod attribution on",
+        extra={
+            "node": cluster.node_name,
+            "cluster": cluster.source,
+            "procfs": str(config.procfs),
+            "pod_resources_socket": str(config.pod_resources_socket),
+        },
+    )
+    yield
+    await asyncio.to_thread(attributor.stop)
+
+
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     sampling = SamplingLoop(
-        app[CONFIG], app[DRIVER], build=BuildInfo(__version__), catalog=app[CATALOG]
+        app[CONFIG],
+        app[DRIVER],
+        build=BuildInfo(__version__),
+        catalog=app[CATALOG],
+        attributor=app.get(ATTRIBUTOR),
     )
     await sampling.start()
     app[SAMPLING] = sampling

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from exporter import __version__, config, logs
 from exporter.app import init_app
+from exporter.attribution import cluster_configured
 from exporter.calibrate import options as calibrate_options
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
@@ -28,7 +30,9 @@ from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
+
+    from exporter.attribution import ClusterAccess
 
 log = logging.getLogger("exporter")
 
@@ -94,6 +98,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = config.load(flags)
         driver = open_driver(settings)
+        cluster = open_cluster(settings, os.environ)
     except (ConfigError, FleetError) as error:
         return _fail(str(error), 2)
     try:
@@ -101,7 +106,7 @@ def serve(args: argparse.Namespace) -> int:
     except CatalogError as error:
         return _fail(f"invalid --catalog.file: {error}", 2)
     logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, driver, catalog))
+    return asyncio.run(_serve(settings, driver, catalog, cluster))
 
 
 def calibrate(args: argparse.Namespace) -> int:
@@ -131,9 +136,26 @@ def open_driver(settings: ServeConfig) -> NvmlDriver:
     return SimulatedNvml(load_fleet(Path(settings.simulate)))
 
 
-async def _serve(settings: ServeConfig, driver: NvmlDriver, catalog: Catalog) -> int:
+def open_cluster(settings: ServeConfig, environ: Mapping[str, str]) -> ClusterAccess | None:
+    """The Kubernetes cluster to attribute pods from; None (attribution off) without one."""
+    if not cluster_configured(settings.kubeconfig, environ):
+        return None
+    # The kubernetes client costs ~16 MiB: imported only when there is a cluster.
+    from exporter.attribution.cluster import resolve_cluster  # noqa: PLC0415
+
+    return resolve_cluster(
+        kubeconfig=settings.kubeconfig, node_name=settings.node_name, environ=environ
+    )
+
+
+async def _serve(
+    settings: ServeConfig,
+    driver: NvmlDriver,
+    catalog: Catalog,
+    cluster: ClusterAccess | None = None,
+) -> int:
     runner = web.AppRunner(
-        init_app(settings, driver, catalog=catalog),
+        init_app(settings, driver, catalog=catalog, cluster=cluster),
         access_log=None,
         shutdown_timeout=SHUTDOWN_SECONDS,
     )
@@ -141,6 +163,11 @@ async def _serve(settings: ServeConfig, driver: NvmlDriver, catalog: Catalog) ->
         await runner.setup()
     except NvmlUnavailable as error:
         return _fail(str(error), 1)
+    # Everything imported and built so far lives as long as the process. Freezing it keeps the
+    # cycle collector from re-scanning it several times a cycle (with the kubernetes client
+    # loaded, that scanning cost more CPU than the sampling itself).
+    gc.collect()
+    gc.freeze()
     address = settings.listen_address
     site = web.TCPSite(runner, address.host, address.port, reuse_address=True)
     try:

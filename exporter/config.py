@@ -58,6 +58,14 @@ class ServeConfig:
     config_file: Path | None = None
     calibration_path: Path | None = None
     catalog_file: Path | None = None
+    procfs: Path = Path("/proc")
+    node_name: str | None = None
+    kubeconfig: Path | None = None
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    resource_names: tuple[str, ...] | None = None
+    """Device-plugin resource names read beside nvidia.com/gpu and nvidia.com/mig-*."""
+    pod_labels: re.Pattern[str] | None = None
+    """Pod label names (full match) exported on gpu_pod_info; None exports none."""
 
 
 # -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
@@ -160,6 +168,40 @@ def parse_file(value: object) -> Path:
     return path
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DOMAIN = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
+_RESOURCE_NAME = re.compile(
+    rf"{_DOMAIN}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|{_DOMAIN}/([A-Za-z0-9][-A-Za-z0-9_.]*)?\*"
+)
+"""An extended resource name (example.com/gpu), or a prefix of one ending in * (example.com/gpu-*)."""
+
+
+def parse_node_name(value: object) -> str:
+    text = _text(value).strip()
+    if not _NODE_NAME.fullmatch(text):
+        raise ValueError(f"{text!r} is not a Kubernetes node name")
+    return text
+
+
+def parse_resource_names(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else _text(value).split(",")
+    names = tuple(_text(item).strip() for item in items if _text(item).strip())
+    for name in names:
+        if not _RESOURCE_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} is not a resource name like example.com/gpu (a trailing * matches a prefix)"
+            )
+    return names
+
+
+def parse_regex(value: object) -> re.Pattern[str]:
+    text = _text(value)
+    try:
+        return re.compile(text)
+    except re.error as error:
+        raise ValueError(f"{text!r} is not a regular expression: {error}") from error
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One configurable value: its dotted name, where it lands, how it is read, its help."""
@@ -170,6 +212,8 @@ class Setting:
     help: str
     metavar: str = "VALUE"
     flag_only: bool = False
+    fallback_env: str | None = None
+    """A variable outside the GPUSCOPE_ namespace that, when set, replaces the default."""
 
     @property
     def flag(self) -> str:
@@ -246,6 +290,54 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "(gpu_datasheet_*, gpu_price_usd_per_hour).",
         "FILE",
     ),
+    Setting(
+        "path.procfs",
+        "procfs",
+        parse_path,
+        "Where the host's /proc is mounted (/host/proc in the DaemonSet): GPU processes' cgroups "
+        "are read there.",
+        "PATH",
+    ),
+    Setting(
+        "kubernetes.node-name",
+        "node_name",
+        parse_node_name,
+        "This node's name: only its pods are watched (default: $NODE_NAME, which the DaemonSet "
+        "sets from spec.nodeName).",
+        "NAME",
+        fallback_env="NODE_NAME",
+    ),
+    Setting(
+        "kubeconfig",
+        "kubeconfig",
+        parse_path,
+        "kubeconfig file, to run outside a cluster (default: the in-cluster service account, else "
+        "$KUBECONFIG if set; with neither, pod attribution is off).",
+        "FILE",
+    ),
+    Setting(
+        "kubelet.pod-resources-socket",
+        "pod_resources_socket",
+        parse_path,
+        "The kubelet's PodResources API socket: which container was given which GPU.",
+        "PATH",
+    ),
+    Setting(
+        "kubelet.resource-names",
+        "resource_names",
+        parse_resource_names,
+        "Extra device-plugin resource names to read allocations of, comma-separated; "
+        "nvidia.com/gpu and nvidia.com/mig-* are always read. A trailing * matches a prefix.",
+        "NAMES",
+    ),
+    Setting(
+        "kubernetes.pod-labels",
+        "pod_labels",
+        parse_regex,
+        "Regular expression: pod labels whose names match it in full are exported on gpu_pod_info "
+        "as label_<name> (none by default).",
+        "REGEX",
+    ),
 )
 
 
@@ -282,7 +374,11 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
     from_env = {s.attribute: (s, s.env, environ[s.env]) for s in SETTINGS if s.env in environ}
     from_flags = {a: (by_attribute[a], by_attribute[a].flag, value) for a, value in flags.items()}
 
-    sources: dict[str, tuple[Setting, str, object]] = {}
+    sources: dict[str, tuple[Setting, str, object]] = {
+        s.attribute: (s, s.fallback_env, environ[s.fallback_env])
+        for s in SETTINGS
+        if s.fallback_env is not None and environ.get(s.fallback_env)
+    }
     config_file = from_flags.get("config_file") or from_env.get("config_file")
     if config_file is not None:
         for setting, value in _read_file(_parse(*config_file)).items():

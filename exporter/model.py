@@ -20,6 +20,8 @@ class GpuIdentity:
     pci_bus_id: str = ""
     driver_version: str = ""
     cuda_version: str = ""
+    minor_number: int | None = None
+    """The N of /dev/nvidiaN; some device plugins name GPUs `nvidiaN` instead of by UUID."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +115,78 @@ class Snapshot:
     """Cycles that started late because the previous one outlasted the interval."""
     ceilings: tuple[Ceilings, ...] = ()
     """Per GPU model present: calibrated and datasheet figures, and price."""
+    attribution: Attribution | None = None
+    """Who holds and who uses each GPU; None when pod attribution is off (no cluster)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """What names a pod in series: namespace, pod and the workload a person would name."""
+
+    namespace: str
+    name: str
+    uid: str
+    workload: str
+    workload_kind: str
+    labels: tuple[tuple[str, str], ...] = ()
+    """Pod labels chosen by --kubernetes.pod-labels, as (Prometheus label name, value), sorted."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    """One container's use of one GPU: its processes' memory and utilization, summed."""
+
+    pod: PodIdentity
+    container: str
+    gpu: GpuIdentity
+    memory_used_bytes: int | None
+    """Sum of its processes' memory; None if NVML gave none (0 when it runs nothing here)."""
+    utilization: float | None
+    """Sum of its processes' per-process utilization (capped at 1); None if NVML gave none."""
+    busy_seconds_total: float | None
+    """`utilization` integrated over time; never goes down while the pod lives."""
+    processes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The kubelet gave this GPU (or a share of it) to this container."""
+
+    pod: PodIdentity
+    container: str
+    resource: str
+    gpu: GpuIdentity
+    in_use: bool
+    """At least one process of the holding container runs on the GPU."""
+    shared: bool
+    """Time-sliced (`<uuid>::N` ids) or held by more than one container."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unattributed:
+    """Processes on one GPU that map to no pod (not in a container, or the pod is unknown)."""
+
+    gpu: GpuIdentity
+    processes: int
+    memory_used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesStatus:
+    watch_up: bool
+    """The pod cache follows the API server right now."""
+    cache_age_seconds: float | None
+    """How long ago the cache was last known to be current (0 while the watch is up); None
+    before the first list."""
+    pods_cached: int
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    node: str
+    pods: tuple[PodIdentity, ...]
+    """Pods that hold or use a GPU of this node (gpu_pod_info)."""
+    usage: tuple[PodUsage, ...]
+    allocations: tuple[Allocation, ...]
+    unattributed: tuple[Unattributed, ...]
+    kubernetes: KubernetesStatus

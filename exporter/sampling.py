@@ -25,6 +25,7 @@ from exporter.nvml.sampler import NvmlSampler
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from exporter.attribution.attributor import Attributor
     from exporter.catalog import Catalog
     from exporter.config import ServeConfig
     from exporter.nvml.driver import NvmlDriver
@@ -42,8 +43,10 @@ class SamplingLoop:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         catalog: Catalog | None = None,
+        attributor: Attributor | None = None,
     ) -> None:
         self._interval = config.collect_interval
+        self._attributor = attributor
         self._build = build
         self._clock = clock
         self._wall = wall
@@ -83,16 +86,22 @@ class SamplingLoop:
         gpus, nvml_status = self._nvml.sample()
         # Profiles are re-read only when their files changed: a few stat() calls per cycle.
         ceilings, calibration_status = self._ceilings.refresh(gpu.identity.model for gpu in gpus)
+        attribution, attribution_statuses = (
+            self._attributor.attribute(gpus) if self._attributor is not None else (None, ())
+        )
         self._cycles += 1
         snapshot = Snapshot(
             timestamp=self._wall(),
             gpus=gpus,
-            collectors=(nvml_status,)
-            if calibration_status is None
-            else (nvml_status, calibration_status),
+            collectors=(
+                nvml_status,
+                *((calibration_status,) if calibration_status is not None else ()),
+                *attribution_statuses,
+            ),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
             ceilings=ceilings,
+            attribution=attribution,
         )
         return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
 

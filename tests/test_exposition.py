@@ -117,9 +117,16 @@ def tricky_families() -> list[Metric]:
         ("nan", math.nan),
         ("big", 1e22),
         ("int", 7),
+        ("zero", 0),
+        ("negative_zero", -0.0),
+        ("float_again", 7.0),
+        ("small", -2.5e-7),
     ):
         special.add_metric([kind], number)
-    return [gauge, counter, bare, empty, special]
+    # the same label pairs as gpu_info's first series, given in another order
+    reordered = GaugeMetricFamily("gpu_reordered", "Label order.", labels=["note", "model", "gpu"])
+    reordered.add_metric(["back\\slash\nnewline é", 'NVIDIA "H100"', "0"], -0.0)
+    return [gauge, counter, bare, empty, special, reordered]
 
 
 class _Registry:
@@ -133,7 +140,7 @@ class _Registry:
 async def test_fast_renderers_equal_prometheus_client_byte_for_byte() -> None:
     from tests.test_golden import render_families  # noqa: PLC0415 - shares the golden fleet
 
-    for families in (tricky_families(), await render_families()):
+    for families in (tricky_families(), await render_families(), tricky_families()):
         exposition = Exposition(families)
         assert exposition.render(TEXT).body == reference_text(_Registry(families))  # type: ignore[arg-type]
         assert exposition.render(OPENMETRICS).body == reference_openmetrics(_Registry(families))

@@ -45,11 +45,9 @@ def api_client(kubeconfig: Path | None) -> client.ApiClient:
     configuration = client.Configuration()
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config(  # type: ignore[no-untyped-call]  # untyped upstream
-                client_configuration=configuration
-            )
+            config.load_incluster_config(client_configuration=configuration)
         elif kubeconfig is not None or os.environ.get("KUBECONFIG"):
-            config.load_kube_config(  # type: ignore[no-untyped-call]  # untyped upstream
+            config.load_kube_config(
                 config_file=str(kubeconfig) if kubeconfig is not None else None,
                 client_configuration=configuration,
             )

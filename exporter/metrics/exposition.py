@@ -10,6 +10,7 @@ renders that snapshot in a worker thread, once, for everyone; later cycles rende
 from __future__ import annotations
 
 import gzip
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -32,8 +33,22 @@ FORMAT_IDLE_SECONDS: Final = 300.0
 _GZIP_LEVEL: Final = 6
 
 
+_CACHE_LIMIT: Final = 4096
+"""Entries kept by the number and label caches below (each well under 1 MiB); past that they
+start again, so values and series that come and go never pile up."""
+_numbers: dict[float, str] = {}
+
+
 def _number(value: float) -> str:
-    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped upstream
+    """prometheus_client's Go-style number, cached: most values recur from one cycle to the next,
+    and formatting them was over half of a render's time."""
+    if value == 0:  # 0.0 and -0.0 are equal keys but print differently
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    text = _numbers.get(value)
+    if text is None:
+        if len(_numbers) >= _CACHE_LIMIT:
+            _numbers.clear()
+        text = _numbers[value] = floatToGoString(value)  # type: ignore[no-untyped-call]
     return text
 
 
@@ -44,26 +59,35 @@ def _escape_label_value(value: str) -> str:
 
 
 class _LabelCache:
-    """Rendered `{a="1",b="2"}` strings, computed once per distinct label set in a render: the
-    same GPU labels recur in every family, and escaping them dominates rendering."""
+    """Rendered `{a="1",b="2"}` strings, computed once per distinct label set and kept across
+    renders: the same GPU labels recur in every family, the same pod labels in every cycle, and
+    escaping them dominates rendering. Keyed by the labels in the family's own order (sorting
+    only on a miss); safe to share between threads (plain dict reads and writes)."""
 
     def __init__(self) -> None:
         self._rendered: dict[tuple[tuple[str, str], ...], str] = {}
 
     def __call__(self, labels: dict[str, str]) -> str:
-        key = tuple(sorted(labels.items()))
+        key = tuple(labels.items())
         rendered = self._rendered.get(key)
         if rendered is None:
-            inner = ",".join(f'{name}="{_escape_label_value(value)}"' for name, value in key)
+            if len(self._rendered) >= _CACHE_LIMIT:
+                self._rendered.clear()
+            inner = ",".join(
+                f'{name}="{_escape_label_value(value)}"' for name, value in sorted(key)
+            )
             rendered = self._rendered[key] = f"{{{inner}}}" if inner else ""
         return rendered
+
+
+_LABELS: Final = _LabelCache()
 
 
 def _text(families: list[Metric]) -> bytes:
     """Prometheus text format 0.0.4, byte-identical to prometheus_client's `generate_latest` for
     the gauges and counters gpuscope exports (a test holds the two equal), several times faster
     because names are known to be valid and label sets repeat."""
-    labels = _LabelCache()
+    labels = _LABELS
     out: list[str] = []
     for family in families:
         name = f"{family.name}_total" if family.type == "counter" else family.name
@@ -78,7 +102,7 @@ def _text(families: list[Metric]) -> bytes:
 
 def _openmetrics(families: list[Metric]) -> bytes:
     """OpenMetrics 1.0, byte-identical to prometheus_client's for gpuscope's families."""
-    labels = _LabelCache()
+    labels = _LABELS
     out: list[str] = []
     for family in families:
         name = family.name

@@ -13,11 +13,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
-    from exporter.model import Ceilings, GpuSample, Snapshot
+    from exporter.model import (
+        Attribution,
+        Ceilings,
+        GpuIdentity,
+        GpuSample,
+        PodIdentity,
+        Snapshot,
+    )
 
 GPU_LABELS: Final = ("gpu", "uuid", "model")
 
@@ -356,10 +364,142 @@ def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
     yield overruns
 
 
+POD_LABELS: Final = ("namespace", "pod", "container", "workload", "workload_kind")
+
+
+def _identity_labels(identity: GpuIdentity) -> list[str]:
+    return [str(identity.index), identity.uuid, identity.model]
+
+
+def _row_labels(gpu: GpuIdentity, pod: PodIdentity, container: str, **more: str) -> dict[str, str]:
+    """One pod row's labels. Built once and shared by the row's samples in every family (the
+    samples only read them): pod rows are most of a node's series."""
+    return {
+        "gpu": str(gpu.index),
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "container": container,
+        "workload": pod.workload,
+        "workload_kind": pod.workload_kind,
+        **more,
+    }
+
+
+def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
+    """Who holds and who uses each GPU; nothing at all when attribution is off."""
+    if attribution is None:
+        return
+    memory = _gauge(
+        "gpu_pod_memory_used_bytes",
+        "GPU memory used by a container's processes on this GPU.",
+        POD_LABELS,
+        unit="bytes",
+    )
+    utilization = _gauge(
+        "gpu_pod_utilization_ratio",
+        "Share of the last sample period in which a container's processes ran a kernel on this "
+        "GPU (summed per-process utilization, so shared GPUs split truthfully).",
+        POD_LABELS,
+        unit="ratio",
+    )
+    busy = _counter(
+        "gpu_pod_busy_seconds",
+        "A container's utilization of this GPU integrated over time; rate() gives its average.",
+        POD_LABELS,
+        unit="seconds",
+    )
+    for use in attribution.usage:
+        labels = _row_labels(use.gpu, use.pod, use.container)
+        if use.memory_used_bytes is not None:
+            memory.samples.append(Sample(memory.name, labels, use.memory_used_bytes))
+        if use.utilization is not None:
+            utilization.samples.append(Sample(utilization.name, labels, use.utilization))
+        if use.busy_seconds_total is not None:
+            busy.samples.append(Sample(f"{busy.name}_total", labels, use.busy_seconds_total))
+    yield from (memory, utilization, busy)
+
+    allocation_labels = (*POD_LABELS, "resource")
+    info = _gauge(
+        "gpu_allocation_info",
+        "The kubelet allocated this GPU to this container (device plugin resource); always 1.",
+        allocation_labels,
+    )
+    in_use = _gauge(
+        "gpu_allocation_in_use",
+        "1 when at least one process of the holding container runs on the allocated GPU, "
+        "0 when it holds the GPU idle.",
+        allocation_labels,
+    )
+    shared = _gauge(
+        "gpu_allocation_shared",
+        "1 when the allocated GPU is shared: time-sliced replicas or more than one holder.",
+        allocation_labels,
+    )
+    for allocation in attribution.allocations:
+        labels = _row_labels(
+            allocation.gpu, allocation.pod, allocation.container, resource=allocation.resource
+        )
+        info.samples.append(Sample(info.name, labels, 1))
+        in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
+        shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
+    yield from (info, in_use, shared)
+
+    pod_info = GaugeMetricFamily(
+        "gpu_pod_info",
+        "A pod that holds or uses a GPU on this node, its workload and chosen pod labels; "
+        "always 1.",
+    )
+    for pod in attribution.pods:
+        pod_labels = {
+            "namespace": pod.namespace,
+            "pod": pod.name,
+            "workload": pod.workload,
+            "workload_kind": pod.workload_kind,
+            "node": attribution.node,
+            **dict(pod.labels),
+        }
+        pod_info.samples.append(Sample("gpu_pod_info", pod_labels, 1))
+    yield pod_info
+
+    stray_memory = _gauge(
+        "gpu_unattributed_memory_used_bytes",
+        "GPU memory used by processes that map to no pod (outside Kubernetes, or a pod not known yet).",
+        unit="bytes",
+    )
+    stray = _gauge("gpu_unattributed_processes", "Processes on the GPU that map to no pod.")
+    for unattributed in attribution.unattributed:
+        gpu_labels = _identity_labels(unattributed.gpu)
+        stray_memory.add_metric(gpu_labels, unattributed.memory_used_bytes)
+        stray.add_metric(gpu_labels, unattributed.processes)
+    yield from (stray_memory, stray)
+
+    kubernetes = attribution.kubernetes
+    watch_up = GaugeMetricFamily(
+        "gpuscope_kubernetes_watch_up",
+        "1 while the pod cache follows the Kubernetes API (list + watch), 0 while it cannot.",
+    )
+    watch_up.add_metric([], 1 if kubernetes.watch_up else 0)
+    yield watch_up
+    age = GaugeMetricFamily(
+        "gpuscope_kubernetes_cache_age_seconds",
+        "How long ago the pod cache was last known to be current (0 while the watch is up).",
+        unit="seconds",
+    )
+    if kubernetes.cache_age_seconds is not None:
+        age.add_metric([], kubernetes.cache_age_seconds)
+    yield age
+    cached = GaugeMetricFamily("gpuscope_pods_cached", "Pods on this node in the pod cache.")
+    cached.add_metric([], kubernetes.pods_cached)
+    yield cached
+
+
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
     """Every family for one snapshot, GPU series first, in a stable order."""
     return [
         *gpu_families(snapshot.gpus),
         *ceiling_families(snapshot),
+        *attribution_families(snapshot.attribution),
         *exporter_families(snapshot, build),
     ]

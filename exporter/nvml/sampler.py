@@ -161,6 +161,7 @@ class NvmlSampler:
             pci_bus_id=_text(pci.busId) if pci is not None else "",
             driver_version=driver_version,
             cuda_version=cuda_version,
+            minor_number=self._optional(lambda: self._nvml.nvmlDeviceGetMinorNumber(handle)),
         )
         self._known[uuid] = identity
         max_clocks = Clocks(

@@ -54,11 +54,10 @@ def write_report(target: ConfigMapTarget, key: str, content: str, *, generated_a
     from urllib3.exceptions import HTTPError  # noqa: PLC0415 - see above
 
     try:
-        # The kubernetes client ships no type information for its config loaders.
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        config.load_incluster_config()
     except config.ConfigException:
         try:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+            config.load_kube_config()
         except (config.ConfigException, OSError) as error:
             raise ConfigMapError(
                 f"cannot write ConfigMap {target}: no in-cluster service account and no usable "

@@ -241,6 +241,9 @@ class SimulatedNvml:
         info.bus = int(gpu.pci_bus_id.split(":")[1], 16)
         return info
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._device(handle, "nvmlDeviceGetMinorNumber").gpu.index
+
     # -- readings ------------------------------------------------------------------------------
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:

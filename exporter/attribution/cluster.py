@@ -1,0 +1,131 @@
+"""Access to the Kubernetes API: which cluster configuration to use, and raw GET requests.
+
+Configuration is resolved once at start: `--kubeconfig` when given; else the in-cluster service
+account; else `$KUBECONFIG` when set; else none, and pod attribution is off. A configuration that
+exists but cannot be used is a configuration error (exit status 2).
+
+Requests go through the `kubernetes` client's own `ApiClient` (its TLS, authentication and token
+refresh) but skip its generated API classes and models: importing `CoreV1Api` alone costs ~22 MiB,
+and turning 200 pods into model objects costs more CPU than the whole sampling cycle. Bodies are
+read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.pods`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Final
+
+import yaml
+from kubernetes.client import ApiClient, Configuration
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import (
+    SERVICE_CERT_FILENAME,
+    InClusterConfigLoader,
+)
+from kubernetes.config.kube_config import load_kube_config
+
+from exporter.attribution import (
+    IN_CLUSTER_ENV,
+    KUBECONFIG_ENV,
+    SERVICE_ACCOUNT_TOKEN,
+    ClusterAccess,
+    cluster_configured,
+)
+from exporter.config import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    from urllib3 import BaseHTTPResponse
+
+PODS_PATH: Final = "/api/v1/pods"
+
+
+def resolve_cluster(
+    *,
+    kubeconfig: Path | None,
+    node_name: str | None,
+    environ: Mapping[str, str],
+    token_file: str = SERVICE_ACCOUNT_TOKEN,
+    ca_file: str = SERVICE_CERT_FILENAME,
+) -> ClusterAccess | None:
+    """The cluster to attribute pods from, or None when there is no cluster configuration.
+
+    Raises `ConfigError` for a configuration that is given but unusable, or a missing node name.
+    """
+    if not cluster_configured(kubeconfig, environ, token_file=token_file):
+        return None
+    configuration = Configuration()
+    if kubeconfig is not None:
+        _load_kubeconfig(str(kubeconfig), configuration, "--kubeconfig")
+        source = str(kubeconfig)
+    elif environ.get(IN_CLUSTER_ENV) and os.path.isfile(token_file):
+        try:
+            InClusterConfigLoader(
+                token_filename=token_file, cert_filename=ca_file, environ=environ
+            ).load_and_set(configuration)
+        except (ConfigException, OSError) as error:
+            raise ConfigError(
+                "in-cluster configuration", f"{error} (is the service account token mounted?)"
+            ) from error
+        source = "in-cluster"
+    else:
+        _load_kubeconfig(environ[KUBECONFIG_ENV], configuration, KUBECONFIG_ENV)
+        source = environ[KUBECONFIG_ENV]
+    if not node_name:
+        raise ConfigError(
+            "--kubernetes.node-name",
+            "needed to watch this node's pods: set NODE_NAME from the downward API "
+            "(spec.nodeName) or pass the flag",
+        )
+    return ClusterAccess(configuration, node_name, source)
+
+
+def _load_kubeconfig(path: str, configuration: Configuration, setting: str) -> None:
+    try:
+        # persist_config=False: never write refreshed credentials back into the user's file.
+        load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
+    except yaml.YAMLError as error:
+        raise ConfigError(setting, f"{path}: not valid YAML") from error
+    except (ConfigException, OSError, ValueError, TypeError, KeyError) as error:
+        problem = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise ConfigError(setting, f"{path}: {problem}") from error
+
+
+class KubernetesClient:
+    """GET requests to the API server, answered as raw (streamable) responses. Blocking: call
+    from a thread, never from the event loop."""
+
+    def __init__(self, access: ClusterAccess) -> None:
+        self._api = ApiClient(access.configuration)
+
+    def get(
+        self, path: str, query: list[tuple[str, str]], *, timeout: tuple[float, float]
+    ) -> BaseHTTPResponse:
+        """The response to `GET path?query`; raises `ApiException` for a status outside 2xx and
+        urllib3's errors for a connection that fails."""
+        method, url, headers, body, post_params = self._api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            post_params=post_params,
+            _request_timeout=timeout,
+        )
+        if not 200 <= response.status <= 299:
+            response.read()
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        raw: BaseHTTPResponse = response.response
+        return raw
+
+    def close(self) -> None:
+        self._api.close()

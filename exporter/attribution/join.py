@@ -1,0 +1,275 @@
+"""GPU processes + their containers + pods + allocations -> who holds and who uses each GPU.
+
+Pure but for two pieces of state: the busy counters, which integrate per (pod, container, GPU)
+so that a process exiting never makes a counter go down, and a cache of each pod's identity.
+A row (pod, container, GPU) appears when the container runs a process on the GPU or holds it,
+stays (with zero use) while the pod lives, and vanishes with the pod.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from exporter.logs import LogOnce
+from exporter.model import (
+    Allocation,
+    Attribution,
+    GpuIdentity,
+    KubernetesStatus,
+    PodIdentity,
+    PodUsage,
+    Unattributed,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from exporter.attribution.cgroups import ContainerRef
+    from exporter.attribution.podresources import DeviceAllocation
+    from exporter.attribution.pods import Pod, PodIndex
+    from exporter.model import GpuSample
+
+log = logging.getLogger(__name__)
+
+_MINOR_DEVICE: Final = re.compile(r"nvidia(\d+)")
+_REPLICA_SEPARATOR: Final = "::"
+"""Time-slicing device plugins hand out `<uuid>::N`: replica N of one GPU."""
+_INVALID_LABEL_CHARACTERS: Final = re.compile(r"[^A-Za-z0-9_]")
+
+Key = tuple[str, str, str]
+"""(pod UID, container name, GPU UUID)"""
+
+
+@dataclass(slots=True)
+class _Use:
+    memory: int | None = None
+    utilization: float | None = None
+    processes: int = 0
+
+
+@dataclass(slots=True)
+class _Busy:
+    total: float = 0.0
+    read_at: float | None = None
+
+
+class Join:
+    def __init__(self, node: str, *, pod_labels: re.Pattern[str] | None = None) -> None:
+        self._node = node
+        self._pod_labels = pod_labels
+        self._busy: dict[Key, _Busy] = {}
+        self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
+        self._held: dict[tuple[str, str, str, str], Allocation] = {}
+        """Last cycle's allocations, reused while unchanged (most cycles change none)."""
+        self._once = LogOnce(log)
+
+    def __call__(
+        self,
+        gpus: tuple[GpuSample, ...],
+        containers: Mapping[int, ContainerRef],
+        pods: PodIndex,
+        allocations: tuple[DeviceAllocation, ...] | None,
+        kubernetes: KubernetesStatus,
+        *,
+        now: float,
+    ) -> Attribution:
+        by_uuid = {gpu.identity.uuid: gpu for gpu in gpus if gpu.identity.uuid}
+        uses, unattributed = self._uses(gpus, containers, pods)
+        held = self._allocations(allocations or (), pods, gpus, uses)
+
+        for key in uses.keys() | {(a.pod.uid, a.container, a.gpu.uuid) for a in held.values()}:
+            self._busy.setdefault(key, _Busy())
+        usage: list[PodUsage] = []
+        for key, busy in list(self._busy.items()):
+            pod_uid, container, uuid = key
+            pod = pods.by_uid.get(pod_uid)
+            gpu = by_uuid.get(uuid)
+            if pod is None or pod.uid != pod_uid or gpu is None:
+                del self._busy[key]  # the pod ended (or the GPU left the node)
+                continue
+            if not gpu.up:
+                busy.read_at = None  # integrate again from the next reading
+                continue
+            use = uses.get(key) or _Use(memory=0, utilization=0.0)
+            if use.utilization is not None:
+                if busy.read_at is not None:
+                    busy.total += use.utilization * (now - busy.read_at)
+                busy.read_at = now
+            usage.append(
+                PodUsage(
+                    pod=self._identity(pod),
+                    container=container,
+                    gpu=gpu.identity,
+                    memory_used_bytes=use.memory,
+                    utilization=use.utilization,
+                    busy_seconds_total=busy.total if busy.read_at is not None else None,
+                    processes=use.processes,
+                )
+            )
+        usage.sort(key=lambda u: (u.gpu.index, u.pod.namespace, u.pod.name, u.container))
+        allocations_out = sorted(
+            held.values(),
+            key=lambda a: (a.gpu.index, a.pod.namespace, a.pod.name, a.container, a.resource),
+        )
+        involved = {row.pod.uid: row.pod for row in usage}
+        involved.update((row.pod.uid, row.pod) for row in allocations_out)
+        return Attribution(
+            node=self._node,
+            pods=tuple(sorted(involved.values(), key=lambda p: (p.namespace, p.name))),
+            usage=tuple(usage),
+            allocations=tuple(allocations_out),
+            unattributed=tuple(unattributed),
+            kubernetes=kubernetes,
+        )
+
+    def _uses(
+        self,
+        gpus: tuple[GpuSample, ...],
+        containers: Mapping[int, ContainerRef],
+        pods: PodIndex,
+    ) -> tuple[dict[Key, _Use], list[Unattributed]]:
+        uses: dict[Key, _Use] = {}
+        unattributed: list[Unattributed] = []
+        for gpu in gpus:
+            if not gpu.up or gpu.processes is None:
+                continue
+            stray = 0
+            stray_memory = 0
+            for process in gpu.processes:
+                name: str | None = None
+                pod: Pod | None = None
+                ref = containers.get(process.pid)
+                if ref is not None:
+                    pod = pods.by_uid.get(ref.pod_uid)
+                    if pod is None:
+                        self._once(
+                            logging.DEBUG,
+                            ("unknown pod", ref.pod_uid),
+                            "a GPU process runs in a pod the API has not shown (yet)",
+                            fields={"pid": process.pid, "pod_uid": ref.pod_uid},
+                        )
+                    else:
+                        name = pod.containers.get(ref.container_id)
+                        if name is None:
+                            self._once(
+                                logging.INFO,
+                                ("unknown container", ref.container_id),
+                                "a GPU process runs in a container its pod's status does not "
+                                "list (yet); it attributes to no pod until it does",
+                                fields={
+                                    "pid": process.pid,
+                                    "namespace": pod.namespace,
+                                    "pod": pod.name,
+                                    "container_id": ref.container_id,
+                                },
+                            )
+                if pod is None or name is None:
+                    stray += 1
+                    stray_memory += process.used_memory_bytes or 0
+                    continue
+                use = uses.setdefault((pod.uid, name, gpu.identity.uuid), _Use())
+                use.processes += 1
+                if process.used_memory_bytes is not None:
+                    use.memory = (use.memory or 0) + process.used_memory_bytes
+                if process.sm_utilization is not None:
+                    use.utilization = min(1.0, (use.utilization or 0.0) + process.sm_utilization)
+            unattributed.append(Unattributed(gpu.identity, stray, stray_memory))
+        return uses, unattributed
+
+    def _allocations(
+        self,
+        allocations: tuple[DeviceAllocation, ...],
+        pods: PodIndex,
+        gpus: tuple[GpuSample, ...],
+        uses: Mapping[Key, _Use],
+    ) -> dict[tuple[str, str, str, str], Allocation]:
+        by_uuid = {gpu.identity.uuid: gpu.identity for gpu in gpus if gpu.identity.uuid}
+        by_minor = {
+            gpu.identity.minor_number: gpu.identity
+            for gpu in gpus
+            if gpu.identity.minor_number is not None
+        }
+        resolved: list[tuple[Pod, DeviceAllocation, GpuIdentity, bool]] = []
+        holders: dict[str, set[tuple[str, str]]] = {}
+        for allocation in allocations:
+            pod = pods.by_name.get((allocation.namespace, allocation.pod))
+            if pod is None:
+                continue  # a pod the API has not shown yet, or one that ended
+            device, replica, _ = allocation.device_id.partition(_REPLICA_SEPARATOR)
+            identity = by_uuid.get(device)
+            if identity is None:
+                minor = _MINOR_DEVICE.fullmatch(device)
+                identity = by_minor.get(int(minor[1])) if minor else None
+            if identity is None:
+                self._once(
+                    logging.WARNING,
+                    ("unknown device", allocation.device_id),
+                    "the kubelet allocated a device this node's NVML does not show; skipping it",
+                    fields={
+                        "namespace": allocation.namespace,
+                        "pod": allocation.pod,
+                        "resource": allocation.resource,
+                        "device": allocation.device_id,
+                    },
+                )
+                continue
+            resolved.append((pod, allocation, identity, bool(replica)))
+            holders.setdefault(identity.uuid, set()).add((pod.uid, allocation.container))
+        held: dict[tuple[str, str, str, str], Allocation] = {}
+        for pod, allocation, identity, is_replica in resolved:
+            use = uses.get((pod.uid, allocation.container, identity.uuid))
+            key = (pod.uid, allocation.container, identity.uuid, allocation.resource)
+            previous = held.get(key)
+            pod_identity = self._identity(pod)
+            in_use = use is not None and use.processes > 0
+            shared = (
+                is_replica
+                or len(holders[identity.uuid]) > 1
+                or (previous is not None and previous.shared)
+            )
+            known = self._held.get(key)
+            if (
+                known is None
+                or known.pod is not pod_identity
+                or known.gpu is not identity
+                or known.in_use != in_use
+                or known.shared != shared
+            ):
+                known = Allocation(
+                    pod_identity,
+                    allocation.container,
+                    allocation.resource,
+                    identity,
+                    in_use,
+                    shared,
+                )
+            held[key] = known
+        self._held = held
+        return held
+
+    def _identity(self, pod: Pod) -> PodIdentity:
+        cached = self._identities.get(pod.uid)
+        if cached is not None and cached[0] is pod:
+            return cached[1]
+        labels: dict[str, str] = {}
+        if self._pod_labels is not None:
+            for name in sorted(pod.labels):
+                if self._pod_labels.fullmatch(name):
+                    labels.setdefault(
+                        "label_" + _INVALID_LABEL_CHARACTERS.sub("_", name), pod.labels[name]
+                    )
+        identity = PodIdentity(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            workload=pod.workload.name,
+            workload_kind=pod.workload.kind,
+            labels=tuple(sorted(labels.items())),
+        )
+        if len(self._identities) > 4 * len(self._busy) + 1024:
+            self._identities.clear()  # bounded: pods come and go
+        self._identities[pod.uid] = (pod, identity)
+        return identity

@@ -1,0 +1,170 @@
+"""Which container the kubelet gave which GPU: the PodResources v1 `List` over its unix socket.
+
+It is the only record of allocation (a pod holding a GPU it never uses shows up nowhere else).
+The kubelet rate-limits this API, so it is asked on the sampler's clock — at most once per
+`MIN_PERIOD_SECONDS`, since allocations change only when pods start — with a timeout, and the
+answer is cached. A socket that is missing or an
+answer that fails disables only this source: the last good answer stays for `STALE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+import grpc
+
+from exporter.attribution.proto.podresources_v1_pb2 import (
+    ListPodResourcesRequest,
+    ListPodResourcesResponse,
+)
+from exporter.logs import LogOnce
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LIST_METHOD: Final = "/v1.PodResourcesLister/List"
+GPU_RESOURCES: Final = ("nvidia.com/gpu", "nvidia.com/mig-*")
+"""Always read; `--kubelet.resource-names` adds more. A trailing * matches a prefix."""
+MIN_PERIOD_SECONDS: Final = 5.0
+"""A new pod's allocation shows within this long; each call costs ~1 ms of CPU."""
+STALE_SECONDS: Final = 60.0
+MAX_TIMEOUT_SECONDS: Final = 1.0
+MAX_MESSAGE_BYTES: Final = 16 * 2**20
+"""kubelet answers for every pod on the node; allow far more than the 4 MiB gRPC default."""
+
+
+class DeviceAllocation(NamedTuple):
+    """One device id the kubelet allocated to one container (a tuple: hundreds are made every
+    few seconds)."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+def allocations_from_response(
+    response: ListPodResourcesResponse, matches: Callable[[str], bool]
+) -> tuple[DeviceAllocation, ...]:
+    """Every allocated device whose resource name `matches`. Pure."""
+    found: list[DeviceAllocation] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if not matches(devices.resource_name):
+                    continue
+                found.extend(
+                    DeviceAllocation(
+                        pod.namespace, pod.name, container.name, devices.resource_name, device_id
+                    )
+                    for device_id in devices.device_ids
+                )
+    return tuple(found)
+
+
+def resource_matcher(extra: Iterable[str] = ()) -> Callable[[str], bool]:
+    """Whether a resource name is one gpuscope reads (exact names, or prefixes ending in *)."""
+    patterns = (*GPU_RESOURCES, *extra)
+    exact = frozenset(p for p in patterns if not p.endswith("*"))
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    cache: dict[str, bool] = {}
+
+    def matches(name: str) -> bool:
+        known = cache.get(name)
+        if known is None:
+            known = cache[name] = name in exact or name.startswith(prefixes)
+        return known
+
+    return matches
+
+
+class PodResourcesClient:
+    """Asks the kubelet for allocations on the sampler's clock; blocking (worker thread)."""
+
+    def __init__(
+        self,
+        socket: Path,
+        *,
+        resource_names: Iterable[str] = (),
+        timeout: float = MAX_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._socket = socket
+        self._matches = resource_matcher(resource_names)
+        self._timeout = min(timeout, MAX_TIMEOUT_SECONDS)
+        self._clock = clock
+        self._once = LogOnce(log)
+        self._answer: tuple[DeviceAllocation, ...] | None = None
+        self._answered_at = 0.0
+        self._asked_at: float | None = None
+        self._asked_before = False
+        self._healthy = False
+
+    def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
+        """(allocations, healthy): the latest answer (None when there is none, or it is older
+        than `STALE_SECONDS`) and whether the last call succeeded."""
+        now = self._clock()
+        if self._asked_at is None or now - self._asked_at >= MIN_PERIOD_SECONDS:
+            self._asked_before = self._asked_at is not None
+            self._asked_at = now
+            self._healthy = self._ask(now)
+        if self._answer is not None and now - self._answered_at > STALE_SECONDS:
+            self._answer = None
+        return self._answer, self._healthy
+
+    def _ask(self, now: float) -> bool:
+        if not _is_socket(self._socket):
+            self._once(
+                logging.WARNING,
+                ("missing",),
+                "no kubelet pod-resources socket; GPU allocations are not exported until it "
+                "appears (mount /var/lib/kubelet/pod-resources, or set "
+                "--kubelet.pod-resources-socket)",
+                fields={"socket": str(self._socket)},
+            )
+            return False
+        # A channel per call, closed right after: an open channel keeps gRPC's event-engine
+        # threads polling (about 1 ms of CPU a second), more than the call every few seconds.
+        channel = grpc.insecure_channel(
+            f"unix://{self._socket.absolute()}",
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        try:
+            call = channel.unary_unary(
+                LIST_METHOD,
+                request_serializer=ListPodResourcesRequest.SerializeToString,
+                response_deserializer=ListPodResourcesResponse.FromString,
+            )
+            response = call(ListPodResourcesRequest(), timeout=self._timeout)
+        except grpc.RpcError as error:
+            code = error.code() if isinstance(error, grpc.Call) else None
+            name = code.name if code is not None else type(error).__name__
+            self._once(
+                logging.WARNING,
+                ("call", name),
+                "the kubelet's pod-resources List failed; keeping the last answer for a while",
+                fields={"socket": str(self._socket), "code": name},
+            )
+            return False
+        finally:
+            channel.close()
+        self._answer = allocations_from_response(response, self._matches)
+        self._answered_at = now
+        if not self._healthy and self._asked_before:
+            log.info("kubelet pod-resources answers", extra={"socket": str(self._socket)})
+            self._once.forget_matching(("missing",))
+            self._once.forget_matching(("call",))
+        return True
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return path.is_socket()
+    except OSError:
+        return False

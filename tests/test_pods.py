@@ -1,0 +1,385 @@
+"""The pod cache: pure parsing of the API's pods and workloads, then list + watch with the real
+kubernetes client against the stand-in API server, including every way it misbehaves."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from exporter.attribution.cluster import KubernetesClient, resolve_cluster
+from exporter.attribution.owners import OwnerReference, Workload, workload_of
+from exporter.attribution.pods import PodCache, PodFormatError, PodIndex, pod_from_api
+from exporter.config import ConfigError
+from tests.fake_kube.pods import NODE, pod, serve_pods
+from tests.fake_kube.server import FakeKube
+from tests.proc_fixture import STATIC_UID, container_id, pod_uid
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+FAST_BACKOFF = (0.05, 0.1, 0.2)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+# -- pure: workloads and pod objects -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owners", "labels", "expected"),
+    [
+        ([], {}, Workload("Pod", "p")),
+        (
+            [OwnerReference("ReplicaSet", "web-5d8f7c9b4", True)],
+            {"pod-template-hash": "5d8f7c9b4"},
+            Workload("Deployment", "web"),
+        ),
+        (
+            [OwnerReference("ReplicaSet", "web-5d8f7c9b4", True)],
+            {},
+            Workload("ReplicaSet", "web-5d8f7c9b4"),
+        ),
+        (
+            [OwnerReference("ReplicaSet", "web-abc", True)],
+            {"pod-template-hash": "xyz"},
+            Workload("ReplicaSet", "web-abc"),
+        ),
+        ([OwnerReference("Job", "nightly-29471040", True)], {}, Workload("CronJob", "nightly")),
+        (
+            [OwnerReference("Job", "train-12345678901", True)],
+            {},
+            Workload("Job", "train-12345678901"),
+        ),
+        ([OwnerReference("Job", "run-00000042", True)], {}, Workload("Job", "run-00000042")),
+        ([OwnerReference("StatefulSet", "db", True)], {}, Workload("StatefulSet", "db")),
+        ([OwnerReference("DaemonSet", "agent", True)], {}, Workload("DaemonSet", "agent")),
+        ([OwnerReference("RayCluster", "ray", True)], {}, Workload("RayCluster", "ray")),
+        ([OwnerReference("Node", "gpu-node-1", True)], {}, Workload("Pod", "p")),
+        (
+            [OwnerReference("ConfigMap", "x"), OwnerReference("JobSet", "js", True)],
+            {},
+            Workload("JobSet", "js"),
+        ),
+    ],
+)
+def test_workload_of(
+    owners: list[OwnerReference], labels: dict[str, str], expected: Workload
+) -> None:
+    assert workload_of("p", owners, labels) == expected
+
+
+def test_pod_from_the_apis_json() -> None:
+    parsed = pod_from_api(
+        pod(
+            "web-5d8f7c9b4-x2x9q",
+            pod_uid(1),
+            namespace="shop",
+            containers={"app": container_id(1), "sidecar": container_id(2), "late": None},
+            owner=("ReplicaSet", "web-5d8f7c9b4"),
+            labels={"pod-template-hash": "5d8f7c9b4", "team": "ml"},
+        )
+    )
+    assert parsed.uid == pod_uid(1)
+    assert (parsed.namespace, parsed.name) == ("shop", "web-5d8f7c9b4-x2x9q")
+    assert parsed.workload == Workload("Deployment", "web")
+    assert parsed.containers == {container_id(1): "app", container_id(2): "sidecar"}
+    assert parsed.labels["team"] == "ml"
+    assert not parsed.ended
+    assert parsed.problems == ()
+
+
+def test_static_pods_and_ended_pods() -> None:
+    mirror = pod_from_api(
+        pod(
+            "etcd-gpu-node-1",
+            pod_uid(9),
+            annotations={"kubernetes.io/config.mirror": STATIC_UID},
+            owner=("Node", NODE),
+        )
+    )
+    assert mirror.static_uid == STATIC_UID
+    assert mirror.workload == Workload("Pod", "etcd-gpu-node-1")
+    done = pod_from_api(pod("job-abc", pod_uid(3), phase="Succeeded"))
+    index = PodIndex.of([mirror, done])
+    assert index.by_uid[STATIC_UID] is mirror
+    assert index.by_uid[pod_uid(9)] is mirror
+    assert pod_uid(3) not in index.by_uid, "ended pods attribute nothing"
+
+
+def test_container_ids_of_unknown_runtimes_and_forms() -> None:
+    crio = pod_from_api(pod("a", pod_uid(1), containers={"c": container_id(1)}, runtime="cri-o"))
+    assert crio.containers == {container_id(1): "c"}
+    assert crio.problems == ()
+    odd = pod_from_api(pod("b", pod_uid(2), containers={"c": container_id(2)}, runtime="rkt"))
+    assert odd.containers == {container_id(2): "c"}, "matched by id all the same"
+    assert odd.problems == (("runtime", "rkt"),)
+    document = pod("c", pod_uid(3), containers={"c": container_id(3)})
+    document["status"]["containerStatuses"][0]["containerID"] = "virtlet://not-hex"
+    assert pod_from_api(document).problems == (("container-id", "virtlet"),)
+    assert pod_from_api(document).containers == {}
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {},
+        {"metadata": "x"},
+        {"metadata": {"name": "a", "namespace": "b"}},
+        {"metadata": {"uid": "u", "namespace": "b"}},
+    ],
+)
+def test_pods_without_identity_are_rejected(document: dict[str, object]) -> None:
+    with pytest.raises(PodFormatError):
+        pod_from_api(document)
+
+
+def test_pods_without_status_have_no_containers() -> None:
+    document = pod("a", pod_uid(1))
+    del document["status"]
+    parsed = pod_from_api(document)
+    assert parsed.containers == {}
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_no_configuration_means_no_cluster(tmp_path: Path) -> None:
+    assert resolve_cluster(kubeconfig=None, node_name=NODE, environ={}) is None
+    # a pod without a mounted service account token is not a configuration either
+    environ = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert (
+        resolve_cluster(
+            kubeconfig=None, node_name=NODE, environ=environ, token_file=str(tmp_path / "none")
+        )
+        is None
+    )
+
+
+def test_in_cluster_configuration(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("secret")
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    environ = {
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+        "KUBECONFIG": "/ignored",
+    }
+    access = resolve_cluster(
+        kubeconfig=None, node_name=NODE, environ=environ, token_file=str(token), ca_file=str(ca)
+    )
+    assert access is not None
+    assert access.source == "in-cluster"
+    assert access.configuration.host == "https://10.0.0.1:443"
+
+
+def test_kubeconfig_from_flag_or_environment(tmp_path: Path) -> None:
+    with serve_pods(FakeKube()) as server:
+        path = server.write_kubeconfig(tmp_path / "kubeconfig")
+        flag = resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
+        env = resolve_cluster(kubeconfig=None, node_name=NODE, environ={"KUBECONFIG": str(path)})
+    assert flag is not None
+    assert env is not None
+    assert flag.configuration.host == env.configuration.host == server.url
+
+
+@pytest.mark.parametrize(
+    ("content", "node", "setting"),
+    [
+        (None, NODE, "--kubeconfig"),
+        ("not: [a kubeconfig", NODE, "--kubeconfig"),
+        ("apiVersion: v1\nkind: Config\n", NODE, "--kubeconfig"),
+        ("VALID", None, "--kubernetes.node-name"),
+    ],
+)
+def test_unusable_configuration_is_a_config_error(
+    tmp_path: Path, content: str | None, node: str | None, setting: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if content == "VALID":
+        FakeKube().write_kubeconfig(path)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        resolve_cluster(kubeconfig=path, node_name=node, environ={})
+    assert str(caught.value).startswith(f"invalid {setting}: ")
+    assert "\n" not in str(caught.value)
+
+
+# -- list + watch against the stand-in ----------------------------------------------------------
+
+
+@pytest.fixture
+def server() -> Iterator[FakeKube]:
+    with serve_pods(
+        FakeKube(),
+        pod("a", pod_uid(1), containers={"main": container_id(1)}),
+        pod("b", pod_uid(2), containers={"main": container_id(2)}),
+        pod("elsewhere", pod_uid(3), node="other-node"),
+    ) as fake:
+        yield fake
+
+
+def start_cache(server: FakeKube, tmp_path: Path, **kwargs: object) -> PodCache:
+    access = resolve_cluster(
+        kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
+    )
+    assert access is not None
+    cache = PodCache(KubernetesClient(access), NODE, backoff=FAST_BACKOFF, **kwargs)  # type: ignore[arg-type]
+    cache.start()
+    return cache
+
+
+def names(cache: PodCache) -> set[str]:
+    return {name for _, name in cache.view().by_name}
+
+
+def test_lists_this_nodes_pods_and_follows_changes(server: FakeKube, tmp_path: Path) -> None:
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        status = cache.status()
+        assert status.watch_up
+        assert status.cache_age_seconds == 0.0
+        assert status.pods_cached == 2
+        server.put("pods", pod("c", pod_uid(4), containers={"main": container_id(4)}))
+        eventually(lambda: names(cache) == {"a", "b", "c"})
+        server.put("pods", pod("a", pod_uid(1), containers={"main": container_id(5)}))
+        eventually(lambda: cache.view().by_uid[pod_uid(1)].containers == {container_id(5): "main"})
+        server.delete("pods", "default", "b")
+        eventually(lambda: names(cache) == {"a", "c"})
+        server.put("pods", pod("c", pod_uid(4), phase="Succeeded"))
+        eventually(lambda: names(cache) == {"a"})
+    finally:
+        cache.stop()
+    queries = [q for q in server.requests if "watch=true" in q]
+    assert queries
+    assert all("fieldSelector=spec.nodeName%3Dgpu-node-1" in q for q in server.requests)
+    assert all("resourceVersion=" in q for q in queries)
+
+
+@pytest.mark.parametrize("as_event", [False, True])
+def test_410_gone_lists_again(server: FakeKube, tmp_path: Path, as_event: bool) -> None:
+    server.gone_as_event = as_event
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        lists = sum("watch" not in q for q in server.requests)
+        server.expire()  # open watches get an ERROR 410 event
+        server.put("pods", pod("c", pod_uid(4)))
+        eventually(lambda: names(cache) == {"a", "b", "c"})
+        server.answer_gone()
+        server.drop_connections()
+        server.delete("pods", "default", "a")
+        eventually(lambda: names(cache) == {"b", "c"})
+        assert sum("watch" not in q for q in server.requests) >= lists + 2
+    finally:
+        cache.stop()
+
+
+def test_dropped_connections_resume_without_losing_events(server: FakeKube, tmp_path: Path) -> None:
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        lists = sum("watch" not in q for q in server.requests)
+        for n in range(3):
+            server.drop_connections()
+            server.put("pods", pod(f"new{n}", pod_uid(10 + n)))
+        eventually(lambda: names(cache) == {"a", "b", "new0", "new1", "new2"})
+        eventually(lambda: cache.status().watch_up)
+        assert sum("watch" not in q for q in server.requests) == lists, "resumed, not re-listed"
+    finally:
+        cache.stop()
+
+
+def test_garbage_in_the_stream_is_logged_once_and_the_cache_heals(
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        for n in range(3):
+            server.send_garbage()
+            server.put("pods", pod(f"g{n}", pod_uid(20 + n)))
+            eventually(lambda n=n: f"g{n}" in names(cache))
+    finally:
+        cache.stop()
+    malformed = [r for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(malformed) == 1
+
+
+def test_api_away_keeps_the_last_pods_and_comes_back_by_itself(
+    server: FakeKube, tmp_path: Path
+) -> None:
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        with server.away():
+            eventually(lambda: not cache.status().watch_up)
+            time.sleep(0.3)
+            status = cache.status()
+            assert names(cache) == {"a", "b"}
+            assert status.cache_age_seconds is not None
+            assert status.cache_age_seconds > 0.2
+            server.put("pods", pod("while-away", pod_uid(30)))
+        eventually(lambda: "while-away" in names(cache))
+        assert cache.status().watch_up
+        assert cache.status().cache_age_seconds == 0.0
+    finally:
+        cache.stop()
+
+
+def test_a_slow_api_server(server: FakeKube, tmp_path: Path) -> None:
+    server.delay = 0.5
+    cache = start_cache(server, tmp_path)
+    try:
+        assert cache.status().cache_age_seconds is None, "nothing known before the first list"
+        eventually(lambda: names(cache) == {"a", "b"})
+    finally:
+        cache.stop()
+
+
+def test_refusals_are_logged_once(
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        server.write_kubeconfig(path)
+        .read_text()
+        .replace("token: fake-token", "{}")
+        .replace("user:\n", "user:")
+    )
+    access = resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
+    assert access is not None
+    cache = PodCache(KubernetesClient(access), NODE, backoff=(0.02,))
+    cache.start()
+    try:
+        eventually(lambda: sum("watch" not in q for q in server.requests) >= 3)
+        assert not cache.status().watch_up
+        assert names(cache) == set()
+    finally:
+        cache.stop()
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1
+    assert refused[0].status == 401  # type: ignore[attr-defined]
+
+
+def test_stop_interrupts_an_open_watch_promptly(server: FakeKube, tmp_path: Path) -> None:
+    cache = start_cache(server, tmp_path)
+    eventually(lambda: cache.status().watch_up and any("watch=true" in q for q in server.requests))
+    time.sleep(0.1)
+    started = time.monotonic()
+    cache.stop()
+    assert time.monotonic() - started < 1.0
