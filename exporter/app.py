@@ -22,6 +22,7 @@ from exporter.metrics.exposition import accepts_gzip, negotiate
 from exporter.metrics.families import BuildInfo
 from exporter.nvml.driver import NvmlDriver
 from exporter.sampling import SamplingLoop
+from exporter.web.security import WebSecurity
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ CATALOG: Final = web.AppKey("catalog", Catalog)
 # Typed by annotation only: their classes live in modules imported only when a cluster exists.
 CLUSTER: Final[web.AppKey[ClusterAccess | None]] = web.AppKey("cluster")
 ATTRIBUTOR: Final[web.AppKey[Attributor]] = web.AppKey("attributor")
+WEB: Final = web.AppKey("web", WebSecurity)
 
 
 def init_app(
@@ -46,16 +48,21 @@ def init_app(
     *,
     catalog: Catalog | None = None,
     cluster: ClusterAccess | None = None,
+    security: WebSecurity | None = None,
 ) -> web.Application:
     """The application; `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns
-    pod attribution on."""
-    app = web.Application(client_max_size=64 * 1024)
+    pod attribution on; `security` (from `WebSecurity.load`) applies the web config; without it
+    the endpoint is open, with `--web.max-requests` still in force."""
+    security = security or WebSecurity(None, max_requests=config.max_requests)
+    app = web.Application(client_max_size=64 * 1024, middlewares=[security.middleware])
+    app[WEB] = security
     app[CONFIG] = config
     app[DRIVER] = driver
     app[CATALOG] = catalog or builtin_catalog()
     app[CLUSTER] = cluster
     app.cleanup_ctx.append(_attribution)
     app.cleanup_ctx.append(_sampling)
+    app.cleanup_ctx.append(_web_config)
     app.router.add_get("/", landing)
     app.router.add_get(config.telemetry_path, metrics)
     app.router.add_get("/-/healthy", healthy)
@@ -109,6 +116,17 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await sampling.close()
+
+
+async def _web_config(app: web.Application) -> AsyncIterator[None]:
+    """Re-read the web config when its files change."""
+    security = app[WEB]
+    task = asyncio.create_task(security.watch(), name="gpuscope-web-config")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    security.close()
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -28,6 +28,9 @@ from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
+from exporter.web.config import WebConfigError
+from exporter.web.security import WebSecurity
+from exporter.web.server import RUNNER_LIMITS, GuardedSite
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -105,8 +108,12 @@ def serve(args: argparse.Namespace) -> int:
         catalog = catalog_from_file(settings.catalog_file)
     except CatalogError as error:
         return _fail(f"invalid --catalog.file: {error}", 2)
+    try:
+        security = WebSecurity.load(settings.web_config_file, max_requests=settings.max_requests)
+    except WebConfigError as error:
+        return _fail(f"invalid --web.config.file {settings.web_config_file}: {error}", 2)
     logs.configure(settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, driver, catalog, cluster))
+    return asyncio.run(_serve(settings, driver, catalog, cluster, security))
 
 
 def calibrate(args: argparse.Namespace) -> int:
@@ -153,11 +160,14 @@ async def _serve(
     driver: NvmlDriver,
     catalog: Catalog,
     cluster: ClusterAccess | None = None,
+    security: WebSecurity | None = None,
 ) -> int:
+    security = security or WebSecurity(None, max_requests=settings.max_requests)
     runner = web.AppRunner(
-        init_app(settings, driver, catalog=catalog, cluster=cluster),
+        init_app(settings, driver, catalog=catalog, cluster=cluster, security=security),
         access_log=None,
         shutdown_timeout=SHUTDOWN_SECONDS,
+        **RUNNER_LIMITS,
     )
     try:
         await runner.setup()
@@ -169,7 +179,13 @@ async def _serve(
     gc.collect()
     gc.freeze()
     address = settings.listen_address
-    site = web.TCPSite(runner, address.host, address.port, reuse_address=True)
+    site = GuardedSite(
+        runner,
+        address.host,
+        address.port,
+        connections=security.connections,
+        ssl_context=security.ssl_context,
+    )
     try:
         await site.start()
     except OSError as error:
@@ -184,6 +200,7 @@ async def _serve(
             "telemetry_path": settings.telemetry_path,
             "version": __version__,
             "simulate": settings.simulate or "",
+            **security.describe(),
         },
     )
 
@@ -191,6 +208,17 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(number, stop.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        if settings.web_config_file is None:
+            log.info("SIGHUP: no --web.config.file to reload")
+            return
+        task = asyncio.create_task(asyncio.to_thread(security.reload, reason="SIGHUP"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     log.info("stopping")
     await runner.cleanup()

@@ -66,6 +66,9 @@ class ServeConfig:
     """Device-plugin resource names read beside nvidia.com/gpu and nvidia.com/mig-*."""
     pod_labels: re.Pattern[str] | None = None
     """Pod label names (full match) exported on gpu_pod_info; None exports none."""
+    web_config_file: Path | None = None
+    max_requests: int = 40
+    """Concurrent requests served at once (health probes aside); 0 means no limit."""
 
 
 # -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
@@ -200,6 +203,19 @@ def parse_regex(value: object) -> re.Pattern[str]:
         return re.compile(text)
     except re.error as error:
         raise ValueError(f"{text!r} is not a regular expression: {error}") from error
+
+
+def count_between(low: int, high: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
+        text = _text(value).strip()
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(f"{text!r} is not a whole number")
+        number = int(text)
+        if not low <= number <= high:
+            raise ValueError(f"{number} is outside {low}..{high}")
+        return number
+
+    return parse
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +353,23 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Regular expression: pod labels whose names match it in full are exported on gpu_pod_info "
         "as label_<name> (none by default).",
         "REGEX",
+    ),
+    Setting(
+        "web.config.file",
+        "web_config_file",
+        parse_file,
+        "Web config in Prometheus's exporter-toolkit format: TLS, client certificates, basic auth "
+        "(bcrypt hashes), response headers, a rate limit. Re-read when it or a file it names "
+        "changes, and on SIGHUP; a bad version is logged and the previous one kept.",
+        "FILE",
+    ),
+    Setting(
+        "web.max-requests",
+        "max_requests",
+        count_between(0, 100_000),
+        "Maximum number of requests served at once (health probes aside); more get 503. "
+        "0 means no limit.",
+        "N",
     ),
 )
 

@@ -1,0 +1,308 @@
+"""The endpoint's security, as the web config file says, and its limits, as one middleware.
+
+`WebSecurity.load(path)` reads the file at start (a bad one raises `WebConfigError`: exit status
+2). The daemon then re-checks it every `CHECK_SECONDS` — the file and every file it names (the
+certificate, key and client CA), following symlinks as a mounted Secret needs — and on SIGHUP.
+A changed file is parsed and loaded in full before anything is replaced: a bad one is logged in
+one line (once per version of the files) and the previous config stays in force. Switching TLS on
+or off needs a restart (the listening socket is plain or TLS from its start).
+
+Per request, in order: health probes (`/-/healthy`, `/-/ready`) pass without any check; the rate
+limit (429); the concurrent request limit (503); a client certificate where one is required
+(403), its allowed SANs (the connection is closed); basic auth (401 with `WWW-Authenticate`).
+The configured headers go on every response. Nothing secret is logged: not a password, a hash or
+a key, nor the YAML around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import web
+
+from exporter.web.auth import BasicAuth, credentials
+from exporter.web.config import (
+    MAX_BYTES,
+    RateLimit,
+    WebConfig,
+    WebConfigError,
+    parse_web_config,
+)
+from exporter.web.server import Connections
+from exporter.web.tls import LiveTls
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS: Final = 1.0
+WRITE_SECONDS: Final = 30.0
+"""A response must be written within this long: a client that stops reading is cut off."""
+HEALTH_PATHS: Final = frozenset({"/-/healthy", "/-/ready"})
+"""Always reachable (over TLS when TLS is on): the kubelet's probes send no credentials."""
+
+_Signature = tuple[tuple[str, int, int, int, int] | tuple[str, str], ...]
+
+
+class RateLimiter:
+    """A token bucket: `burst` requests at once, then one per `interval_seconds`."""
+
+    def __init__(self, limit: RateLimit, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = limit.interval_seconds
+        self._burst = float(limit.burst)
+        self._tokens = self._burst
+        self._clock = clock
+        self._last = clock()
+
+    def allow(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) / self._interval)
+        self._last = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Active:
+    """One version of the config and what was built from it; replaced whole on reload."""
+
+    config: WebConfig
+    auth: BasicAuth | None
+    limiter: RateLimiter | None
+
+
+def _active(config: WebConfig) -> _Active:
+    return _Active(
+        config,
+        BasicAuth(config.basic_auth_users) if config.basic_auth_users else None,
+        RateLimiter(config.rate_limit) if config.rate_limit is not None else None,
+    )
+
+
+def _read(path: Path) -> WebConfig:
+    """Parse the file (blocking)."""
+    try:
+        with path.open("rb") as file:
+            text = file.read(MAX_BYTES + 1)
+    except OSError as error:
+        raise WebConfigError(error.strerror or type(error).__name__) from error
+    return parse_web_config(text, directory=path.parent)
+
+
+def _signature(paths: tuple[Path, ...]) -> _Signature:
+    found: list[tuple[str, int, int, int, int] | tuple[str, str]] = []
+    for path in paths:
+        try:
+            status = os.stat(path)  # follows symlinks: a Secret's files are ..data/ symlinks
+        except OSError as error:
+            found.append((str(path), error.strerror or "unreadable"))
+            continue
+        found.append((str(path), status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size))
+    return tuple(found)
+
+
+class WebSecurity:
+    """The web config in force, the TLS it serves, and the middleware that applies both."""
+
+    def __init__(
+        self,
+        path: Path | None,
+        config: WebConfig | None = None,
+        *,
+        max_requests: int = 0,
+        connections: Connections | None = None,
+    ) -> None:
+        config = config or WebConfig()
+        self._path = path
+        self._active = _active(config)
+        self._tls = LiveTls(config.tls) if config.tls is not None else None
+        self._watched = self._paths(config)
+        self._signature = _signature(self._watched)
+        self._max_requests = max_requests
+        self._in_flight = 0
+        self._auth_thread: ThreadPoolExecutor | None = None
+        self.connections = connections or Connections()
+
+    @classmethod
+    def load(
+        cls, path: Path | None, *, max_requests: int = 0, connections: Connections | None = None
+    ) -> WebSecurity:
+        """From the file at start; raises `WebConfigError` (with the reason) if it is unusable."""
+        config = _read(path) if path is not None else WebConfig()
+        return cls(path, config, max_requests=max_requests, connections=connections)
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listener's context; None serves plain HTTP."""
+        return self._tls.listener if self._tls is not None else None
+
+    @property
+    def config(self) -> WebConfig:
+        return self._active.config
+
+    def describe(self) -> dict[str, object]:
+        """Log fields: what is on, never what the secrets are."""
+        config = self._active.config
+        return {
+            "tls": config.tls is not None,
+            "client_auth": config.tls.client_auth_type if config.tls else "NoClientCert",
+            "basic_auth_users": len(config.basic_auth_users),
+            "rate_limit": config.rate_limit is not None,
+            "max_requests": self._max_requests,
+        }
+
+    # -- reloading --------------------------------------------------------------------------
+
+    def _paths(self, config: WebConfig) -> tuple[Path, ...]:
+        return (self._path, *config.files()) if self._path is not None else ()
+
+    def changed(self) -> bool:
+        """Whether the file or a file it names changed since it was last read. Blocking (a few
+        stat calls)."""
+        return self._path is not None and _signature(self._watched) != self._signature
+
+    def reload(self, *, reason: str) -> bool:
+        """Read the file again and put it in force if it is usable; else keep the config in
+        force and log why, once per version of the files (the watcher asks only after a change).
+        Blocking: run it in a thread. True when the new config is in force."""
+        if self._path is None:
+            return False
+        watched = self._watched
+        try:
+            config = _read(self._path)
+            watched = self._paths(config)
+            if (config.tls is None) != (self._tls is None):
+                raise WebConfigError("switching TLS on or off needs a restart")
+            if self._tls is not None and config.tls is not None:
+                self._tls.replace(config.tls)
+        except WebConfigError as error:
+            self._watched, self._signature = watched, _signature(watched)
+            log.error(
+                "web config rejected; the previous one stays in force",
+                extra={"file": str(self._path), "reason": reason, "error": str(error)},
+            )
+            return False
+        self._active = _active(config)
+        self._watched, self._signature = watched, _signature(watched)
+        log.info(
+            "web config reloaded",
+            extra={"file": str(self._path), "reason": reason, **self.describe()},
+        )
+        return True
+
+    async def watch(self) -> None:
+        """Reload whenever the files change; runs until cancelled."""
+        while self._path is not None:
+            await asyncio.sleep(CHECK_SECONDS)
+            if await asyncio.to_thread(self.changed):
+                await asyncio.to_thread(self.reload, reason="file changed")
+
+    def close(self) -> None:
+        if self._auth_thread is not None:
+            self._auth_thread.shutdown(wait=False, cancel_futures=True)
+            self._auth_thread = None
+
+    # -- per request ------------------------------------------------------------------------
+
+    @web.middleware
+    async def middleware(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        self.connections.request_started(request.transport)
+        try:
+            return await self._guarded(request, handler)
+        finally:
+            self.connections.request_finished(request.transport)
+
+    async def _guarded(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        active = self._active
+        if request.path in HEALTH_PATHS:
+            return self._headed(await handler(request), active)
+        if active.limiter is not None and not active.limiter.allow():
+            return self._headed(web.Response(status=429, text="Too Many Requests\n"), active)
+        if self._max_requests and self._in_flight >= self._max_requests:
+            return self._headed(
+                web.Response(
+                    status=503,
+                    text=f"{self._in_flight} requests in flight (--web.max-requests); retry\n",
+                ),
+                active,
+            )
+        self._in_flight += 1
+        try:
+            refusal = await self._refusal(request, active)
+            if refusal is not None:
+                return self._headed(refusal, active)
+            response = self._headed(await handler(request), active)
+            # Written here, inside the in-flight count and under a deadline, so that a client
+            # that stops reading holds neither a request slot nor its response for long.
+            try:
+                async with asyncio.timeout(WRITE_SECONDS):
+                    await response.prepare(request)
+                    await response.write_eof()
+            except TimeoutError:
+                if request.transport is not None:
+                    request.transport.abort()
+            return response
+        finally:
+            self._in_flight -= 1
+
+    async def _refusal(self, request: web.Request, active: _Active) -> web.Response | None:
+        tls = active.config.tls
+        if tls is not None and tls.verifies_clients:
+            transport = request.transport
+            peer = transport.get_extra_info("peercert") if transport is not None else None
+            if not peer and tls.requires_client_cert:
+                return web.Response(status=403, text="a client certificate is required\n")
+            if peer and tls.client_allowed_sans and not _allowed(peer, tls.client_allowed_sans):
+                if transport is not None:
+                    transport.abort()  # as the toolkit: end the connection, answer nothing
+                return web.Response(status=403)
+        if active.auth is None:
+            return None
+        given = credentials(request.headers.get("Authorization"))
+        if given is not None:
+            answer = active.auth.cached(*given)
+            if answer is None:
+                if self._auth_thread is None:
+                    self._auth_thread = ThreadPoolExecutor(1, thread_name_prefix="gpuscope-auth")
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    self._auth_thread, active.auth.verify, *given
+                )
+            if answer:
+                return None
+        return web.Response(
+            status=401,
+            text="Unauthorized\n",
+            headers={"WWW-Authenticate": 'Basic realm="gpuscope", charset="UTF-8"'},
+        )
+
+    @staticmethod
+    def _headed(response: web.StreamResponse, active: _Active) -> web.StreamResponse:
+        for name, value in active.config.headers:
+            response.headers[name] = value
+        return response
+
+
+def _allowed(peer: dict[str, object], sans: tuple[str, ...]) -> bool:
+    """Whether the verified client certificate names one of `sans` (DNS, IP, e-mail or URI)."""
+    names = peer.get("subjectAltName") or ()
+    values = {str(entry[1]) for entry in names if isinstance(entry, tuple) and len(entry) == 2}  # type: ignore[attr-defined]
+    return any(san in values for san in sans)

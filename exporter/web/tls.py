@@ -1,0 +1,149 @@
+"""TLS for the listener, replaced without a restart.
+
+The listening socket keeps the `ssl.SSLContext` it was created with, so a reload cannot hand it a
+new one. Instead the listener's context picks, in its SNI callback (which OpenSSL runs for every
+ClientHello, with or without a server name), the context built from the latest config: the
+handshake then uses that context's certificate and key and verifies client certificates against
+its CA store (so a CA removed from the file is really gone). What OpenSSL copies from the
+listener into each connection before that callback — verify mode, protocol versions, cipher
+list — is updated on the listener itself.
+
+Client certificates are asked for with `CERT_OPTIONAL` even for `RequireAndVerifyClientCert`:
+a certificate that is sent must verify or the handshake fails, and one that is not sent is
+refused by the HTTP layer on every path except the health probes, which the kubelet's HTTPS
+probes (which never send one) must reach.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from exporter.web.config import Pem, TlsServerConfig, WebConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+_VERSIONS: Final = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+
+@cache
+def _default_ciphers() -> str:
+    """Python's own default TLS 1.2 cipher list, to return to when a config drops its own."""
+    fresh = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    return ":".join(c["name"] for c in fresh.get_ciphers() if c["protocol"] != "TLSv1.3")
+
+
+def _no_password() -> bytes:
+    """An encrypted key fails to load instead of prompting on a terminal nobody watches."""
+    return b""
+
+
+@contextmanager
+def _pem_file(pem: Pem, what: str) -> Iterator[str]:
+    """A path to the PEM: its own file, or the inline text in a private temporary file (OpenSSL
+    loads certificate chains and keys only from files)."""
+    if pem.path is not None:
+        yield str(pem.path)
+        return
+    assert pem.inline is not None
+    descriptor, name = tempfile.mkstemp(prefix=f"gpuscope-{what}-", suffix=".pem")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # mkstemp: mode 0600
+            file.write(pem.inline)
+        yield name
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def _where(pem: Pem, inline_key: str, file_key: str) -> str:
+    if pem.path is not None:
+        return f"tls_server_config.{file_key} {pem.path}"
+    return f"tls_server_config.{inline_key}"
+
+
+def _reason(error: OSError) -> str:
+    if isinstance(error, ssl.SSLError):
+        return error.reason or "not usable"
+    return error.strerror or type(error).__name__
+
+
+def server_context(config: TlsServerConfig) -> ssl.SSLContext:
+    """A new server context for `config`; raises `WebConfigError` naming what failed to load."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    configure(context, config)
+    try:
+        with _pem_file(config.cert, "cert") as cert, _pem_file(config.key, "key") as key:
+            context.load_cert_chain(cert, key, password=_no_password)
+    except OSError as error:
+        # Which of the two is wrong: a missing or unreadable file names itself; a mismatch or a
+        # file that is not PEM is reported against the pair.
+        where = (
+            _where(config.key, "key", "key_file")
+            if getattr(error, "filename", None) == str(config.key.path)
+            else f"{_where(config.cert, 'cert', 'cert_file')} with its key"
+        )
+        raise WebConfigError(f"{where}: {_reason(error)}") from error
+    if config.client_ca is not None:
+        try:
+            if config.client_ca.path is not None:
+                context.load_verify_locations(cafile=str(config.client_ca.path))
+            else:
+                context.load_verify_locations(cadata=config.client_ca.inline)
+        except (OSError, ValueError) as error:
+            reason = _reason(error) if isinstance(error, OSError) else "not PEM certificates"
+            raise WebConfigError(
+                f"{_where(config.client_ca, 'client_ca', 'client_ca_file')}: {reason}"
+            ) from error
+    return context
+
+
+def configure(context: ssl.SSLContext, config: TlsServerConfig) -> None:
+    """The settings OpenSSL copies into each connection when it starts."""
+    context.minimum_version = _VERSIONS[config.min_version]
+    context.maximum_version = _VERSIONS[config.max_version]
+    if config.cipher_suites:
+        try:
+            context.set_ciphers(":".join(config.cipher_suites))
+        except ssl.SSLError as error:
+            raise WebConfigError(
+                "tls_server_config.cipher_suites: none of them is available in this OpenSSL"
+            ) from error
+    else:
+        context.set_ciphers(_default_ciphers())
+    if config.prefer_server_cipher_suites:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    context.verify_mode = ssl.CERT_OPTIONAL if config.verifies_clients else ssl.CERT_NONE
+
+
+class LiveTls:
+    """The listener's context, and the latest context it hands each new handshake."""
+
+    def __init__(self, config: TlsServerConfig) -> None:
+        self._current = server_context(config)
+        self.listener = server_context(config)
+        self.listener.sni_callback = self._select
+
+    def replace(self, config: TlsServerConfig) -> None:
+        """Serve `config` from the next handshake on; raises `WebConfigError` and changes
+        nothing when it cannot be loaded."""
+        fresh = server_context(config)
+        configure(self.listener, config)
+        self._current = fresh
+
+    def _select(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, _: object
+    ) -> None:
+        connection.context = self._current
