@@ -399,7 +399,7 @@ def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
     )
     xid = 0
     if kind == "xid":
-        xid = _count(item.get("xid"), "xid")
+        xid = _count(item.get("xid", 0), "xid")
         if xid == 0:
             raise ValueError("xid: an XID number (e.g. 79) is needed")
     elif "xid" in item:
