@@ -461,10 +461,11 @@ def label_mig_instances(families: list[Metric], gpus: tuple[GpuSample, ...]) -> 
     }
     for family in families:
         added_by_uuid = info_extra if family.name == "gpu_info" else extra
-        for position, sample in enumerate(family.samples):
+        samples = family.samples
+        for position, sample in enumerate(samples):
             added = added_by_uuid.get(sample.labels.get("uuid", ""))
             if added is not None:
-                family.samples[position] = sample._replace(labels={**sample.labels, **added})
+                samples[position] = sample._replace(labels={**sample.labels, **added})
 
 
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:

@@ -8,6 +8,7 @@ pynvml's own exceptions. The sampler cannot tell the two apart, so both run one 
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any, Final, Protocol
 
 import pynvml
@@ -128,6 +129,15 @@ def error_name(error: BaseException) -> str:
 
 class NvmlUnavailable(Exception):
     """No NVML library on this machine at all: the daemon cannot run without `--simulate`."""
+
+
+@functools.cache
+def plain_layout(struct_type: type[ctypes.Structure]) -> type[ctypes.Structure]:
+    """A ctypes structure with the fields of one of pynvml's structs but without its Python-level
+    attribute hooks (which decode bytes on every access): a view through it onto the same memory
+    reads and writes numbers several times faster."""
+    fields = struct_type._fields_
+    return type(f"Plain{struct_type.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
 def handle_key(handle: object) -> int:

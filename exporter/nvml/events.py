@@ -36,7 +36,7 @@ XID_EVENTS: Final = pynvml.nvmlEventTypeXidCriticalError
 ECC_EVENTS: Final = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
 WATCHED_EVENTS: Final = XID_EVENTS | ECC_EVENTS
 
-WAIT_MS: Final = 250
+WAIT_MS: Final = 500
 """How long one wait blocks: bounds how long `detach` and `close` can take."""
 
 

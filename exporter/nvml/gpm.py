@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
 from exporter.model import Activity
+from exporter.nvml.driver import plain_layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -78,8 +79,14 @@ class GpmReader:
         self._request = pynvml.c_nvmlGpmMetricsGet_t()
         self._request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         self._request.numMetrics = len(METRICS)
+        # Samples are set and results read through plain views of the request's memory: pynvml's
+        # own struct attributes are several times slower, and this runs for every GPU each cycle.
+        self._samples: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(self._request)
+        self._metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * len(METRICS)).from_buffer(
+            self._request, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        )
         for slot, (metric_id, _, _) in enumerate(METRICS):
-            self._request.metrics[slot].metricId = metric_id
+            self._metrics[slot].metricId = metric_id
 
     def read(self, now: float) -> GpmReading | None:
         """Take a sample; the metrics since the previous one, or None for the very first sample.
@@ -96,12 +103,12 @@ class GpmReader:
         if previous is None:
             return None
         self._spare = previous  # reused for the next sample, whatever happens below
-        self._request.sample1 = previous
-        self._request.sample2 = current
+        self._samples.sample1 = previous
+        self._samples.sample2 = current
         self._nvml.nvmlGpmMetricsGet(self._request)
         values: dict[str, float] = {}
         for slot, (_, field, (factor, ceiling)) in enumerate(METRICS):
-            metric = self._request.metrics[slot]
+            metric = self._metrics[slot]
             if metric.nvmlReturn == pynvml.NVML_SUCCESS:
                 values[field] = min(max(float(metric.value), 0.0) * factor, ceiling)
         return GpmReading(Activity(**values), now - previous_at)

@@ -43,6 +43,7 @@ from exporter.nvml.driver import (
     error_name,
     is_lifecycle_error,
     is_unavailable,
+    plain_layout,
 )
 from exporter.nvml.events import with_events
 from exporter.nvml.gpm import GpmReader, supports_gpm
@@ -629,6 +630,8 @@ class NvmlSampler:
         values = self._read(
             device, "throttle_fields", nvml.nvmlDeviceGetFieldValues, handle, _THROTTLE_FIELDS
         )
+        if values is not None:  # read through a plain view: pynvml's struct attributes are slow
+            values = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(values)).from_buffer(values)
         for value in values if values is not None else ():
             if value.nvmlReturn == pynvml.NVML_SUCCESS:
                 number = _field_number(value)
@@ -788,15 +791,19 @@ def _position(sample: GpuSample) -> tuple[int, int, str]:
     return identity.index, -1 if instance is None else instance, identity.uuid
 
 
+_VALUE_MEMBERS: Final = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""nvmlValueType_t -> the member of the nvmlValue_t union that holds the number."""
+
+
 def _field_number(value: Any) -> float | None:
     """The number in an nvmlFieldValue_t, read by its value type."""
-    member = {
-        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-    }.get(int(value.valueType))
+    member = _VALUE_MEMBERS.get(value.valueType)
     return float(getattr(value.value, member)) if member is not None else None

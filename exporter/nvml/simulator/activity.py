@@ -46,36 +46,30 @@ _PCIE_RX_PER_SHARE_STARVED: Final = 12e9
 _NVLINK_PER_TENSOR_SHARE: Final = 25e9
 
 
-def process_rates(process: SimProcess, share: float) -> list[float]:
-    """Activity rates of one process holding `share` of its GPU or instance."""
-    tensor = share * process.tensor_intensity
-    plain = share - tensor
-    starved = process.pattern == "input_starved"
-    receive = share * (_PCIE_RX_PER_SHARE_STARVED if starved else _PCIE_RX_PER_SHARE)
+def rates(shares: Iterable[tuple[SimProcess, float]]) -> list[float]:
+    """Activity rates of work sharing one GPU or instance, each process holding its share of it.
+    Shares of time add up, to at most 1."""
+    busy = tensor = dram = receive = 0.0
+    for process, share in shares:
+        busy += share
+        tensor += share * process.tensor_intensity
+        dram += min(share * process.memory_intensity, 1.0)
+        starved = process.pattern == "input_starved"
+        receive += share * (_PCIE_RX_PER_SHARE_STARVED if starved else _PCIE_RX_PER_SHARE)
+    plain = busy - tensor
     return [
-        share * 0.92,  # SMs busy: kernels leave some SMs idle at their tails
-        share * 0.45,  # resident warps vs. the maximum
-        tensor,
-        min(share * process.memory_intensity, 1.0),
-        plain * 0.02,
-        plain * 0.55,
-        plain * 0.15,
+        min(busy * 0.92, 1.0),  # SMs busy: kernels leave some SMs idle at their tails
+        min(busy * 0.45, 1.0),  # resident warps vs. the maximum
+        min(tensor, 1.0),
+        min(dram, 1.0),
+        min(plain * 0.02, 1.0),
+        min(plain * 0.55, 1.0),
+        min(plain * 0.15, 1.0),
         receive * 0.25,  # results and checkpoints go back to the host
         receive,
         tensor * _NVLINK_PER_TENSOR_SHARE,
         tensor * _NVLINK_PER_TENSOR_SHARE,
     ]
-
-
-def total_rates(rates: Iterable[list[float]]) -> list[float]:
-    """Rates of work sharing one GPU or instance: shares of time add up (to at most 1)."""
-    total = [0.0] * SIZE
-    for vector in rates:
-        for position, value in enumerate(vector):
-            total[position] += value
-    for position in range(RATIOS):
-        total[position] = min(total[position], 1.0)
-    return total
 
 
 def mig_uuid(seed: int, gpu: int, position: int, profile: str) -> str:

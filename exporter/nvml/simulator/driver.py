@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
+from exporter.nvml.driver import plain_layout
 from exporter.nvml.simulator import activity
 from exporter.nvml.simulator.behaviour import demand, lag, noise, running
 
@@ -171,28 +172,28 @@ class _Device:
         self.shares = {}
         self.instance_rates = {}
         utilization = memory_utilization = 0.0
-        whole: list[list[float]] = []
+        whole = [0.0] * activity.SIZE
         for slot, members in groups.items():
             demands = {p.pid: demand(p, self.seed, t) for p in members}
             total = sum(demands.values())
             scale = 1.0 / total if total > 1.0 else 1.0
             shares = {pid: d * scale for pid, d in demands.items()}
             self.shares.update(shares)
-            rates = activity.total_rates(activity.process_rates(p, shares[p.pid]) for p in members)
-            weight = 1.0
-            if layout is not None and slot is not None:
-                weight = layout[slot].compute_slices / 7
-                self.instance_rates[self.instance_uuids[slot]] = rates
+            rates = activity.rates((p, shares[p.pid]) for p in members)
+            if layout is None or slot is None:
+                utilization = min(total, 1.0)
+                memory_utilization = rates[3]
+                whole = rates
+                continue
+            weight = layout[slot].compute_slices / 7
+            self.instance_rates[self.instance_uuids[slot]] = rates
             utilization += weight * min(total, 1.0)
-            memory_utilization += weight * min(
-                sum(shares[p.pid] * p.memory_intensity for p in members), 1.0
-            )
-            whole.append(
-                [value * weight if n < activity.RATIOS else value for n, value in enumerate(rates)]
-            )
+            memory_utilization += weight * rates[3]
+            for n, rate in enumerate(rates):
+                whole[n] += rate * weight if n < activity.RATIOS else rate
         self.utilization = min(utilization, 1.0)
         self.memory_utilization = min(memory_utilization, 1.0)
-        self.rates = activity.total_rates(whole)
+        self.rates = whole
 
     def _integrate(self, elapsed: float) -> None:
         for n, rate in enumerate(self.rates):
@@ -353,6 +354,7 @@ class SimulatedNvml:
         ]
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._gpm_tokens = itertools.count(1)
+        self._field_templates: dict[tuple[int, ...], Any] = {}
 
     # -- the checks every call makes ---------------------------------------------------------
 
@@ -375,8 +377,9 @@ class SimulatedNvml:
             if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
                 raise _fail(fault.error)
         self._check(function, index, t)
-        with self._lock:
-            device.advance(t, self._ecc.get(index, []))
+        if device.t is None or t - device.t >= _STATE_QUANTUM_SECONDS:
+            with self._lock:
+                device.advance(t, self._ecc.get(index, []))
         return device
 
     def _target(self, handle: Any, function: str) -> tuple[_Device, int | None]:
@@ -543,14 +546,15 @@ class SimulatedNvml:
                 for p in device.processes
                 if p.pid in device.shares and (position is None or p.mig_instance == position)
             )
+        # What pynvml makes of an nvmlProcessInfo_t (built directly: the struct is slow to fill).
         return [
-            pynvml.nvmlStructToFriendlyObject(
-                pynvml.c_nvmlProcessInfo_v3_t(
-                    pid=pid,
-                    usedGpuMemory=memory,
-                    gpuInstanceId=_NOT_AVAILABLE if slot is None else slot + 1,
-                    computeInstanceId=_NOT_AVAILABLE if slot is None else 0,
-                )
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": memory,
+                    "gpuInstanceId": _NOT_AVAILABLE if slot is None else slot + 1,
+                    "computeInstanceId": _NOT_AVAILABLE if slot is None else 0,
+                }
             )
             for pid, memory, slot in listed
         ]
@@ -592,19 +596,32 @@ class SimulatedNvml:
 
     def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
         device = self._device(handle, "nvmlDeviceGetFieldValues")
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        values = self._field_values(tuple(field_ids))
+        view = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(field_ids)).from_buffer(values)
         now_us = int(self._wall() * 1_000_000)
-        for value, field_id in zip(values, field_ids, strict=True):
-            value.fieldId = field_id
+        for value, field_id in zip(view, field_ids, strict=True):
             value.timestamp = now_us
-            value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             policy = THROTTLE_FIELDS.get(field_id)
-            if policy is None:
-                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-            else:
-                value.nvmlReturn = pynvml.NVML_SUCCESS
+            if policy is not None:
                 value.value.ullVal = int(device.violation_ns[policy])
         return values
+
+    def _field_values(self, field_ids: tuple[int, ...]) -> Any:
+        """A fresh array answering these field ids, copied from one built once per id list
+        (pynvml's structs are slow to fill field by field)."""
+        template = self._field_templates.get(field_ids)
+        if template is None:
+            template = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+            for value, field_id in zip(template, field_ids, strict=True):
+                value.fieldId = field_id
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.nvmlReturn = (
+                    pynvml.NVML_SUCCESS
+                    if field_id in THROTTLE_FIELDS
+                    else pynvml.NVML_ERROR_NOT_SUPPORTED
+                )
+            self._field_templates[field_ids] = template
+        return type(template).from_buffer_copy(template)
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
         device = self._device(handle, "nvmlDeviceGetViolationStatus")
@@ -748,18 +765,23 @@ class SimulatedNvml:
 
     def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
         self._check("nvmlGpmMetricsGet", None, self._clock())
-        if metrics_get.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+        request: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(metrics_get)
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         with self._lock:
-            first = self._gpm_samples.get(_token(metrics_get.sample1))
-            second = self._gpm_samples.get(_token(metrics_get.sample2))
+            first = self._gpm_samples.get(_token(request.sample1))
+            second = self._gpm_samples.get(_token(request.sample2))
         if first is None or second is None or first.target != second.target:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         window = second.t - first.t
         if window <= 0:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for slot in range(metrics_get.numMetrics):
-            metric = metrics_get.metrics[slot]
+        count = request.numMetrics
+        metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * count).from_buffer(
+            metrics_get, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        )
+        for slot in range(count):
+            metric = metrics[slot]
             position = activity.GPM_METRICS.get(metric.metricId)
             # PCIe and NVLink belong to the whole GPU, not to one MIG instance.
             if position is None or (first.target[1] and position >= activity.RATIOS):
@@ -804,8 +826,10 @@ class SimulatedNvml:
             if remaining <= 0:
                 raise _fail(pynvml.NVML_ERROR_TIMEOUT)
             step = _POLL_SECONDS
-            if self._real_time and due is not None:
-                step = max(due - t, 0.001)  # simulated time runs with the real clock
+            if self._real_time:
+                # Simulated time runs with the real clock: sleep until the next scheduled event,
+                # or through the whole timeout when none is left.
+                step = remaining if due is None else max(due - t, 0.001)
             time.sleep(min(remaining, step))
 
     def _next_event(self, event_set: _EventSet, t: float) -> tuple[float | None, _EventData | None]:
