@@ -134,11 +134,18 @@ def test_gpm_mig_throttle_and_health_through_real_pynvml(
     state = deeper_state().write(tmp_path / "state")
     with running_daemon("--collect.interval=200ms", env=fake_env(fake_lib_dir, state)) as daemon:
         daemon.wait_ready()
-        wait_for(
-            lambda: bool(series(daemon.metrics(), "gpu_pcie_transmit_bytes_per_second", gpu="2")),
-            10,
-            "GPM windows and the PCIe thread's first round",
-        )
+
+        def complete(text: str) -> bool:
+            return all(
+                series(text, name, **labels)
+                for name, labels in (
+                    ("gpu_pcie_transmit_bytes_per_second", {"gpu": "2"}),  # the PCIe thread
+                    ("gpu_sm_active_ratio", {"gpu": "0"}),  # GPM needs two samples
+                    ("gpu_sm_active_ratio", {"gpu_instance": "9"}),
+                )
+            )
+
+        wait_for(lambda: complete(daemon.metrics()), 10, "GPM windows and the PCIe thread")
         text = daemon.metrics()
 
         # Layout change: slot 2 destroyed, slot 1 created.

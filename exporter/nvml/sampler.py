@@ -695,6 +695,11 @@ class NvmlSampler:
     def _read_mig(self, parent: _Device) -> list[GpuSample]:
         """Every MIG instance of a GPU in MIG mode, enumerated afresh so that instances created
         or destroyed since the last cycle appear or vanish."""
+        if not parent.mig_slots:  # MIG mode came on after the GPU was opened
+            slots = self._read(
+                parent, "mig_slots", self._nvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle
+            )
+            parent.mig_slots = slots or 0
         seen: dict[str, _Device] = {}
         for slot in range(parent.mig_slots):
             found = self._mig_handle(parent, slot)
