@@ -246,14 +246,26 @@ def test_throttle_time_accumulates_under_sustained_load() -> None:
     assert hot["power"] > 100, "and at its power cap"
     assert hot["low_utilization"] == 0
     assert hot["app_clocks"] >= max(hot["power"], hot["thermal"])
-    assert idle["low_utilization"] == pytest.approx(299, abs=1)
+    # read on the health clock: last at t = 296 s, 295 s after the first reading
+    assert idle["low_utilization"] == pytest.approx(296, abs=1)
     assert idle["thermal"] == 0
 
 
+def test_health_is_read_on_its_own_slower_clock() -> None:
+    sampler, clock, _ = make({"gpus": [{"model": "l4"}]})
+    readings = []
+    for _ in range(12):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        readings.append(dict(gpu.throttle_seconds)["low_utilization"])
+    # first read at 1 s, then every HEALTH_PERIOD_SECONDS (5 s): the last reading in between
+    assert readings == [1.0] * 5 + [6.0] * 5 + [11.0] * 2
+
+
 def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_versa() -> None:
-    sampler, clock, _ = make(
+    sampler, clock, driver = make(
         {
-            "gpus": [{"model": "l4", "count": 2}],
+            "gpus": [{"model": "l4", "count": 3}],
             "faults": [
                 {"kind": "error", "gpu": 0, "function": "nvmlDeviceGetFieldValues"},
                 {
@@ -265,14 +277,27 @@ def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_vers
             ],
         }
     )
-    for _ in range(3):
-        clock.advance(1)
-        gpus = physical(sampler.sample()[0])
-    assert dict(gpus[0].throttle_seconds)["low_utilization"] == pytest.approx(3)
-    assert dict(gpus[0].throttle_seconds)["app_clocks"] == pytest.approx(3)
-    # Without the violation status only the app-clocks total (which has no field) is missing.
-    assert "app_clocks" not in dict(gpus[1].throttle_seconds)
-    assert dict(gpus[1].throttle_seconds)["low_utilization"] == pytest.approx(3)
+    all_fields = driver.nvmlDeviceGetFieldValues
+
+    def without_app_clocks_field(handle: Any, field_ids: list[int]) -> Any:
+        values = all_fields(handle, field_ids)
+        for field in values:  # a driver that no longer fills the deprecated total
+            if field.fieldId == pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS:
+                field.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    driver.nvmlDeviceGetFieldValues = without_app_clocks_field  # type: ignore[method-assign]
+    clock.advance(3)
+    gpus = physical(sampler.sample()[0])
+    for gpu in (0, 2):  # no field values at all / one field missing: the violation status
+        throttle = dict(gpus[gpu].throttle_seconds)
+        assert len(throttle) == 8
+        assert throttle["low_utilization"] == pytest.approx(3)
+        assert throttle["app_clocks"] == pytest.approx(3)
+    # Without the violation status, a reason whose field is missing is absent, not 0.
+    throttle = dict(gpus[1].throttle_seconds)
+    assert "app_clocks" not in throttle
+    assert throttle["low_utilization"] == pytest.approx(3)
 
 
 def test_remapped_rows_and_retired_pages_where_supported() -> None:
@@ -292,7 +317,7 @@ def test_remapped_rows_and_retired_pages_where_supported() -> None:
     )
     clock.advance(1)
     before = physical(sampler.sample()[0])
-    clock.advance(2)
+    clock.advance(5)  # the next reading on the health clock
     after = physical(sampler.sample()[0])
     rows = before[0].remapped_rows
     assert rows is not None

@@ -62,6 +62,10 @@ T = TypeVar("T")
 REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Waits before successive re-initialisation attempts while a GPU or the library is down."""
 
+HEALTH_PERIOD_SECONDS: Final = 5.0
+"""How often throttle time, remapped rows and retired pages are read (every cycle when the
+collect interval is longer)."""
+
 _MHZ: Final = 1e6
 
 THROTTLE_REASONS: Final = (
@@ -87,19 +91,23 @@ THROTTLE_REASONS: Final = (
         pynvml.NVML_PERF_POLICY_RELIABILITY,
         pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY,
     ),
-    # nvml.h: the total-app-clocks field is deprecated with no replacement; only the violation
-    # status gives it.
-    ("app_clocks", pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS, None),
+    # nvml.h names no replacement for the total-app-clocks policy, but drivers still fill its
+    # field; where one does not, the violation status stands in as for any other reason.
+    (
+        "app_clocks",
+        pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+        pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS,
+    ),
     (
         "base_clocks",
         pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
         pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS,
     ),
 )
-"""(`reason` label, perf policy for nvmlDeviceGetViolationStatus, the newer nanosecond field that
-nvml.h names as its replacement). The field values are read in one call; the violation status
-stands in per reason where a field is missing."""
-_THROTTLE_FIELDS: Final = [field_id for _, _, field_id in THROTTLE_REASONS if field_id is not None]
+"""(`reason` label, perf policy for the deprecated nvmlDeviceGetViolationStatus, the nanosecond
+field value nvml.h names in its place). The field values are read in one call; the violation
+status stands in per reason where a field is missing."""
+_THROTTLE_FIELDS: Final = [field_id for _, _, field_id in THROTTLE_REASONS]
 _NOT_MIG: Final = 0xFFFFFFFF
 
 
@@ -129,6 +137,9 @@ class _Device:
     """How many MIG devices this GPU can hold (0 unless MIG mode is on)."""
     mig: dict[str, _Device] = field(default_factory=dict)
     """MIG instances seen in the last cycle, by UUID."""
+    health: dict[str, Any] | None = None
+    """The last throttle-time and memory-repair readings, and when they are due again."""
+    health_due: float = 0.0
 
     def gpm_readers(self) -> Iterator[GpmReader]:
         for device in (self, *self.mig.values()):
@@ -468,9 +479,7 @@ class NvmlSampler:
             if self._collect_processes and not mig_enabled
             else None,
             **self._read_activity(device, now),
-            throttle_seconds=self._read_throttle(device),
-            remapped_rows=self._read_remapped_rows(device),
-            retired_pages=self._read_retired_pages(device),
+            **self._read_health(device, now),
             mig_mode_enabled=mig_enabled,
         )
 
@@ -590,6 +599,19 @@ class NvmlSampler:
         }
 
     # -- deeper signals ----------------------------------------------------------------------
+
+    def _read_health(self, device: _Device, now: float) -> dict[str, Any]:
+        """Throttle time and memory repairs, read every HEALTH_PERIOD_SECONDS and reported from
+        the last reading in between: cumulative counters and states that change rarely, so a
+        slower clock costs them nothing and saves NVML calls on every GPU each cycle."""
+        if device.health is None or now >= device.health_due:
+            device.health = {
+                "throttle_seconds": self._read_throttle(device),
+                "remapped_rows": self._read_remapped_rows(device),
+                "retired_pages": self._read_retired_pages(device),
+            }
+            device.health_due = now + HEALTH_PERIOD_SECONDS
+        return device.health
 
     def _read_activity(self, device: _Device, now: float) -> dict[str, Any]:
         """GPM activity and its integrated counters, or PCIe throughput from the reader thread."""
