@@ -461,11 +461,11 @@ def label_mig_instances(families: list[Metric], gpus: tuple[GpuSample, ...]) -> 
     }
     for family in families:
         added_by_uuid = info_extra if family.name == "gpu_info" else extra
-        samples = family.samples
-        for position, sample in enumerate(samples):
+        for sample in family.samples:
             added = added_by_uuid.get(sample.labels.get("uuid", ""))
             if added is not None:
-                samples[position] = sample._replace(labels={**sample.labels, **added})
+                # Each series' label dict is its own (built as the series was added): extend it.
+                sample.labels.update(added)
 
 
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:

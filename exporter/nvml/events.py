@@ -87,6 +87,11 @@ class EventStore:
                 for uuid, events in self._events.items()
             }
 
+    def __bool__(self) -> bool:
+        """Whether any event was recorded at all (most cycles on a healthy node: none)."""
+        with self._lock:
+            return bool(self._events)
+
     def get(self, uuid: str) -> GpuEvents | None:
         with self._lock:
             return self._events.get(uuid)

@@ -354,7 +354,7 @@ class NvmlSampler:
 
     def overlay_events(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """The samples with the event thread's latest XID counts and ECC totals."""
-        if self._events is None:
+        if self._events is None or not self._events.store:
             return gpus
         store = self._events.store
         return tuple(with_events(gpu, store.get(gpu.identity.uuid)) for gpu in gpus)
