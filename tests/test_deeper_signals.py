@@ -842,3 +842,36 @@ def test_the_daemon_serves_the_deeper_signals_end_to_end(tmp_path: Path) -> None
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_driver_without_mig_device_handles_reports_the_gpu_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    document = mig_fleet()
+    document["faults"] = [
+        {
+            "kind": "error",
+            "function": "nvmlDeviceGetMigDeviceHandleByIndex",
+            "error": "function_not_found",
+        }
+    ]
+    sampler, clock, driver = make(document)
+    calls = 0
+    real = driver.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def counted(handle: object, index: int) -> object:
+        nonlocal calls
+        calls += 1
+        return real(handle, index)
+
+    driver.nvmlDeviceGetMigDeviceHandleByIndex = counted  # type: ignore[method-assign]
+    caplog.set_level("INFO")
+    for _ in range(3):
+        clock.advance(1)
+        gpus, status = sampler.sample()
+    assert status.success
+    assert instances(gpus) == {}
+    assert physical(gpus)[0].up
+    assert physical(gpus)[0].mig_mode_enabled is True
+    assert calls == 1, "not asked again until NVML re-initialises"
+    assert len([r for r in caplog.records if getattr(r, "reading", None) == "mig_devices"]) == 1

@@ -742,17 +742,21 @@ class NvmlSampler:
 
     def _mig_handle(self, parent: _Device, slot: int) -> tuple[Any, str] | None:
         """The handle and UUID of the MIG device in `slot`; None for an empty slot."""
+        if "mig_devices" in parent.unavailable:
+            return None
         try:
             handle = self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
             return handle, _text(self._nvml.nvmlDeviceGetUUID(handle))
         except pynvml.NVMLError_NotFound:
             return None  # no MIG device in this slot
         except Exception as error:  # noqa: BLE001 - one slot fails alone; a lost GPU escapes
-            self._reading_failed(parent, f"mig_slot{slot}", error)
+            self._reading_failed(parent, "mig_devices", error)
             return None
 
     def _open_mig_instance(self, parent: _Device, handle: Any, uuid: str) -> _Device | None:
         nvml = self._nvml
+        if "mig_instance" in parent.unavailable:
+            return None
         try:
             gpu_instance = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
             name = _text(nvml.nvmlDeviceGetName(handle))
