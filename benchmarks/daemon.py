@@ -1,7 +1,12 @@
 """Benchmark the daemon on a simulated node; prints one JSON document.
 
-    .venv/bin/python benchmarks/daemon.py [--gpus 8] [--processes 64] [--quick]
+    .venv/bin/python benchmarks/daemon.py [--gpus 8] [--processes 64] [--mig-gpus 2] [--quick]
     .venv/bin/python benchmarks/daemon.py --pods 200 --pod-changes 10    # with pod attribution
+    .venv/bin/python benchmarks/daemon.py --fleet examples/fleet.yaml
+
+The generated node is H100s (which have GPM); `--mig-gpus N` splits the first N of them into
+MIG instances (3g.40gb + 2g.20gb + 1g.10gb x2) with their share of the processes placed on
+the instances. `--fleet FILE` runs any fleet file instead.
 
 Phases (about 75 s in all):
 1. 30 s with no scrapes: the daemon's CPU time per sampling cycle (from /proc/<pid>/stat and the
@@ -52,25 +57,36 @@ PROMETHEUS_HEADERS = {  # what Prometheus 2.x sends (the benchmark takes the bod
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
 }
 PATTERNS = ("steady", "bursty", "sawtooth", "input_starved", "idle")
+MIG_LAYOUT = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+MIG_USABLE_GIB = (39, 19, 9, 9)
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def fleet(gpus: int, processes: int) -> dict[str, object]:
-    return {
-        "seed": 1,
-        "gpus": [{"model": "h100-sxm", "count": gpus}],
-        "processes": [
-            {
-                "pid": 100_000 + n,
-                "gpu": n % gpus,
-                "memory": f"{70 // max(processes // gpus, 1)}GiB",
-                "pattern": PATTERNS[n % len(PATTERNS)],
-                "level": 0.5,
-            }
-            for n in range(processes)
-        ],
-    }
+def fleet(gpus: int, processes: int, mig_gpus: int = 0) -> dict[str, object]:
+    per_gpu = max(processes // gpus, 1)
+    per_instance = -(-per_gpu // len(MIG_LAYOUT))
+    entries: list[dict[str, object]] = []
+    for n in range(processes):
+        gpu = n % gpus
+        entry: dict[str, object] = {
+            "pid": 100_000 + n,
+            "gpu": gpu,
+            "memory": f"{70 // per_gpu}GiB",
+            "pattern": PATTERNS[n % len(PATTERNS)],
+            "level": 0.5,
+        }
+        if gpu < mig_gpus:
+            slot = n // gpus % len(MIG_LAYOUT)
+            entry["mig_instance"] = slot
+            entry["memory"] = f"{max(MIG_USABLE_GIB[slot] // per_instance, 1)}GiB"
+        entries.append(entry)
+    models: list[dict[str, object]] = []
+    if mig_gpus:
+        models.append({"model": "h100-sxm", "count": mig_gpus, "mig": list(MIG_LAYOUT)})
+    if gpus > mig_gpus:
+        models.append({"model": "h100-sxm", "count": gpus - mig_gpus})
+    return {"seed": 1, "gpus": models, "processes": entries}
 
 
 def attribution_node(
@@ -278,6 +294,8 @@ def main() -> int:
     )
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--processes", type=int, default=64)
+    parser.add_argument("--mig-gpus", type=int, default=0, help="how many GPUs are MIG-split")
+    parser.add_argument("--fleet", type=Path, help="a fleet file to run instead of generating one")
     parser.add_argument("--interval", default="1s")
     parser.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke run)")
     parser.add_argument("--pods", type=int, default=0, help="pods on the node (0: no attribution)")
@@ -285,8 +303,9 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
-        fleet_file = Path(scratch) / "fleet.yaml"
-        fleet_file.write_text(yaml.safe_dump(fleet(args.gpus, args.processes)))
+        fleet_file = args.fleet or Path(scratch) / "fleet.yaml"
+        if args.fleet is None:
+            fleet_file.write_text(yaml.safe_dump(fleet(args.gpus, args.processes, args.mig_gpus)))
         attribution: list[str] = []
         node = None
         if args.pods:
@@ -341,13 +360,17 @@ def main() -> int:
     assert isinstance(latency, dict)
     report = {
         "benchmark": "daemon",
-        "node": {
-            "gpus": args.gpus,
-            "processes": args.processes,
-            "collect_interval": args.interval,
-            "pods": args.pods,
-            "pod_changes_per_second": args.pod_changes if args.pods else 0,
-        },
+        "node": (
+            {"fleet": str(args.fleet), "collect_interval": args.interval}
+            if args.fleet
+            else {
+                "gpus": args.gpus,
+                "mig_gpus": args.mig_gpus,
+                "processes": args.processes,
+                "collect_interval": args.interval,
+            }
+        )
+        | {"pods": args.pods, "pod_changes_per_second": args.pod_changes if args.pods else 0},
         "python": sys.version.split()[0],
         **results,
         "targets": {

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -46,20 +47,9 @@ class Node:
     """The simulated fleet, or None for a target that is down."""
     args: tuple[str, ...] = ()
     """Further `gpuscope serve` flags for this node."""
-
-
-FIXTURES: Final = ROOT / "tests" / "fixtures"
-DEMO_NODES: Final = (
-    # every panel has something to show and the alerts fire where this node gives them a reason
-    Node(
-        "sim-a",
-        FIXTURES / "fleets" / "dashboards.yaml",
-        (f"--calibration.path={FIXTURES / 'calibration'}",),
-    ),
-    Node("sim-b", FIXTURES / "fleets" / "broken-node.yaml"),  # NVML never initialises
-    Node("sim-c", None),  # a daemon that is down
-)
-"""The stack behind the dashboard tests and the dashboard pictures."""
+    cluster: Callable[[Path], AbstractContextManager[Sequence[str]]] | None = None
+    """Stand-ins the node's daemon attributes pods from (API server, kubelet, procfs), started
+    with the stack in a directory of their own; they give the daemon more flags."""
 
 
 @dataclass(slots=True)
@@ -154,6 +144,7 @@ class LiveStack:
     prometheus: Prometheus = field(init=False)
     ports: dict[str, int] = field(init=False, default_factory=dict)
     _processes: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _stand_ins: ExitStack = field(init=False, default_factory=ExitStack)
 
     def __enter__(self) -> LiveStack:
         try:
@@ -185,6 +176,11 @@ class LiveStack:
             if node.fleet is None:
                 continue
             log = self.workdir / f"gpuscope-{node.name}.log"
+            cluster = (
+                self._stand_ins.enter_context(node.cluster(self.workdir / node.name))
+                if node.cluster is not None
+                else ()
+            )
             self._spawn(
                 [
                     sys.executable,
@@ -195,6 +191,7 @@ class LiveStack:
                     f"--web.listen-address=127.0.0.1:{port}",
                     f"--collect.interval={self.interval}",
                     *node.args,
+                    *cluster,
                 ],
                 log,
             )
@@ -266,3 +263,4 @@ class LiveStack:
                 process.kill()
                 process.wait()
         self._processes.clear()
+        self._stand_ins.close()

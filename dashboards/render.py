@@ -27,7 +27,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dashboards import promql
 from dashboards.build import value_field
-from dashboards.live import DEMO_NODES, ROOT, LiveStack, Prometheus
+from dashboards.live import ROOT, LiveStack, Prometheus
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -619,6 +619,9 @@ def main(argv: list[str] | None = None) -> int:
             Prometheus(args.prometheus.rstrip("/")), args.output, seconds=args.seconds
         )
     else:
+        # The demo node's stand-ins (API server, kubelet) are test fixtures of the repository.
+        from tests.demo_node import DEMO_NODES  # noqa: PLC0415
+
         with (
             tempfile.TemporaryDirectory(prefix="gpuscope-render-") as workdir,
             LiveStack(DEMO_NODES, Path(workdir)) as stack,

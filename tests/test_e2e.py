@@ -52,7 +52,15 @@ def test_simulated_node_serves_realistic_metrics_that_pass_promtool() -> None:
     assert headers["Content-Type"].startswith("application/openmetrics-text")
     assert [f.name for f in parse_openmetrics(openmetrics.decode())]
 
-    assert len(series(text, "gpu_up")) == 4
+    up = [dict(labels) for labels in series(text, "gpu_up")]
+    assert len([labels for labels in up if "gpu_instance" not in labels]) == 5
+    assert sorted(labels["mig_profile"] for labels in up if "gpu_instance" in labels) == [
+        "1g.10gb",
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
+    assert value(text, "gpu_sm_active_ratio", gpu="0", uuid=up[0]["uuid"]) > 0.5
     assert {dict(labels)["model"] for labels in series(text, "gpu_info")} == {
         "NVIDIA H100 80GB HBM3",
         "NVIDIA A100-SXM4-80GB",

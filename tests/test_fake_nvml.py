@@ -19,7 +19,10 @@ import pytest
 from tests.fake_nvml import (
     LIBRARY_NAME,
     STATE_ENV,
+    XID_EVENT,
     FakeDevice,
+    FakeEvent,
+    FakeMigInstance,
     FakeNvmlState,
     FakeProcess,
     FakeProcessSample,
@@ -71,6 +74,30 @@ EXPECTED_EXPORTS = {
     "nvmlDeviceGetMPSComputeRunningProcesses_v3",
     "nvmlDeviceGetProcessUtilization",
     "nvmlDeviceGetMinorNumber",
+    # deeper signals: throttle time, memory health, PCIe, MIG, GPM, events
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetAttributes_v2",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleFree",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet",
+    "nvmlGpmMetricsGet",
+    "nvmlEventSetCreate",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetWait_v2",
+    "nvmlEventSetFree",
 }
 PER_DEVICE_EXPORTS = {name for name in EXPECTED_EXPORTS if name.startswith("nvmlDevice")} - {
     "nvmlDeviceGetCount_v2",
@@ -268,13 +295,23 @@ def test_state_changes_are_seen_without_reinit(fake_lib_dir: Path, state_file: P
 def test_lost_gpu_fails_until_reinit(fake_lib_dir: Path, state_file: Path) -> None:
     run_python(
         f"""
-        from tests.fake_nvml.state import FakeDevice, FakeNvmlState, FakeProcessSample
+        from tests.fake_nvml.state import (
+            FakeDevice, FakeMigInstance, FakeNvmlState, FakeProcessSample
+        )
         assert set(DEVICE_CALLS) == set({sorted(PER_DEVICE_EXPORTS)!r})
         path = os.environ["FAKE_NVML_STATE"]
         def write(lost):
-            # A fan and a sample, so that every call succeeds on a healthy GPU.
+            # A fan, a sample and a MIG instance, so that every call succeeds on a healthy GPU.
             sample = FakeProcessSample(pid=1, timestamp_us=1)
-            gpu0 = FakeDevice.numbered(0, lost=lost, num_fans=1, process_samples=[sample])
+            mig = FakeMigInstance(slot=0, gpu_instance=7, uuid="MIG-0000-aaaa")
+            gpu0 = FakeDevice.numbered(
+                0,
+                lost=lost,
+                num_fans=1,
+                process_samples=[sample],
+                mig_mode=True,
+                mig_instances=[mig],
+            )
             FakeNvmlState(devices=[gpu0, FakeDevice.numbered(1)]).write(path)
 
         write(lost=False)
@@ -519,3 +556,217 @@ def test_state_rejects_ambiguous_devices() -> None:
         FakeNvmlState(devices=[FakeDevice(), FakeDevice()]).to_text()
     with pytest.raises(ValueError, match="single-line"):
         FakeNvmlState(devices=[FakeDevice(name="A100\nlost 1")]).to_text()
+
+
+def mig_gpu(**overrides: object) -> FakeDevice:
+    """An H100 in MIG mode: a 3g.40gb instance in slot 0, a 1g.10gb one in slot 2."""
+    values: dict[str, object] = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "gpm_supported": True,
+        "mig_mode": True,
+        "gpm_metrics": {2: 40.0},
+        "mig_instances": [
+            FakeMigInstance(
+                0,
+                gpu_instance=2,
+                uuid="MIG-aaaa-0002",
+                profile="3g.40gb",
+                slices=3,
+                memory_total_bytes=40 * GIB,
+                memory_used_bytes=12 * GIB,
+                gpm_metrics={2: 75.5, 5: 50.0},
+            ),
+            FakeMigInstance(2, gpu_instance=9, uuid="MIG-aaaa-0009", profile="-", slices=1),
+        ],
+        "processes": [FakeProcess(70, 12 * GIB, 2, 0), FakeProcess(71, GIB, 9, 0)],
+    }
+    return FakeDevice.numbered(0, **(values | overrides))
+
+
+def test_gpm_samples_and_metrics(fake_lib_dir: Path, state_file: Path) -> None:
+    FakeNvmlState(devices=[mig_gpu(), FakeDevice.numbered(1)]).write(state_file)
+    run_python(
+        """
+        pynvml.nvmlInit()
+        h, old = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        assert pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice == 1
+        assert pynvml.nvmlGpmQueryDeviceSupport(old).isSupportedDevice == 0
+        a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        expect_error(pynvml.NVMLError_NotSupported, pynvml.nvmlGpmSampleGet, old, a)
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 2
+        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+        request.sample1, request.sample2 = a, b
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlGpmMetricsGet, request)
+
+        pynvml.nvmlGpmSampleGet(h, a)
+        pynvml.nvmlGpmSampleGet(h, b)
+        pynvml.nvmlGpmMetricsGet(request)
+        assert (request.metrics[0].nvmlReturn, request.metrics[0].value) == (0, 40.0)
+        assert request.metrics[1].nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+        pynvml.nvmlGpmMigSampleGet(h, 2, a)
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlGpmMetricsGet, request)
+        pynvml.nvmlGpmMigSampleGet(h, 2, b)
+        pynvml.nvmlGpmMetricsGet(request)
+        assert [m.value for m in request.metrics[:2]] == [75.5, 50.0]
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlGpmMigSampleGet, h, 5, a)
+
+        request.version = 2
+        expect_error(pynvml.NVMLError_ArgumentVersionMismatch, pynvml.nvmlGpmMetricsGet, request)
+        pynvml.nvmlGpmSampleFree(a)
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlGpmSampleFree, a)
+        pynvml.nvmlGpmSampleFree(b)
+        """,
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+
+
+def test_mig_devices(fake_lib_dir: Path, state_file: Path) -> None:
+    FakeNvmlState(devices=[mig_gpu(), FakeDevice.numbered(1)]).write(state_file)
+    run_python(
+        """
+        from tests.fake_nvml.state import FakeDevice, FakeNvmlState
+        from tests.test_fake_nvml import mig_gpu
+        pynvml.nvmlInit()
+        h, plain = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1]
+        assert pynvml.nvmlDeviceGetMigMode(plain) == [0, 0]
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h) == 7
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(plain) == 0
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, plain, 0)
+
+        big = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        expect_error(pynvml.NVMLError_NotFound, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 1)
+        small = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 2)
+        assert pynvml.nvmlDeviceGetName(big) == "NVIDIA H100 80GB HBM3 MIG 3g.40gb"
+        assert pynvml.nvmlDeviceGetName(small) == "NVIDIA H100 80GB HBM3 MIG"
+        assert pynvml.nvmlDeviceGetUUID(big) == "MIG-aaaa-0002"
+        assert pynvml.nvmlDeviceGetGpuInstanceId(big) == 2
+        assert pynvml.nvmlDeviceGetComputeInstanceId(big) == 0
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlDeviceGetGpuInstanceId, h)
+        attributes = pynvml.nvmlDeviceGetAttributes_v2(small)
+        assert (attributes.gpuInstanceSliceCount, attributes.memorySizeMB) == (1, 10 * 1024)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(big, version=pynvml.nvmlMemory_v2)
+        assert (memory.total, memory.used) == (40 * 2**30, 12 * 2**30)
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(big)] == [70]
+        assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)] == [70, 71]
+        expect_error(pynvml.NVMLError_NotSupported, pynvml.nvmlDeviceGetPowerUsage, big)
+
+        # The layout changes: slot 2 destroyed, a new instance in slot 1.
+        layout = mig_gpu()
+        layout.mig_instances[1].slot = 1
+        layout.mig_instances[1].uuid = "MIG-bbbb-0001"
+        FakeNvmlState(devices=[layout, FakeDevice.numbered(1)]).write(os.environ["FAKE_NVML_STATE"])
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlDeviceGetUUID, small)
+        expect_error(pynvml.NVMLError_NotFound, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 2)
+        fresh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 1)
+        assert pynvml.nvmlDeviceGetUUID(fresh) == "MIG-bbbb-0001"
+        assert pynvml.nvmlDeviceGetUUID(big) == "MIG-aaaa-0002"
+        """,
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+
+
+def test_events_wait_time_out_and_deliver_what_came_after_registration(
+    fake_lib_dir: Path, state_file: Path
+) -> None:
+    queued = FakeEvent(1, XID_EVENT, 31)  # before registration: never delivered
+    FakeNvmlState(devices=[FakeDevice.numbered(0, events=[queued])]).write(state_file)
+    run_python(
+        """
+        import ctypes
+        from tests.fake_nvml.state import FakeDevice, FakeEvent, FakeNvmlState
+        path = os.environ["FAKE_NVML_STATE"]
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetSupportedEventTypes(h) == 0xB
+        events = pynvml.nvmlEventSetCreate()
+        expect_error(pynvml.NVMLError_NotSupported, pynvml.nvmlDeviceRegisterEvents, h, 0x10, events)
+        pynvml.nvmlDeviceRegisterEvents(h, 0xB, events)
+        expect_error(pynvml.NVMLError_Timeout, pynvml.nvmlEventSetWait_v2, events, 50)
+
+        queue = [FakeEvent(1, 0x8, 31), FakeEvent(2, 0x8, 79), FakeEvent(3, 0x2, 0)]
+        FakeNvmlState(devices=[FakeDevice.numbered(0, events=queue)]).write(path)
+        data = pynvml.nvmlEventSetWait_v2(events, 1000)
+        assert (data.eventType, data.eventData) == (0x8, 79)
+        address = lambda handle: ctypes.cast(handle, ctypes.c_void_p).value
+        assert address(data.device) == address(h)
+        data = pynvml.nvmlEventSetWait_v2(events, 1000)
+        assert (data.eventType, data.eventData) == (0x2, 0)
+        expect_error(pynvml.NVMLError_Timeout, pynvml.nvmlEventSetWait_v2, events, 20)
+        pynvml.nvmlEventSetFree(events)
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlEventSetWait_v2, events, 20)
+        """,
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+
+
+def test_throttle_time_memory_health_and_pcie(fake_lib_dir: Path, state_file: Path) -> None:
+    device = FakeDevice.numbered(
+        0,
+        violation_power_ns=1_500_000_000,
+        violation_thermal_ns=250_000_000,
+        violation_app_clocks_ns=2_000_000_000,
+        remapped_rows_correctable=1,
+        remapped_rows_uncorrectable=2,
+        remapped_rows_pending=1,
+        retired_pages_single_bit=3,
+        retired_pages_double_bit=1,
+        retired_pages_pending=1,
+        pcie_tx_kbps=1000,
+        pcie_rx_kbps=2000,
+    )
+    FakeNvmlState(devices=[device]).write(state_file)
+    run_python(
+        """
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        status = pynvml.nvmlDeviceGetViolationStatus(h, pynvml.NVML_PERF_POLICY_POWER)
+        assert status.violationTime == 1_500_000_000
+        assert status.referenceTime > 1_600_000_000_000_000
+        assert pynvml.nvmlDeviceGetViolationStatus(h, 10).violationTime == 2_000_000_000
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlDeviceGetViolationStatus, h, 7)
+        values = pynvml.nvmlDeviceGetFieldValues(h, [74, 269, 75, 1])
+        assert [v.nvmlReturn for v in values] == [0, 0, 0, pynvml.NVML_ERROR_NOT_SUPPORTED]
+        assert [v.value.ullVal for v in values[:3]] == [1_500_000_000, 250_000_000, 250_000_000]
+        assert values[0].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        assert pynvml.nvmlDeviceGetRemappedRows(h) == (1, 2, 1, 0)
+        assert len(pynvml.nvmlDeviceGetRetiredPages(h, 0)) == 3
+        assert len(pynvml.nvmlDeviceGetRetiredPages(h, 1)) == 1
+        assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h) == 1
+        assert pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES) == 1000
+        assert pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES) == 2000
+        """,
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("gpm_metric 999 1.0", "bad gpm_metric"),
+        ("gpm_metric 2 lots", "bad gpm_metric"),
+        ("mig 9 1 0 1 10 0 MIG-x 1g.10gb", "bad mig"),
+        ("mig 0 1 0 1 10 20 MIG-x 1g.10gb", "uses more memory"),
+        ("mig 0 1 0 1 10 0 GPU-x 1g.10gb", "does not start with MIG-"),
+        ("mig_gpm_metric 4 2 1.0", "bad mig_gpm_metric"),
+        ("event 1 8", "bad event"),
+    ],
+)
+def test_bad_deeper_state_lines(
+    fake_lib_dir: Path, state_file: Path, line: str, message: str
+) -> None:
+    state_file.write_text(f"fake_nvml_state 1\ndevice\n{line}\n")
+    result = run_python(
+        "expect_error(pynvml.NVMLError_Unknown, pynvml.nvmlInit)",
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+    assert message in result.stderr

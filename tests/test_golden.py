@@ -89,8 +89,21 @@ def test_golden_fleet_covers_every_state() -> None:
         'gpu_ecc_errors_total{gpu="1"',
         'gpu_process_utilization_ratio{gpu="1"',  # MPS clients
         'reason="gpu_idle"',
+        # GPM on a whole GPU and per MIG instance; the MIG layout after its change
+        'gpu_sm_active_ratio{gpu="0"',
+        'gpu_tensor_active_seconds_total{gpu="4",gpu_instance="1",mig_profile="3g.40gb"',
+        'gpu_nvlink_transmit_bytes_per_second{gpu="0"',
+        'gpu_instance="3",mig_profile="2g.20gb"',
+        'parent_uuid="GPU-',
+        'gpu_mig_mode_enabled{gpu="4"',
+        # throttle time, row remapping (A100 and newer), page retirement (V100)
+        'gpu_throttle_seconds_total{gpu="2",model="NVIDIA RTX 6000 Ada Generation",reason="low_utilization"',
+        'gpu_remapped_rows_pending{gpu="0"',
+        'gpu_retired_pages{cause="double_bit",gpu="5"',
     ):
         assert needle in text, needle
+    assert 'gpu_instance="4"' not in text, "the instance destroyed by the layout change"
+    assert 'gpu_utilization_ratio{gpu="4"' not in text, "no utilization in MIG mode"
     assert 'gpu_up{gpu="3",model="NVIDIA A100-SXM4-40GB"' in text
     assert 'gpu_pcie_replays_total{gpu="0"' not in text, "unsupported on GPU 0: absent, not 0"
 

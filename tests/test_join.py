@@ -17,7 +17,7 @@ from exporter.attribution.join import Join
 from exporter.attribution.podresources import DeviceAllocation
 from exporter.attribution.pods import PodIndex, pod_from_api
 from exporter.config import ServeConfig
-from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
+from exporter.model import Activity, GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
 from tests.fake_kube.pods import NODE, pod
 from tests.proc_fixture import PROC, STATIC_UID, container_id, pod_uid
 
@@ -222,6 +222,23 @@ def test_utilization_is_capped_and_unknown_values_stay_unknown() -> None:
     assert rows["infer-a-7d9c8b6f5-abcde"].utilization == 1.0
     assert rows["infer-b-0"].utilization is None
     assert rows["infer-b-0"].busy_seconds_total is None
+
+
+def test_a_device_used_by_one_container_alone_lends_it_the_device_activity() -> None:
+    # NVML cannot time processes on a MIG instance; GPM can time the instance itself.
+    instance = GpuIdentity(
+        0, "MIG-aaaa", "NVIDIA H100 80GB HBM3", mig_profile="1g.10gb", gpu_instance=9
+    )
+    alone = replace(
+        gpu(instance, process(101, 1, None), process(103, 1, None)),
+        activity=Activity(sm_active=0.25),
+    )
+    shared = replace(gpu(GPU1, process(101, 1, None), process(102, 1, None)), utilization=0.9)
+    result = Join(NODE)((alone, shared), CONTAINERS, PODS, (), KUBE, now=1.0)
+    rows = {(u.pod.name, u.gpu.uuid): u for u in result.usage}
+    assert rows[("infer-a-7d9c8b6f5-abcde", "MIG-aaaa")].utilization == 0.25
+    assert rows[("infer-a-7d9c8b6f5-abcde", "GPU-1111")].utilization is None, "two users: unknown"
+    assert rows[("infer-b-0", "GPU-1111")].utilization is None
 
 
 def test_chosen_pod_labels_are_exported_under_valid_names() -> None:

@@ -410,5 +410,6 @@ def test_fleet_documented_in_module_docstring_parses() -> None:
         "Times are", 1
     )[0]
     parsed = parse_fleet(yaml.safe_load(example))
-    assert len(parsed.gpus) == 2
-    assert len(parsed.faults) == 4
+    assert len(parsed.gpus) == 3
+    assert parsed.gpus[2].mig is not None
+    assert len(parsed.faults) == 6

@@ -138,6 +138,7 @@ class Join:
                 continue
             stray = 0
             stray_memory = 0
+            here: set[Key] = set()
             for process in gpu.processes:
                 name: str | None = None
                 pod: Pod | None = None
@@ -170,12 +171,20 @@ class Join:
                     stray += 1
                     stray_memory += process.used_memory_bytes or 0
                     continue
-                use = uses.setdefault((pod.uid, name, gpu.identity.uuid), _Use())
+                key = (pod.uid, name, gpu.identity.uuid)
+                use = uses.setdefault(key, _Use())
+                here.add(key)
                 use.processes += 1
                 if process.used_memory_bytes is not None:
                     use.memory = (use.memory or 0) + process.used_memory_bytes
                 if process.sm_utilization is not None:
                     use.utilization = min(1.0, (use.utilization or 0.0) + process.sm_utilization)
+            if len(here) == 1 and not stray:
+                # One container alone on the device: the device's own activity is its activity.
+                # This is what times a MIG instance's user, whose processes NVML cannot time.
+                (alone,) = here
+                if uses[alone].utilization is None:
+                    uses[alone].utilization = _device_busy(gpu)
             unattributed.append(Unattributed(gpu.identity, stray, stray_memory))
         return uses, unattributed
 
@@ -187,6 +196,7 @@ class Join:
         uses: Mapping[Key, _Use],
     ) -> dict[tuple[str, str, str, str], Allocation]:
         by_uuid = {gpu.identity.uuid: gpu.identity for gpu in gpus if gpu.identity.uuid}
+        answering = {gpu.identity.uuid for gpu in gpus if gpu.up and gpu.processes is not None}
         by_minor = {
             gpu.identity.minor_number: gpu.identity
             for gpu in gpus
@@ -224,7 +234,9 @@ class Join:
             key = (pod.uid, allocation.container, identity.uuid, allocation.resource)
             previous = held.get(key)
             pod_identity = self._identity(pod)
-            in_use = use is not None and use.processes > 0
+            # Whether the holder runs anything there is unknown while the GPU (or its process
+            # list) does not answer: not a GPU held idle.
+            in_use = (use is not None and use.processes > 0) if identity.uuid in answering else None
             shared = (
                 is_replica
                 or len(holders[identity.uuid]) > 1
@@ -273,3 +285,8 @@ class Join:
             self._identities.clear()  # bounded: pods come and go
         self._identities[pod.uid] = (pod, identity)
         return identity
+
+
+def _device_busy(gpu: GpuSample) -> float | None:
+    """How busy the device was: NVML utilization, else GPM SM activity (on MIG instances)."""
+    return gpu.utilization if gpu.utilization is not None else gpu.activity.sm_active

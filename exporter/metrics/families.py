@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -442,7 +443,8 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
             allocation.gpu, allocation.pod, allocation.container, resource=allocation.resource
         )
         info.samples.append(Sample(info.name, labels, 1))
-        in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
+        if allocation.in_use is not None:
+            in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
         shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
     yield from (info, in_use, shared)
 
@@ -495,11 +497,205 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     yield cached
 
 
+ACTIVITY_RATIOS: Final = (
+    (
+        "gpu_sm_active_ratio",
+        "sm_active",
+        "Share of time the SMs had at least one warp resident, averaged over the SMs (GPM).",
+    ),
+    (
+        "gpu_sm_occupancy_ratio",
+        "sm_occupancy",
+        "Resident warps as a share of the SMs' maximum, averaged over the SMs (GPM).",
+    ),
+    (
+        "gpu_tensor_active_ratio",
+        "tensor_active",
+        "Share of time the SMs ran tensor-core instructions (GPM).",
+    ),
+    (
+        "gpu_dram_active_ratio",
+        "dram_active",
+        "Device memory bandwidth used as a share of its peak (GPM).",
+    ),
+    (
+        "gpu_fp64_active_ratio",
+        "fp64_active",
+        "Share of time the SMs ran non-tensor FP64 math (GPM).",
+    ),
+    (
+        "gpu_fp32_active_ratio",
+        "fp32_active",
+        "Share of time the SMs ran non-tensor FP32 math (GPM).",
+    ),
+    (
+        "gpu_fp16_active_ratio",
+        "fp16_active",
+        "Share of time the SMs ran non-tensor FP16 math (GPM).",
+    ),
+)
+"""GPM activity ratios: (metric, `Activity` field, help)."""
+
+THROUGHPUTS: Final = (
+    (
+        "gpu_pcie_transmit_bytes_per_second",
+        "pcie_transmit_bytes_per_second",
+        "PCIe traffic from the GPU to the host (GPM, or a 20 ms window before Hopper).",
+    ),
+    (
+        "gpu_pcie_receive_bytes_per_second",
+        "pcie_receive_bytes_per_second",
+        "PCIe traffic from the host to the GPU (GPM, or a 20 ms window before Hopper).",
+    ),
+    (
+        "gpu_nvlink_transmit_bytes_per_second",
+        "nvlink_transmit_bytes_per_second",
+        "NVLink traffic sent by the GPU over all its links (GPM).",
+    ),
+    (
+        "gpu_nvlink_receive_bytes_per_second",
+        "nvlink_receive_bytes_per_second",
+        "NVLink traffic received by the GPU over all its links (GPM).",
+    ),
+)
+
+ACTIVITY_COUNTERS: Final = (
+    (
+        "gpu_sm_active_seconds",
+        "sm_active_seconds_total",
+        "SM activity integrated over time; rate() gives the true average SM activity.",
+    ),
+    (
+        "gpu_tensor_active_seconds",
+        "tensor_active_seconds_total",
+        "Tensor-core activity integrated over time; rate() gives its true average.",
+    ),
+    (
+        "gpu_dram_active_seconds",
+        "dram_active_seconds_total",
+        "DRAM bandwidth use integrated over time; rate() gives its true average.",
+    ),
+)
+
+
+def activity_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
+    """Where the GPU's time goes: GPM profiling metrics (Hopper and newer) and PCIe throughput."""
+    up = [sample for sample in gpus if sample.up]
+    for name, field, documentation in ACTIVITY_RATIOS:
+        yield _scalar(
+            _gauge(name, documentation, unit="ratio"), up, attrgetter(f"activity.{field}")
+        )
+    for name, field, documentation in THROUGHPUTS:
+        yield _scalar(_gauge(name, documentation), up, attrgetter(f"activity.{field}"))
+    for name, field, documentation in ACTIVITY_COUNTERS:
+        yield _scalar(_counter(name, documentation, unit="seconds"), up, attrgetter(field))
+
+
+def health_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
+    """What an operator pages on: XID errors, time spent throttled, memory repairs, MIG mode."""
+    xids = _counter(
+        "gpu_xid_errors",
+        "XID critical errors reported by the driver since gpuscope started, by XID.",
+        ("xid",),
+    )
+    last_xid = _gauge(
+        "gpu_last_xid_timestamp_seconds",
+        "Unix time of the last XID critical error gpuscope saw.",
+        unit="seconds",
+    )
+    # XIDs stay visible for a GPU that is down: XID 79 is the GPU falling off the bus.
+    for sample in gpus:
+        labels = _gpu_labels(sample)
+        for xid, count in sample.xid_errors:
+            xids.add_metric([*labels, str(xid)], count)
+        if sample.last_xid_timestamp_seconds is not None:
+            last_xid.add_metric(labels, sample.last_xid_timestamp_seconds)
+    yield xids
+    yield last_xid
+
+    up = [sample for sample in gpus if sample.up]
+    throttle = _counter(
+        "gpu_throttle_seconds",
+        "Time the clocks were held below their target, by reason (NVML violation counters).",
+        ("reason",),
+        unit="seconds",
+    )
+    rows = _gauge(
+        "gpu_remapped_rows",
+        "Memory rows remapped to spare rows so far, by the cause (correctable or uncorrectable errors).",
+        ("cause",),
+    )
+    rows_pending = _gauge(
+        "gpu_remapped_rows_pending", "1 while a row remapping waits for the next GPU reset."
+    )
+    rows_failed = _gauge(
+        "gpu_remapped_rows_failed", "1 if a row remapping failed: the GPU needs servicing."
+    )
+    pages = _gauge(
+        "gpu_retired_pages",
+        "Memory pages retired so far, by cause (multiple single-bit or a double-bit ECC error).",
+        ("cause",),
+    )
+    pages_pending = _gauge(
+        "gpu_retired_pages_pending", "1 while a page retirement waits for the next GPU reset."
+    )
+    mig_mode = _gauge("gpu_mig_mode_enabled", "1 if MIG mode is on for this physical GPU.")
+    for sample in up:
+        labels = _gpu_labels(sample)
+        for reason, seconds in sample.throttle_seconds:
+            throttle.add_metric([*labels, reason], seconds)
+        if sample.remapped_rows is not None:
+            remapped = sample.remapped_rows
+            rows.add_metric([*labels, "correctable"], remapped.correctable)
+            rows.add_metric([*labels, "uncorrectable"], remapped.uncorrectable)
+            rows_pending.add_metric(labels, 1 if remapped.pending else 0)
+            rows_failed.add_metric(labels, 1 if remapped.failed else 0)
+        if sample.retired_pages is not None:
+            retired = sample.retired_pages
+            pages.add_metric([*labels, "single_bit"], retired.single_bit)
+            pages.add_metric([*labels, "double_bit"], retired.double_bit)
+            if retired.pending is not None:
+                pages_pending.add_metric(labels, 1 if retired.pending else 0)
+        if sample.mig_mode_enabled is not None:
+            mig_mode.add_metric(labels, 1 if sample.mig_mode_enabled else 0)
+    yield from (throttle, rows, rows_pending, rows_failed, pages, pages_pending, mig_mode)
+
+
+def label_mig_instances(families: list[Metric], gpus: tuple[GpuSample, ...]) -> None:
+    """Add `mig_profile` and `gpu_instance` to every series of a MIG instance (found by its
+    `uuid` label), and `parent_uuid` to its `gpu_info`. Series of whole GPUs keep their labels."""
+    instances = [sample.identity for sample in gpus if sample.identity.is_mig_instance]
+    if not instances:
+        return
+    extra = {
+        identity.uuid: {
+            "mig_profile": identity.mig_profile,
+            "gpu_instance": str(identity.gpu_instance),
+        }
+        for identity in instances
+    }
+    info_extra = {
+        identity.uuid: {**extra[identity.uuid], "parent_uuid": identity.parent_uuid}
+        for identity in instances
+    }
+    for family in families:
+        added_by_uuid = info_extra if family.name == "gpu_info" else extra
+        for sample in family.samples:
+            added = added_by_uuid.get(sample.labels.get("uuid", ""))
+            if added is not None:
+                # Each series' label dict is its own (built as the series was added): extend it.
+                sample.labels.update(added)
+
+
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
     """Every family for one snapshot, GPU series first, in a stable order."""
-    return [
+    families = [
         *gpu_families(snapshot.gpus),
+        *activity_families(snapshot.gpus),
+        *health_families(snapshot.gpus),
         *ceiling_families(snapshot),
         *attribution_families(snapshot.attribution),
         *exporter_families(snapshot, build),
     ]
+    label_mig_instances(families, snapshot.gpus)
+    return families

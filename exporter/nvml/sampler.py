@@ -7,6 +7,12 @@ Runs in the sampler's worker thread only. Each reading fails alone:
 - a lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`) while the others keep
   reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with backoff, so the
   GPU comes back by itself.
+
+A GPU in MIG mode is reported as itself (power, heat, clocks, health) plus one sample per MIG
+instance (memory, processes, GPM activity); instances are enumerated every cycle, so created and
+destroyed ones appear and vanish. The event thread and the PCIe throughput thread, when given,
+share this sampler's NVML initialisation: it attaches them after each init and detaches them
+before each shutdown.
 """
 
 from __future__ import annotations
@@ -14,13 +20,22 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pynvml
 
 from exporter.logs import LogOnce
-from exporter.model import Clocks, CollectorStatus, GpuIdentity, GpuSample, ProcessSample
+from exporter.model import (
+    Activity,
+    Clocks,
+    CollectorStatus,
+    GpuIdentity,
+    GpuSample,
+    ProcessSample,
+    RemappedRows,
+    RetiredPages,
+)
 from exporter.nvml.driver import (
     NvmlDriver,
     NvmlUnavailable,
@@ -28,10 +43,17 @@ from exporter.nvml.driver import (
     error_name,
     is_lifecycle_error,
     is_unavailable,
+    plain_layout,
 )
+from exporter.nvml.events import with_events
+from exporter.nvml.gpm import GpmReader, supports_gpm
+from exporter.nvml.mig import profile_from_attributes, profile_from_name
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
+
+    from exporter.nvml.events import EventWatcher
+    from exporter.nvml.pcie import PcieThroughputReader
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +62,53 @@ T = TypeVar("T")
 REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Waits before successive re-initialisation attempts while a GPU or the library is down."""
 
+HEALTH_PERIOD_SECONDS: Final = 5.0
+"""How often throttle time, remapped rows and retired pages are read (every cycle when the
+collect interval is longer)."""
+
 _MHZ: Final = 1e6
+
+THROTTLE_REASONS: Final = (
+    ("power", pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_FI_DEV_PERF_POLICY_POWER),
+    (
+        "thermal",
+        pynvml.NVML_PERF_POLICY_THERMAL,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN,
+    ),
+    ("sync_boost", pynvml.NVML_PERF_POLICY_SYNC_BOOST, pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST),
+    (
+        "board_limit",
+        pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+        pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT,
+    ),
+    (
+        "low_utilization",
+        pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+        pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION,
+    ),
+    (
+        "reliability",
+        pynvml.NVML_PERF_POLICY_RELIABILITY,
+        pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY,
+    ),
+    # nvml.h names no replacement for the total-app-clocks policy, but drivers still fill its
+    # field; where one does not, the violation status stands in as for any other reason.
+    (
+        "app_clocks",
+        pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+        pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS,
+    ),
+    (
+        "base_clocks",
+        pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+        pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS,
+    ),
+)
+"""(`reason` label, perf policy for the deprecated nvmlDeviceGetViolationStatus, the nanosecond
+field value nvml.h names in its place). The field values are read in one call; the violation
+status stands in per reason where a field is missing."""
+_THROTTLE_FIELDS: Final = [field_id for _, _, field_id in THROTTLE_REASONS]
+_NOT_MIG: Final = 0xFFFFFFFF
 
 
 class _GpuLost(Exception):
@@ -63,6 +131,20 @@ class _Device:
     lost: bool = False
     process_timestamp_us: int = 0
     """Newest per-process utilization sample seen; asked for only newer ones next time."""
+    gpm: GpmReader | None = None
+    """GPM samples of this GPU or MIG instance, where the GPU has GPM."""
+    mig_slots: int = 0
+    """How many MIG devices this GPU can hold (0 unless MIG mode is on)."""
+    mig: dict[str, _Device] = field(default_factory=dict)
+    """MIG instances seen in the last cycle, by UUID."""
+    health: dict[str, Any] | None = None
+    """The last throttle-time and memory-repair readings, and when they are due again."""
+    health_due: float = 0.0
+
+    def gpm_readers(self) -> Iterator[GpmReader]:
+        for device in (self, *self.mig.values()):
+            if device.gpm is not None:
+                yield device.gpm
 
 
 class NvmlSampler:
@@ -74,10 +156,16 @@ class NvmlSampler:
         *,
         collect_processes: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        events: EventWatcher | None = None,
+        pcie: PcieThroughputReader | None = None,
     ) -> None:
         self._nvml = driver
         self._collect_processes = collect_processes
         self._clock = clock
+        self._events = events
+        self._pcie = pcie
+        self._activity_seconds: dict[str, list[float]] = {}
+        """uuid -> integrated [sm, tensor, dram] activity, across re-initialisations."""
         self._once = LogOnce(log)
         self._initialized = False
         self._devices: list[_Device] = []
@@ -108,18 +196,43 @@ class NvmlSampler:
                 fields={"error": error_name(error)},
             )
             self._schedule_reinit(self._clock())
+        for helper in (self._events, self._pcie):
+            if helper is not None:
+                helper.start()
 
     def close(self) -> None:
+        """Stop the helper threads, free GPM samples and shut NVML down (bounded: well under 1 s)."""
+        for helper in (self._events, self._pcie):
+            if helper is not None:
+                helper.close()
         if self._initialized:
             self._initialized = False
+            self._release()
             try:
                 self._nvml.nvmlShutdown()
             except pynvml.NVMLError as error:
                 log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
 
+    def _release(self) -> None:
+        """Everything tied to the current initialisation, before nvmlShutdown."""
+        for helper in (self._events, self._pcie):
+            if helper is not None:
+                helper.detach()
+        for device in self._devices:
+            for reader in device.gpm_readers():
+                reader.free()
+
+    def _attach(self) -> None:
+        """Hand the freshly opened GPUs to the helper threads."""
+        if self._events is not None:
+            self._events.attach([(d.identity.uuid, d.handle) for d in self._devices])
+        if self._pcie is not None:
+            self._pcie.attach([(d.identity.uuid, d.handle) for d in self._devices if d.gpm is None])
+
     def _initialize(self) -> None:
         if self._initialized:
             self._initialized = False
+            self._release()
             try:
                 self._nvml.nvmlShutdown()
             except pynvml.NVMLError as error:
@@ -135,6 +248,7 @@ class NvmlSampler:
             device = self._open_device(index, driver_version or "", cuda_version)
             if device is not None:
                 self._devices.append(device)
+        self._attach()
 
     def _open_device(self, index: int, driver_version: str, cuda_version: str) -> _Device | None:
         try:
@@ -170,7 +284,15 @@ class NvmlSampler:
             graphics=self._optional_mhz(handle, pynvml.NVML_CLOCK_GRAPHICS),
         )
         fans = self._optional(lambda: self._nvml.nvmlDeviceGetNumFans(handle))
-        return _Device(handle, identity, max_clocks, fan_count=fans or 0)
+        device = _Device(handle, identity, max_clocks, fan_count=fans or 0)
+        if self._optional(lambda: supports_gpm(self._nvml, handle)):
+            device.gpm = GpmReader(
+                self._nvml, lambda sample: self._nvml.nvmlGpmSampleGet(handle, sample)
+            )
+        device.mig_slots = (
+            self._optional(lambda: self._nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
+        )
+        return device
 
     def _optional(self, read: Callable[[], T]) -> T | None:
         """A value read once per initialisation; any NVML error just means "not known"."""
@@ -201,7 +323,10 @@ class NvmlSampler:
         for device in self._devices:
             if not device.lost:
                 try:
-                    samples.append(self._read_device(device))
+                    gpu = self._read_device(device)
+                    instances = self._read_mig(device) if gpu.mig_mode_enabled else []
+                    samples.append(gpu)
+                    samples.extend(instances)
                     self._report_back(device.identity)
                     continue
                 except _GpuLost as lost:
@@ -223,8 +348,17 @@ class NvmlSampler:
             self._reinit_attempt = 0
         else:
             self._schedule_reinit(finished)
-        samples.sort(key=lambda sample: (sample.identity.index, sample.identity.uuid))
-        return tuple(samples), CollectorStatus("nvml", self._initialized, finished - started)
+        samples.sort(key=_position)
+        return self.overlay_events(tuple(samples)), CollectorStatus(
+            "nvml", self._initialized, finished - started
+        )
+
+    def overlay_events(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
+        """The samples with the event thread's latest XID counts and ECC totals."""
+        if self._events is None or not self._events.store:
+            return gpus
+        store = self._events.store
+        return tuple(with_events(gpu, store.get(gpu.identity.uuid)) for gpu in gpus)
 
     def _reinitialize(self) -> None:
         try:
@@ -300,6 +434,9 @@ class NvmlSampler:
             pynvml.NVML_VOLATILE_ECC,
         )
 
+        mig_mode = self._read(device, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
+        mig_enabled = bool(mig_mode[0]) if mig_mode is not None else None
+
         uuid = device.identity.uuid
         busy: float | None = None
         if utilization is not None:
@@ -338,7 +475,13 @@ class NvmlSampler:
             performance_state=self._read(
                 device, "pstate", nvml.nvmlDeviceGetPerformanceState, handle
             ),
-            processes=self._read_processes(device) if self._collect_processes else None,
+            # In MIG mode each process is listed on its instance, not twice.
+            processes=self._read_processes(device)
+            if self._collect_processes and not mig_enabled
+            else None,
+            **self._read_activity(device, now),
+            **self._read_health(device, now),
+            mig_mode_enabled=mig_enabled,
         )
 
     def _read(self, device: _Device, what: str, function: Callable[..., T], *args: Any) -> T | None:
@@ -456,6 +599,214 @@ class NvmlSampler:
             for pid, (sm, mem, count) in sums.items()
         }
 
+    # -- deeper signals ----------------------------------------------------------------------
+
+    def _read_health(self, device: _Device, now: float) -> dict[str, Any]:
+        """Throttle time and memory repairs, read every HEALTH_PERIOD_SECONDS and reported from
+        the last reading in between: cumulative counters and states that change rarely, so a
+        slower clock costs them nothing and saves NVML calls on every GPU each cycle."""
+        if device.health is None or now >= device.health_due:
+            device.health = {
+                "throttle_seconds": self._read_throttle(device),
+                "remapped_rows": self._read_remapped_rows(device),
+                "retired_pages": self._read_retired_pages(device),
+            }
+            device.health_due = now + HEALTH_PERIOD_SECONDS
+        return device.health
+
+    def _read_activity(self, device: _Device, now: float) -> dict[str, Any]:
+        """GPM activity and its integrated counters, or PCIe throughput from the reader thread."""
+        if device.gpm is None:
+            throughput = self._pcie.latest(device.identity.uuid) if self._pcie else None
+            if throughput is None:
+                return {}
+            transmit, receive = throughput
+            return {
+                "activity": Activity(
+                    pcie_transmit_bytes_per_second=transmit, pcie_receive_bytes_per_second=receive
+                )
+            }
+        reading = self._read(device, "gpm", device.gpm.read, now)
+        if reading is None:
+            return {}
+        activity = reading.activity
+        totals = self._activity_seconds.setdefault(device.identity.uuid, [0.0, 0.0, 0.0])
+        counters: dict[str, Any] = {"activity": activity}
+        for position, (ratio, name) in enumerate(
+            (
+                (activity.sm_active, "sm_active_seconds_total"),
+                (activity.tensor_active, "tensor_active_seconds_total"),
+                (activity.dram_active, "dram_active_seconds_total"),
+            )
+        ):
+            if ratio is not None:
+                totals[position] += ratio * reading.window_seconds
+                counters[name] = totals[position]
+        return counters
+
+    def _read_throttle(self, device: _Device) -> tuple[tuple[str, float], ...]:
+        """Cumulative seconds per throttle reason: the nanosecond field values in one call, the
+        deprecated per-policy violation status where a field is missing."""
+        nvml = self._nvml
+        handle = device.handle
+        fields: dict[int, float] = {}
+        values = self._read(
+            device, "throttle_fields", nvml.nvmlDeviceGetFieldValues, handle, _THROTTLE_FIELDS
+        )
+        if values is not None:  # read through a plain view: pynvml's struct attributes are slow
+            values = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(values)).from_buffer(values)
+        for value in values if values is not None else ():
+            if value.nvmlReturn == pynvml.NVML_SUCCESS:
+                number = _field_number(value)
+                if number is not None:
+                    fields[int(value.fieldId)] = number
+        found: list[tuple[str, float]] = []
+        for reason, policy, field_id in THROTTLE_REASONS:
+            if field_id in fields:
+                found.append((reason, fields[field_id] / 1e9))
+                continue
+            status = self._read(
+                device,
+                f"throttle_{reason}",
+                nvml.nvmlDeviceGetViolationStatus,
+                handle,
+                policy,
+            )
+            if status is not None:
+                found.append((reason, status.violationTime / 1e9))
+        return tuple(found)
+
+    def _read_remapped_rows(self, device: _Device) -> RemappedRows | None:
+        rows = self._read(
+            device, "remapped_rows", self._nvml.nvmlDeviceGetRemappedRows, device.handle
+        )
+        if rows is None:
+            return None
+        correctable, uncorrectable, pending, failed = rows
+        return RemappedRows(int(correctable), int(uncorrectable), bool(pending), bool(failed))
+
+    def _read_retired_pages(self, device: _Device) -> RetiredPages | None:
+        read = self._nvml.nvmlDeviceGetRetiredPages
+        single = self._read(
+            device,
+            "retired_pages",
+            read,
+            device.handle,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+        )
+        double = self._read(
+            device,
+            "retired_pages",
+            read,
+            device.handle,
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+        )
+        if single is None or double is None:
+            return None
+        pending = self._read(
+            device,
+            "retired_pages_pending",
+            self._nvml.nvmlDeviceGetRetiredPagesPendingStatus,
+            device.handle,
+        )
+        return RetiredPages(
+            len(single), len(double), bool(pending) if pending is not None else None
+        )
+
+    # -- MIG ---------------------------------------------------------------------------------
+
+    def _read_mig(self, parent: _Device) -> list[GpuSample]:
+        """Every MIG instance of a GPU in MIG mode, enumerated afresh so that instances created
+        or destroyed since the last cycle appear or vanish."""
+        if not parent.mig_slots:  # MIG mode came on after the GPU was opened
+            slots = self._read(
+                parent, "mig_slots", self._nvml.nvmlDeviceGetMaxMigDeviceCount, parent.handle
+            )
+            parent.mig_slots = slots or 0
+        seen: dict[str, _Device] = {}
+        for slot in range(parent.mig_slots):
+            found = self._mig_handle(parent, slot)
+            if found is None:
+                continue
+            handle, uuid = found
+            instance = parent.mig.get(uuid) or self._open_mig_instance(parent, handle, uuid)
+            if instance is not None:
+                instance.handle = handle
+                seen[uuid] = instance
+        for uuid, gone in parent.mig.items():
+            if uuid not in seen:
+                self._activity_seconds.pop(uuid, None)  # a destroyed instance never returns
+                if gone.gpm is not None:
+                    gone.gpm.free()
+        parent.mig = seen
+        return [self._read_mig_instance(instance) for instance in seen.values()]
+
+    def _mig_handle(self, parent: _Device, slot: int) -> tuple[Any, str] | None:
+        """The handle and UUID of the MIG device in `slot`; None for an empty slot."""
+        if "mig_devices" in parent.unavailable:
+            return None
+        try:
+            handle = self._nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, slot)
+            return handle, _text(self._nvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError_NotFound:
+            return None  # no MIG device in this slot
+        except Exception as error:  # noqa: BLE001 - one slot fails alone; a lost GPU escapes
+            self._reading_failed(parent, "mig_devices", error)
+            return None
+
+    def _open_mig_instance(self, parent: _Device, handle: Any, uuid: str) -> _Device | None:
+        nvml = self._nvml
+        if "mig_instance" in parent.unavailable:
+            return None
+        try:
+            gpu_instance = int(nvml.nvmlDeviceGetGpuInstanceId(handle))
+            name = _text(nvml.nvmlDeviceGetName(handle))
+        except Exception as error:  # noqa: BLE001 - an instance that cannot be named is skipped
+            self._reading_failed(parent, "mig_instance", error)
+            return None
+        profile = profile_from_name(name)
+        if profile is None:
+            attributes = self._optional(lambda: nvml.nvmlDeviceGetAttributes_v2(handle))
+            profile = (
+                profile_from_attributes(
+                    parent.identity.model,
+                    int(attributes.gpuInstanceSliceCount),
+                    int(attributes.memorySizeMB),
+                )
+                if attributes is not None
+                else ""
+            )
+        identity = replace(
+            parent.identity,
+            uuid=uuid,
+            mig_profile=profile,
+            gpu_instance=gpu_instance,
+            parent_uuid=parent.identity.uuid,
+        )
+        # NVML has no per-process utilization on MIG devices: do not ask.
+        instance = _Device(handle, identity, Clocks(), 0, unavailable={"process_utilization"})
+        if parent.gpm is not None:
+            parent_handle = parent.handle
+            instance.gpm = GpmReader(
+                nvml,
+                lambda sample: nvml.nvmlGpmMigSampleGet(parent_handle, gpu_instance, sample),
+            )
+        return instance
+
+    def _read_mig_instance(self, instance: _Device) -> GpuSample:
+        """What NVML gives per MIG instance: memory, processes and GPM activity; device-level
+        utilization, power and heat belong to the parent GPU."""
+        memory = self._read_memory(instance)
+        return GpuSample(
+            identity=instance.identity,
+            up=True,
+            memory_used_bytes=memory[0],
+            memory_total_bytes=memory[1],
+            memory_reserved_bytes=memory[2],
+            processes=self._read_processes(instance) if self._collect_processes else None,
+            **self._read_activity(instance, self._clock()),
+        )
+
 
 def _percent(value: int | None) -> float | None:
     return value / 100.0 if value is not None else None
@@ -463,3 +814,28 @@ def _percent(value: int | None) -> float | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _position(sample: GpuSample) -> tuple[int, int, str]:
+    """Physical GPUs by index, each followed by its MIG instances by GPU instance id."""
+    identity = sample.identity
+    instance = identity.gpu_instance
+    return identity.index, -1 if instance is None else instance, identity.uuid
+
+
+_VALUE_MEMBERS: Final = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""nvmlValueType_t -> the member of the nvmlValue_t union that holds the number."""
+
+
+def _field_number(value: Any) -> float | None:
+    """The number in an nvmlFieldValue_t, read by its value type."""
+    member = _VALUE_MEMBERS.get(value.valueType)
+    return float(getattr(value.value, member)) if member is not None else None

@@ -315,7 +315,7 @@ class FakeKube:
                         await response.write(item)
                     elif isinstance(item, _Change):
                         await response.write(_line({"type": item.type, "object": item.obj}))
-                    else:  # an ERROR event ends the watch
+                    elif isinstance(item, dict):  # an ERROR event ends the watch
                         await response.write(_line(item))
                         break
         except TimeoutError:

@@ -13,17 +13,27 @@ from tests.fake_nvml.build import (
     nvml_header_dir,
 )
 from tests.fake_nvml.state import (
+    DOUBLE_BIT_ECC_EVENT,
+    SINGLE_BIT_ECC_EVENT,
     STATE_ENV,
+    XID_EVENT,
     FakeDevice,
+    FakeEvent,
+    FakeMigInstance,
     FakeNvmlState,
     FakeProcess,
     FakeProcessSample,
 )
 
 __all__ = [
+    "DOUBLE_BIT_ECC_EVENT",
     "LIBRARY_NAME",
+    "SINGLE_BIT_ECC_EVENT",
     "STATE_ENV",
+    "XID_EVENT",
     "FakeDevice",
+    "FakeEvent",
+    "FakeMigInstance",
     "FakeNvmlState",
     "FakeProcess",
     "FakeProcessSample",

@@ -17,10 +17,18 @@
  * exported function is wrapped in such a guard; tests/fake_nvml/build.py derives the
  * list of exports from those guards.
  *
- * Extending (GPM, MIG, events): add per-device fields to struct fake_device and to
- * device_fields[] (the file key is the field name), start every per-device entry point
- * with enter_device() so lost/unsupported/uninitialised checks stay uniform, and give
- * MIG instances their own records in a generation so handles keep working the same way.
+ * Extending: add per-device fields to struct fake_device and to device_fields[] (the file
+ * key is the field name), and start every per-device entry point with enter_device() (or
+ * enter_any() where a MIG device handle is accepted too) so lost/unsupported/uninitialised
+ * checks stay uniform.
+ *
+ * GPM, MIG and events: a device's state gives the GPM metric values any two samples yield
+ * (`gpm_metric ID VALUE`), its MIG instances (`mig ...`, each with GPM values of its own) and
+ * the events the driver has queued (`event SEQ TYPE DATA`). An event set delivers, per device,
+ * the events whose sequence number is above the highest one present when the device was
+ * registered, so a test injects an event by rewriting the state file with a new line.
+ * nvmlEventSetWait_v2 polls the state file until an event is due or the timeout passes
+ * (then NVML_ERROR_TIMEOUT); nvmlDeviceGetPcieThroughput blocks 20 ms like the real one.
  */
 #define _GNU_SOURCE
 #ifndef NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -36,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <nvml.h>
 
@@ -48,6 +57,12 @@
 #define FAKE_VALUE_NOT_AVAILABLE_ULL ((unsigned long long)NVML_VALUE_NOT_AVAILABLE)
 /* Helpers whose callers a build may omit (FAKE_OMIT_*) must not trip -Werror=unused-function. */
 #define FAKE_MAYBE_UNUSED __attribute__((unused))
+#define FAKE_MIG_SLOTS 7 /* MIG devices one GPU can hold */
+#define FAKE_PROFILE_MAX 32
+#define FAKE_DEFAULT_EVENTS \
+    (nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError)
+#define FAKE_PCIE_WINDOW_NS 20000000L /* nvmlDeviceGetPcieThroughput counts over 20 ms */
+#define FAKE_POLL_NS 5000000L         /* an event wait looks at the state file this often */
 
 /* ------------------------------------------------------------------------------------ */
 /* State model                                                                          */
@@ -68,6 +83,32 @@ struct process_list {
 };
 struct sample_list {
     nvmlProcessUtilizationSample_t *items;
+    size_t count, cap;
+};
+
+/* What nvmlGpmMetricsGet reports for any two samples of a GPU or MIG instance. */
+struct gpm_values {
+    double value[NVML_GPM_METRIC_MAX];
+    bool set[NVML_GPM_METRIC_MAX]; /* unset metrics answer NOT_SUPPORTED */
+};
+
+struct fake_mig {
+    unsigned int slot, gpu_instance, compute_instance, slices;
+    unsigned long long memory_total, memory_used;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    char profile[FAKE_PROFILE_MAX]; /* "-": a name without the profile (older drivers) */
+    struct gpm_values gpm;
+};
+struct mig_list {
+    struct fake_mig *items;
+    size_t count, cap;
+};
+
+struct fake_event {
+    unsigned long long seq, type, data;
+};
+struct event_list {
+    struct fake_event *items;
     size_t count, cap;
 };
 
@@ -93,6 +134,19 @@ struct fake_device {
     struct name_list not_supported; /* exported symbol names answering NOT_SUPPORTED */
     struct process_list processes, mps_processes;
     struct sample_list samples;
+    unsigned int gpm_supported;
+    struct gpm_values gpm;
+    unsigned int mig_mode;
+    struct mig_list migs;
+    unsigned long long violation_power_ns, violation_thermal_ns, violation_sync_boost_ns,
+        violation_board_limit_ns, violation_low_utilization_ns, violation_reliability_ns,
+        violation_app_clocks_ns, violation_base_clocks_ns;
+    unsigned int remapped_rows_correctable, remapped_rows_uncorrectable, remapped_rows_pending,
+        remapped_rows_failed;
+    unsigned int retired_pages_single_bit, retired_pages_double_bit, retired_pages_pending;
+    unsigned int pcie_tx_kbps, pcie_rx_kbps;
+    unsigned long long supported_events;
+    struct event_list events;
 };
 
 struct fake_state {
@@ -116,12 +170,38 @@ struct nvmlDevice_st {
     unsigned int index;
     bool lost;
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    int mig_slot; /* -1 for a GPU; else a MIG device of GPU `index` (uuid: the instance's) */
 };
 
 struct fake_generation {
     struct nvmlDevice_st *records;
+    struct nvmlDevice_st *mig_records; /* FAKE_MIG_SLOTS per GPU, valid in this generation only */
     unsigned int count;
     struct fake_generation *older;
+};
+
+/* A GPM sample buffer; like generations, never freed while the library is loaded. */
+struct nvmlGpmSample_st {
+    struct nvmlGpmSample_st *next;
+    bool allocated, filled;
+    struct fake_generation *generation;
+    unsigned int index;
+    int gpu_instance; /* -1: the whole GPU */
+};
+
+struct event_registration {
+    nvmlDevice_t handle; /* as registered: events carry it back */
+    unsigned int index;
+    unsigned long long mask, cursor;
+};
+
+/* An event set; kept after nvmlEventSetFree too, so a stale pointer is recognised. */
+struct nvmlEventSet_st {
+    struct nvmlEventSet_st *next;
+    bool freed;
+    struct fake_generation *generation;
+    struct event_registration *items;
+    size_t count, cap;
 };
 
 struct file_identity {
@@ -141,6 +221,8 @@ static struct {
     struct file_identity identity; /* of the file `state` was last (attempted) from */
     struct fake_generation *current;     /* NULL while uninitialised */
     struct fake_generation *generations; /* every generation ever made, newest first */
+    struct nvmlGpmSample_st *gpm_samples;
+    struct nvmlEventSet_st *event_sets;
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /* ------------------------------------------------------------------------------------ */
@@ -172,6 +254,8 @@ static void free_device(struct fake_device *d)
     free(d->processes.items);
     free(d->mps_processes.items);
     free(d->samples.items);
+    free(d->migs.items);
+    free(d->events.items);
 }
 
 static void free_state(struct fake_state *s)
@@ -223,6 +307,7 @@ static void set_default_device(struct fake_device *d)
     d->max_clock_mhz[NVML_CLOCK_MEM] = 1593;
     d->max_clock_mhz[NVML_CLOCK_VIDEO] = 1290;
     d->clock_event_reasons = 0x1; /* GpuIdle */
+    d->supported_events = FAKE_DEFAULT_EVENTS;
 }
 
 static void set_default_state(struct fake_state *s)
@@ -285,6 +370,26 @@ static const struct field device_fields[] = {
     DEV_U32("pcie_replay_count", pcie_replay_count, UINT32_MAX),
     DEV_U32("performance_state", performance_state, NVML_PSTATE_UNKNOWN),
     DEV_U32("lost", lost, 1),
+    DEV_U32("gpm_supported", gpm_supported, 1),
+    DEV_U32("mig_mode", mig_mode, 1),
+    DEV_U64("violation_power_ns", violation_power_ns),
+    DEV_U64("violation_thermal_ns", violation_thermal_ns),
+    DEV_U64("violation_sync_boost_ns", violation_sync_boost_ns),
+    DEV_U64("violation_board_limit_ns", violation_board_limit_ns),
+    DEV_U64("violation_low_utilization_ns", violation_low_utilization_ns),
+    DEV_U64("violation_reliability_ns", violation_reliability_ns),
+    DEV_U64("violation_app_clocks_ns", violation_app_clocks_ns),
+    DEV_U64("violation_base_clocks_ns", violation_base_clocks_ns),
+    DEV_U32("remapped_rows_correctable", remapped_rows_correctable, UINT32_MAX),
+    DEV_U32("remapped_rows_uncorrectable", remapped_rows_uncorrectable, UINT32_MAX),
+    DEV_U32("remapped_rows_pending", remapped_rows_pending, 1),
+    DEV_U32("remapped_rows_failed", remapped_rows_failed, 1),
+    DEV_U32("retired_pages_single_bit", retired_pages_single_bit, 4096),
+    DEV_U32("retired_pages_double_bit", retired_pages_double_bit, 4096),
+    DEV_U32("retired_pages_pending", retired_pages_pending, 1),
+    DEV_U32("pcie_tx_kbps", pcie_tx_kbps, UINT32_MAX),
+    DEV_U32("pcie_rx_kbps", pcie_rx_kbps, UINT32_MAX),
+    DEV_U64("supported_events", supported_events),
     {NULL, FIELD_U32, 0, 0, 0},
 };
 
@@ -411,6 +516,111 @@ static bool parse_not_supported(struct name_list *list, const char *rest)
     return true;
 }
 
+/* One space-separated word at *cursor into buf; false when empty or too long. */
+static bool take_word(char **cursor, char *buf, size_t size)
+{
+    char *p = *cursor;
+    while (*p == ' ')
+        p++;
+    size_t len = strcspn(p, " ");
+    if (len == 0 || len >= size)
+        return false;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    *cursor = p + len;
+    return true;
+}
+
+/* "ID VALUE": a GPM metric id below NVML_GPM_METRIC_MAX and a decimal number. */
+static bool parse_gpm_metric(struct gpm_values *gpm, char *rest)
+{
+    unsigned long long id;
+    if (!take_number(&rest, NVML_GPM_METRIC_MAX - 1, &id))
+        return false;
+    char *end;
+    errno = 0;
+    double value = strtod(rest, &end);
+    if (errno || end == rest || !at_end(end))
+        return false;
+    gpm->value[id] = value;
+    gpm->set[id] = true;
+    return true;
+}
+
+/* "mig SLOT GI CI SLICES MEMORY_TOTAL MEMORY_USED UUID PROFILE" */
+static bool parse_mig(struct mig_list *list, char *rest)
+{
+    unsigned long long slot, gi, ci, slices, total, used;
+    struct fake_mig m = {0};
+    if (!take_number(&rest, FAKE_MIG_SLOTS - 1, &slot) || !take_number(&rest, UINT32_MAX, &gi) ||
+        !take_number(&rest, UINT32_MAX, &ci) || !take_number(&rest, 7, &slices) ||
+        !take_number(&rest, UINT64_MAX, &total) || !take_number(&rest, UINT64_MAX, &used) ||
+        !take_word(&rest, m.uuid, sizeof(m.uuid)) ||
+        !take_word(&rest, m.profile, sizeof(m.profile)) || !at_end(rest))
+        return false;
+    struct fake_mig *slot_entry = LIST_PUSH(list);
+    if (!slot_entry)
+        return false;
+    m.slot = (unsigned int)slot;
+    m.gpu_instance = (unsigned int)gi;
+    m.compute_instance = (unsigned int)ci;
+    m.slices = (unsigned int)slices;
+    m.memory_total = total;
+    m.memory_used = used;
+    *slot_entry = m;
+    return true;
+}
+
+/* "mig_gpm_metric GI ID VALUE", after the instance's "mig" line. */
+static bool parse_mig_gpm_metric(struct mig_list *list, char *rest)
+{
+    unsigned long long gi;
+    if (!take_number(&rest, UINT32_MAX, &gi))
+        return false;
+    for (size_t i = 0; i < list->count; i++)
+        if (list->items[i].gpu_instance == gi)
+            return parse_gpm_metric(&list->items[i].gpm, rest);
+    return false;
+}
+
+/* "event SEQ TYPE DATA" */
+static bool parse_event(struct event_list *list, char *rest)
+{
+    unsigned long long seq, type, data;
+    if (!take_number(&rest, UINT64_MAX, &seq) || !take_number(&rest, UINT64_MAX, &type) ||
+        !take_number(&rest, UINT64_MAX, &data) || !at_end(rest))
+        return false;
+    struct fake_event *e = LIST_PUSH(list);
+    if (!e)
+        return false;
+    *e = (struct fake_event){.seq = seq, .type = type, .data = data};
+    return true;
+}
+
+static bool check_migs(const struct fake_device *d, size_t index, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < d->migs.count; i++) {
+        const struct fake_mig *m = &d->migs.items[i];
+        if (strncmp(m->uuid, "MIG-", 4) != 0) {
+            snprintf(err, errlen, "device %zu: MIG uuid '%s' does not start with MIG-", index,
+                     m->uuid);
+            return false;
+        }
+        if (m->memory_used > m->memory_total) {
+            snprintf(err, errlen, "device %zu: MIG slot %u uses more memory than it has", index,
+                     m->slot);
+            return false;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (d->migs.items[j].slot == m->slot || d->migs.items[j].gpu_instance == m->gpu_instance) {
+                snprintf(err, errlen, "device %zu: two MIG instances share slot %u or GI %u", index,
+                         m->slot, m->gpu_instance);
+                return false;
+            }
+    }
+    return true;
+}
+
 /* Cross-field checks that would otherwise surface as nonsense readings. */
 static bool check_device(struct fake_device *d, size_t index, char *err, size_t errlen)
 {
@@ -434,7 +644,7 @@ static bool check_device(struct fake_device *d, size_t index, char *err, size_t 
         snprintf(err, errlen, "device %zu: uuid '%s' does not start with GPU-", index, d->uuid);
         return false;
     }
-    return true;
+    return check_migs(d, index, err, errlen);
 }
 
 /*
@@ -452,6 +662,10 @@ static bool check_device(struct fake_device *d, size_t index, char *err, size_t 
  *   process PID USED_BYTES|na GI CI
  *   mps_process PID USED_BYTES|na GI CI
  *   sample PID TIMESTAMP_US SM MEM ENC DEC
+ *   gpm_metric ID VALUE                  what GPM reports for this GPU (any two samples)
+ *   mig SLOT GI CI SLICES TOTAL USED MIG-UUID PROFILE   a MIG instance ("-": unnamed profile)
+ *   mig_gpm_metric GI ID VALUE           GPM of that instance
+ *   event SEQ TYPE DATA                  an event the driver queued (SEQ orders delivery)
  *
  * Anything else is an error: a key the writer knows but we do not must fail loudly.
  */
@@ -532,6 +746,27 @@ static struct fake_state *parse_state(FILE *in, const char *path, char *err, siz
         } else if (strcmp(key, "sample") == 0) {
             if (!parse_sample(&dev->samples, rest)) {
                 snprintf(what, sizeof(what), "bad sample '%.80s' (want PID TS SM MEM ENC DEC)", rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "gpm_metric") == 0) {
+            if (!parse_gpm_metric(&dev->gpm, rest)) {
+                snprintf(what, sizeof(what), "bad gpm_metric '%.80s' (want ID VALUE)", rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "mig") == 0) {
+            if (!parse_mig(&dev->migs, rest)) {
+                snprintf(what, sizeof(what),
+                         "bad mig '%.80s' (want SLOT GI CI SLICES TOTAL USED UUID PROFILE)", rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "mig_gpm_metric") == 0) {
+            if (!parse_mig_gpm_metric(&dev->migs, rest)) {
+                snprintf(what, sizeof(what), "bad mig_gpm_metric '%.80s' (want GI ID VALUE)", rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "event") == 0) {
+            if (!parse_event(&dev->events, rest)) {
+                snprintf(what, sizeof(what), "bad event '%.80s' (want SEQ TYPE DATA)", rest);
                 goto fail;
             }
         } else {
@@ -662,7 +897,10 @@ static bool start_generation(void)
 {
     struct fake_generation *gen = calloc(1, sizeof(*gen));
     size_t count = g.state->device_count;
-    if (!gen || !(gen->records = calloc(count ? count : 1, sizeof(*gen->records)))) {
+    if (!gen || !(gen->records = calloc(count ? count : 1, sizeof(*gen->records))) ||
+        !(gen->mig_records = calloc((count ? count : 1) * FAKE_MIG_SLOTS, sizeof(*gen->records)))) {
+        if (gen)
+            free(gen->records);
         free(gen);
         return false;
     }
@@ -672,7 +910,14 @@ static bool start_generation(void)
         r->generation = gen;
         r->index = (unsigned int)i;
         r->lost = g.state->devices[i].lost;
+        r->mig_slot = -1;
         memcpy(r->uuid, g.state->devices[i].uuid, sizeof(r->uuid));
+        for (int slot = 0; slot < FAKE_MIG_SLOTS; slot++) {
+            struct nvmlDevice_st *m = &gen->mig_records[i * FAKE_MIG_SLOTS + (size_t)slot];
+            m->generation = gen;
+            m->index = (unsigned int)i;
+            m->mig_slot = slot;
+        }
     }
     gen->older = g.generations;
     g.generations = gen;
@@ -701,8 +946,20 @@ __attribute__((destructor)) static void release_everything(void)
     while (g.generations) {
         struct fake_generation *older = g.generations->older;
         free(g.generations->records);
+        free(g.generations->mig_records);
         free(g.generations);
         g.generations = older;
+    }
+    while (g.gpm_samples) {
+        struct nvmlGpmSample_st *next = g.gpm_samples->next;
+        free(g.gpm_samples);
+        g.gpm_samples = next;
+    }
+    while (g.event_sets) {
+        struct nvmlEventSet_st *next = g.event_sets->next;
+        free(g.event_sets->items);
+        free(g.event_sets);
+        g.event_sets = next;
     }
     free_state(g.state);
     g.state = NULL;
@@ -731,25 +988,41 @@ static FAKE_MAYBE_UNUSED nvmlReturn_t leave(nvmlReturn_t rc)
 }
 
 /* Recognise our own records without dereferencing whatever the caller passed. */
+static bool in_records(uintptr_t p, const struct nvmlDevice_st *records, size_t count)
+{
+    uintptr_t first = (uintptr_t)records;
+    uintptr_t end = first + count * sizeof(*records);
+    return p >= first && p < end && (p - first) % sizeof(*records) == 0;
+}
+
 static struct nvmlDevice_st *find_record(nvmlDevice_t handle)
 {
     uintptr_t p = (uintptr_t)handle;
-    for (struct fake_generation *gen = g.generations; gen; gen = gen->older) {
-        uintptr_t first = (uintptr_t)gen->records;
-        uintptr_t end = first + gen->count * sizeof(*gen->records);
-        if (p >= first && p < end && (p - first) % sizeof(*gen->records) == 0)
+    for (struct fake_generation *gen = g.generations; gen; gen = gen->older)
+        if (in_records(p, gen->records, gen->count) ||
+            in_records(p, gen->mig_records, (size_t)gen->count * FAKE_MIG_SLOTS))
             return handle;
-    }
+    return NULL;
+}
+
+static const struct fake_mig *find_mig(const struct fake_device *d, unsigned int slot)
+{
+    for (size_t i = 0; i < d->migs.count; i++)
+        if (d->migs.items[i].slot == slot)
+            return &d->migs.items[i];
     return NULL;
 }
 
 /*
  * Common checks of every per-device call, in the driver's order: initialised, valid
  * handle, GPU reachable, query supported.  `func` is the exported symbol (__func__),
- * matched against the device's not_supported names.
+ * matched against the device's not_supported names.  A MIG device handle is checked
+ * through its parent GPU and then must still name the instance it was handed out for
+ * (*mig_out is then that instance, else NULL).
  */
-static FAKE_MAYBE_UNUSED nvmlReturn_t enter_device(nvmlDevice_t handle, const char *func,
-                                                   const struct fake_device **out)
+static FAKE_MAYBE_UNUSED nvmlReturn_t enter_any(nvmlDevice_t handle, const char *func,
+                                                const struct fake_device **out,
+                                                const struct fake_mig **mig_out)
 {
     nvmlReturn_t rc = enter_library();
     if (rc != NVML_SUCCESS)
@@ -757,6 +1030,13 @@ static FAKE_MAYBE_UNUSED nvmlReturn_t enter_device(nvmlDevice_t handle, const ch
     struct nvmlDevice_st *rec = find_record(handle);
     if (!rec)
         return NVML_ERROR_INVALID_ARGUMENT;
+    const struct nvmlDevice_st *mig_rec = NULL;
+    if (rec->mig_slot >= 0) {
+        if (rec->generation != g.current || !rec->uuid[0])
+            return NVML_ERROR_INVALID_ARGUMENT; /* MIG handles die with their init */
+        mig_rec = rec;
+        rec = &rec->generation->records[rec->index];
+    }
     if (rec->generation != g.current) {
         /*
          * A handle from before the last re-init.  The driver keeps such a handle usable
@@ -778,8 +1058,26 @@ static FAKE_MAYBE_UNUSED nvmlReturn_t enter_device(nvmlDevice_t handle, const ch
     for (size_t i = 0; i < d->not_supported.count; i++)
         if (strcmp(d->not_supported.items[i].name, func) == 0)
             return NVML_ERROR_NOT_SUPPORTED;
+    const struct fake_mig *mig = NULL;
+    if (mig_rec) {
+        mig = d->mig_mode ? find_mig(d, (unsigned int)mig_rec->mig_slot) : NULL;
+        if (!mig || strcmp(mig->uuid, mig_rec->uuid) != 0)
+            return NVML_ERROR_INVALID_ARGUMENT; /* the instance was destroyed */
+    }
     *out = d;
+    *mig_out = mig;
     return NVML_SUCCESS;
+}
+
+/* enter_any() for calls about a whole GPU: a MIG device handle answers NOT_SUPPORTED. */
+static FAKE_MAYBE_UNUSED nvmlReturn_t enter_device(nvmlDevice_t handle, const char *func,
+                                                   const struct fake_device **out)
+{
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(handle, func, out, &mig);
+    if (rc == NVML_SUCCESS && mig)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    return rc;
 }
 
 /* Most getters copy one number out; these keep each of them to a single line. */
@@ -831,19 +1129,25 @@ static FAKE_MAYBE_UNUSED nvmlReturn_t get_processes(nvmlDevice_t device, const c
                                                     nvmlProcessInfo_t *infos)
 {
     const struct fake_device *d;
-    nvmlReturn_t rc = enter_device(device, func, &d);
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, func, &d, &mig);
     if (rc == NVML_SUCCESS && !infoCount)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc != NVML_SUCCESS)
         return leave(rc);
+    /* On a MIG device, only the processes of its GPU instance. */
     const struct process_list *list = mps ? &d->mps_processes : &d->processes;
-    unsigned int needed = (unsigned int)list->count;
+    unsigned int needed = 0;
+    for (size_t i = 0; i < list->count; i++)
+        needed += !mig || list->items[i].gpuInstanceId == mig->gpu_instance;
     if (*infoCount < needed)
         rc = NVML_ERROR_INSUFFICIENT_SIZE;
     else if (needed && !infos)
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    else if (needed)
-        memcpy(infos, list->items, needed * sizeof(*infos));
+    else
+        for (size_t i = 0, n = 0; i < list->count; i++)
+            if (!mig || list->items[i].gpuInstanceId == mig->gpu_instance)
+                infos[n++] = list->items[i];
     if (rc != NVML_ERROR_INVALID_ARGUMENT)
         *infoCount = needed;
     return leave(rc);
@@ -990,9 +1294,19 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
 {
     const struct fake_device *d;
-    nvmlReturn_t rc = enter_device(device, __func__, &d);
-    if (rc == NVML_SUCCESS)
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, __func__, &d, &mig);
+    if (rc == NVML_SUCCESS && mig) {
+        /* A MIG device is named after its parent and profile: "NVIDIA H100 ... MIG 3g.40gb". */
+        char buf[NVML_DEVICE_NAME_V2_BUFFER_SIZE + FAKE_PROFILE_MAX + 8];
+        if (strcmp(mig->profile, "-") == 0)
+            snprintf(buf, sizeof(buf), "%s MIG", d->name);
+        else
+            snprintf(buf, sizeof(buf), "%s MIG %s", d->name, mig->profile);
+        rc = copy_out_string(buf, name, length);
+    } else if (rc == NVML_SUCCESS) {
         rc = copy_out_string(d->name, name, length);
+    }
     return leave(rc);
 }
 #endif
@@ -1001,9 +1315,10 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int len
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
 {
     const struct fake_device *d;
-    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, __func__, &d, &mig);
     if (rc == NVML_SUCCESS)
-        rc = copy_out_string(d->uuid, uuid, length);
+        rc = copy_out_string(mig ? mig->uuid : d->uuid, uuid, length);
     return leave(rc);
 }
 #endif
@@ -1051,10 +1366,15 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     const struct fake_device *d;
-    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, __func__, &d, &mig);
     if (rc == NVML_SUCCESS && !memory)
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS) {
+    if (rc == NVML_SUCCESS && mig) {
+        memory->total = mig->memory_total;
+        memory->used = mig->memory_used;
+        memory->free = mig->memory_total - mig->memory_used;
+    } else if (rc == NVML_SUCCESS) {
         /* v1 has no "reserved": it is folded into "used", as nvml.h documents. */
         memory->total = d->memory_total_bytes;
         memory->used = d->memory_reserved_bytes + d->memory_used_bytes;
@@ -1068,12 +1388,18 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
     const struct fake_device *d;
-    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_any(device, __func__, &d, &mig);
     if (rc == NVML_SUCCESS && !memory)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     else if (rc == NVML_SUCCESS && memory->version != nvmlMemory_v2)
         rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (rc == NVML_SUCCESS) {
+    if (rc == NVML_SUCCESS && mig) {
+        memory->total = mig->memory_total;
+        memory->reserved = 0;
+        memory->used = mig->memory_used;
+        memory->free = mig->memory_total - mig->memory_used;
+    } else if (rc == NVML_SUCCESS) {
         memory->total = d->memory_total_bytes;
         memory->reserved = d->memory_reserved_bytes;
         memory->used = d->memory_used_bytes;
@@ -1274,6 +1600,535 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                 utilization[n++] = d->samples.items[i];
     }
     *processSamplesCount = newer;
+    return leave(rc);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Throttle time, memory health, PCIe throughput                                       */
+/* ------------------------------------------------------------------------------------ */
+
+/* The violation counter (ns) behind a perf policy; false for a policy NVML does not count. */
+static FAKE_MAYBE_UNUSED bool violation_of(const struct fake_device *d, unsigned int policy,
+                                           unsigned long long *ns)
+{
+    switch (policy) {
+    case NVML_PERF_POLICY_POWER: *ns = d->violation_power_ns; return true;
+    case NVML_PERF_POLICY_THERMAL: *ns = d->violation_thermal_ns; return true;
+    case NVML_PERF_POLICY_SYNC_BOOST: *ns = d->violation_sync_boost_ns; return true;
+    case NVML_PERF_POLICY_BOARD_LIMIT: *ns = d->violation_board_limit_ns; return true;
+    case NVML_PERF_POLICY_LOW_UTILIZATION: *ns = d->violation_low_utilization_ns; return true;
+    case NVML_PERF_POLICY_RELIABILITY: *ns = d->violation_reliability_ns; return true;
+    case NVML_PERF_POLICY_TOTAL_APP_CLOCKS: *ns = d->violation_app_clocks_ns; return true;
+    case NVML_PERF_POLICY_TOTAL_BASE_CLOCKS: *ns = d->violation_base_clocks_ns; return true;
+    default: return false;
+    }
+}
+
+static FAKE_MAYBE_UNUSED long long now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+#ifndef FAKE_OMIT_nvmlDeviceGetViolationStatus
+nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
+                                          nvmlViolationTime_t *violTime)
+{
+    const struct fake_device *d;
+    unsigned long long ns = 0;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!violTime || !violation_of(d, (unsigned int)perfPolicyType, &ns)))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        violTime->referenceTime = (unsigned long long)now_us();
+        violTime->violationTime = ns;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetFieldValues
+/* The perf-policy fields, in nanoseconds; any other field id answers NOT_SUPPORTED in its slot. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (valuesCount <= 0 || !values))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; rc == NVML_SUCCESS && i < valuesCount; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        unsigned int policy;
+        switch (v->fieldId) {
+        case NVML_FI_DEV_PERF_POLICY_POWER: policy = NVML_PERF_POLICY_POWER; break;
+        case NVML_FI_DEV_PERF_POLICY_THERMAL:
+        case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: policy = NVML_PERF_POLICY_THERMAL; break;
+        case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: policy = NVML_PERF_POLICY_SYNC_BOOST; break;
+        case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: policy = NVML_PERF_POLICY_BOARD_LIMIT; break;
+        case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: policy = NVML_PERF_POLICY_LOW_UTILIZATION; break;
+        case NVML_FI_DEV_PERF_POLICY_RELIABILITY: policy = NVML_PERF_POLICY_RELIABILITY; break;
+        case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_APP_CLOCKS; break;
+        case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_BASE_CLOCKS; break;
+        default: policy = NVML_PERF_POLICY_COUNT; break;
+        }
+        unsigned long long ns = 0;
+        v->timestamp = now_us();
+        v->latencyUsec = 0;
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        v->nvmlReturn = violation_of(d, policy, &ns) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        v->value.ullVal = ns;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetRemappedRows
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                       unsigned int *uncRows, unsigned int *isPending,
+                                       unsigned int *failureOccurred)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!corrRows || !uncRows || !isPending || !failureOccurred))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *corrRows = d->remapped_rows_correctable;
+        *uncRows = d->remapped_rows_uncorrectable;
+        *isPending = d->remapped_rows_pending;
+        *failureOccurred = d->remapped_rows_failed;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetRetiredPages
+/* The count protocol: too small a buffer (or none) answers INSUFFICIENT_SIZE with the count. */
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                       unsigned int *pageCount, unsigned long long *addresses)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!pageCount || (unsigned int)cause >= NVML_PAGE_RETIREMENT_CAUSE_COUNT))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    unsigned int count = cause == NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+                             ? d->retired_pages_double_bit
+                             : d->retired_pages_single_bit;
+    if (count && (!addresses || *pageCount < count))
+        rc = NVML_ERROR_INSUFFICIENT_SIZE;
+    else
+        for (unsigned int i = 0; i < count; i++)
+            addresses[i] = 0x100000000ULL * ((unsigned long long)cause + 1) + 0x1000ULL * i;
+    *pageCount = count;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetRetiredPagesPendingStatus
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && !isPending)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *isPending = d->retired_pages_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetPcieThroughput
+/* Blocks for the 20 ms window the real driver counts bytes over (outside the lock). */
+nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUtilCounter_t counter,
+                                         unsigned int *value)
+{
+    const struct fake_device *d;
+    unsigned int kbps = 0;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!value || (unsigned int)counter >= NVML_PCIE_UTIL_COUNT))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        kbps = counter == NVML_PCIE_UTIL_TX_BYTES ? d->pcie_tx_kbps : d->pcie_rx_kbps;
+    leave(rc);
+    if (rc == NVML_SUCCESS) {
+        struct timespec window = {.tv_sec = 0, .tv_nsec = FAKE_PCIE_WINDOW_NS};
+        nanosleep(&window, NULL);
+        *value = kbps;
+    }
+    return rc;
+}
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* MIG                                                                                  */
+/* ------------------------------------------------------------------------------------ */
+
+#ifndef FAKE_OMIT_nvmlDeviceGetMigMode
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                  unsigned int *pendingMode)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!currentMode || !pendingMode))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *currentMode = *pendingMode = d->mig_mode ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetMaxMigDeviceCount
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && !count)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *count = d->mig_mode ? FAKE_MIG_SLOTS : 0; /* zero unless MIG mode is on, as documented */
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetMigDeviceHandleByIndex
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                 nvmlDevice_t *migDevice)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!migDevice || index >= FAKE_MIG_SLOTS || !d->mig_mode))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_mig *mig = rc == NVML_SUCCESS ? find_mig(d, index) : NULL;
+    if (rc == NVML_SUCCESS && !mig)
+        rc = NVML_ERROR_NOT_FOUND; /* an empty slot */
+    if (rc == NVML_SUCCESS) {
+        unsigned int parent = (unsigned int)(d - g.state->devices);
+        struct nvmlDevice_st *rec = &g.current->mig_records[parent * FAKE_MIG_SLOTS + index];
+        memcpy(rec->uuid, mig->uuid, sizeof(rec->uuid));
+        *migDevice = rec;
+    }
+    return leave(rc);
+}
+#endif
+
+/* The MIG instance behind a handle; a GPU's own handle is INVALID_ARGUMENT, as in NVML. */
+static FAKE_MAYBE_UNUSED nvmlReturn_t enter_mig(nvmlDevice_t device, const char *func,
+                                                const struct fake_mig **mig)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_any(device, func, &d, mig);
+    if (rc == NVML_SUCCESS && !*mig)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    return rc;
+}
+
+#ifndef FAKE_OMIT_nvmlDeviceGetGpuInstanceId
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_mig(device, __func__, &mig);
+    if (rc == NVML_SUCCESS && !id)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *id = mig->gpu_instance;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetComputeInstanceId
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_mig(device, __func__, &mig);
+    if (rc == NVML_SUCCESS && !id)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *id = mig->compute_instance;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetAttributes_v2
+nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t device, nvmlDeviceAttributes_t *attributes)
+{
+    const struct fake_mig *mig;
+    nvmlReturn_t rc = enter_mig(device, __func__, &mig);
+    if (rc == NVML_SUCCESS && !attributes)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        memset(attributes, 0, sizeof(*attributes));
+        attributes->gpuInstanceSliceCount = mig->slices;
+        attributes->computeInstanceSliceCount = mig->slices;
+        attributes->memorySizeMB = mig->memory_total / (1024 * 1024);
+    }
+    return leave(rc);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* GPM                                                                                  */
+/* ------------------------------------------------------------------------------------ */
+
+static FAKE_MAYBE_UNUSED struct nvmlGpmSample_st *find_sample(nvmlGpmSample_t sample)
+{
+    for (struct nvmlGpmSample_st *s = g.gpm_samples; s; s = s->next)
+        if (s == sample && s->allocated)
+            return s;
+    return NULL;
+}
+
+#ifndef FAKE_OMIT_nvmlGpmQueryDeviceSupport
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && !gpmSupport)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (rc == NVML_SUCCESS && gpmSupport->version != NVML_GPM_SUPPORT_VERSION)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc == NVML_SUCCESS)
+        gpmSupport->isSupportedDevice = d->gpm_supported;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlGpmSampleAlloc
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
+{
+    nvmlReturn_t rc = enter_library();
+    if (rc == NVML_SUCCESS && !gpmSample)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        struct nvmlGpmSample_st *s = calloc(1, sizeof(*s));
+        if (!s)
+            return leave(NVML_ERROR_MEMORY);
+        s->allocated = true;
+        s->next = g.gpm_samples;
+        g.gpm_samples = s;
+        *gpmSample = s;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlGpmSampleFree
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
+{
+    nvmlReturn_t rc = enter_library();
+    struct nvmlGpmSample_st *s = rc == NVML_SUCCESS ? find_sample(gpmSample) : NULL;
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        s->allocated = s->filled = false;
+    return leave(rc);
+}
+#endif
+
+/* Fill a sample of a GPU (gpu_instance -1) or of one of its MIG instances. */
+static FAKE_MAYBE_UNUSED nvmlReturn_t take_sample(nvmlDevice_t device, const char *func,
+                                                  int gpu_instance, nvmlGpmSample_t sample)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, func, &d);
+    struct nvmlGpmSample_st *s = rc == NVML_SUCCESS ? find_sample(sample) : NULL;
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (rc == NVML_SUCCESS && !d->gpm_supported)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS && gpu_instance >= 0) {
+        bool found = false;
+        for (size_t i = 0; i < d->migs.count && d->mig_mode; i++)
+            found |= d->migs.items[i].gpu_instance == (unsigned int)gpu_instance;
+        if (!found)
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if (rc == NVML_SUCCESS) {
+        s->filled = true;
+        s->generation = g.current;
+        s->index = (unsigned int)(d - g.state->devices);
+        s->gpu_instance = gpu_instance;
+    }
+    return leave(rc);
+}
+
+#ifndef FAKE_OMIT_nvmlGpmSampleGet
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
+{
+    return take_sample(device, __func__, -1, gpmSample);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlGpmMigSampleGet
+nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId,
+                                 nvmlGpmSample_t gpmSample)
+{
+    if (gpuInstanceId > INT32_MAX)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return take_sample(device, __func__, (int)gpuInstanceId, gpmSample);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlGpmMetricsGet
+/* Both samples must be filled, of the same GPU or instance, in this init generation. */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    nvmlReturn_t rc = enter_library();
+    if (rc == NVML_SUCCESS && !metricsGet)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (rc == NVML_SUCCESS && metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    const struct nvmlGpmSample_st *a = find_sample(metricsGet->sample1);
+    const struct nvmlGpmSample_st *b = find_sample(metricsGet->sample2);
+    if (!a || !b || !a->filled || !b->filled || a->generation != g.current ||
+        b->generation != g.current || a->index != b->index || a->gpu_instance != b->gpu_instance ||
+        a->index >= g.state->device_count || metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const struct fake_device *d = &g.state->devices[a->index];
+    const struct gpm_values *values = &d->gpm;
+    for (size_t i = 0; a->gpu_instance >= 0 && i < d->migs.count; i++)
+        if (d->migs.items[i].gpu_instance == (unsigned int)a->gpu_instance)
+            values = &d->migs.items[i].gpm;
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        bool known = m->metricId < NVML_GPM_METRIC_MAX && values->set[m->metricId];
+        m->nvmlReturn = known ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+        m->value = known ? values->value[m->metricId] : 0.0;
+        m->metricInfo.shortName = m->metricInfo.longName = m->metricInfo.unit = NULL;
+    }
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Events                                                                               */
+/* ------------------------------------------------------------------------------------ */
+
+static FAKE_MAYBE_UNUSED struct nvmlEventSet_st *find_set(nvmlEventSet_t set)
+{
+    for (struct nvmlEventSet_st *s = g.event_sets; s; s = s->next)
+        if (s == set && !s->freed)
+            return s;
+    return NULL;
+}
+
+#ifndef FAKE_OMIT_nvmlEventSetCreate
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    nvmlReturn_t rc = enter_library();
+    if (rc == NVML_SUCCESS && !set)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        struct nvmlEventSet_st *s = calloc(1, sizeof(*s));
+        if (!s)
+            return leave(NVML_ERROR_MEMORY);
+        s->generation = g.current;
+        s->next = g.event_sets;
+        g.event_sets = s;
+        *set = s;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetSupportedEventTypes
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *eventTypes)
+{
+    return get_u64(device, __func__, FIELD_OF(supported_events), eventTypes);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceRegisterEvents
+/* Events already queued when a GPU is registered are not delivered: only newer ones. */
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                      nvmlEventSet_t set)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    struct nvmlEventSet_st *s = rc == NVML_SUCCESS ? find_set(set) : NULL;
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (rc == NVML_SUCCESS && (eventTypes & ~d->supported_events))
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    struct event_registration *r = LIST_PUSH(s);
+    if (!r)
+        return leave(NVML_ERROR_MEMORY);
+    r->handle = device;
+    r->index = (unsigned int)(d - g.state->devices);
+    r->mask = eventTypes;
+    for (size_t i = 0; i < d->events.count; i++)
+        if (d->events.items[i].seq > r->cursor)
+            r->cursor = d->events.items[i].seq;
+    return leave(NVML_SUCCESS);
+}
+#endif
+
+/* The oldest undelivered event of a registered GPU, consumed; false when there is none. */
+static FAKE_MAYBE_UNUSED bool next_event(struct nvmlEventSet_st *s, nvmlEventData_t *data)
+{
+    for (size_t i = 0; i < s->count; i++) {
+        struct event_registration *r = &s->items[i];
+        if (r->index >= g.state->device_count)
+            continue;
+        const struct fake_device *d = &g.state->devices[r->index];
+        const struct fake_event *best = NULL;
+        for (size_t j = 0; j < d->events.count; j++) {
+            const struct fake_event *e = &d->events.items[j];
+            if (e->seq > r->cursor && (e->type & r->mask) && (!best || e->seq < best->seq))
+                best = e;
+        }
+        if (best) {
+            r->cursor = best->seq;
+            data->device = r->handle;
+            data->eventType = best->type;
+            data->eventData = best->type == nvmlEventTypeXidCriticalError ? best->data : 0;
+            data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFFu;
+            return true;
+        }
+    }
+    return false;
+}
+
+#ifndef FAKE_OMIT_nvmlEventSetWait_v2
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        nvmlReturn_t rc = enter_library();
+        struct nvmlEventSet_st *s = rc == NVML_SUCCESS ? find_set(set) : NULL;
+        if (rc == NVML_SUCCESS && (!s || !data))
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        if (rc != NVML_SUCCESS)
+            return leave(rc);
+        if (next_event(s, data))
+            return leave(NVML_SUCCESS);
+        leave(NVML_SUCCESS);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long waited_ms = (now.tv_sec - start.tv_sec) * 1000LL +
+                              (now.tv_nsec - start.tv_nsec) / 1000000LL;
+        if (waited_ms >= (long long)timeoutms)
+            return NVML_ERROR_TIMEOUT;
+        struct timespec poll = {.tv_sec = 0, .tv_nsec = FAKE_POLL_NS};
+        nanosleep(&poll, NULL);
+    }
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlEventSetFree
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    nvmlReturn_t rc = enter_library();
+    struct nvmlEventSet_st *s = rc == NVML_SUCCESS ? find_set(set) : NULL;
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        s->freed = true;
     return leave(rc);
 }
 #endif

@@ -13,8 +13,15 @@ import pynvml
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+
+def first_mig(handle: Any) -> Any:
+    """The MIG device in slot 0 of a GPU (MIG-only calls are made through it)."""
+    return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0)
+
+
 # Every per-device export of the fake, called the way an exporter calls it through pynvml.
-# Keyed by the C symbol each wrapper ends up calling.
+# Keyed by the C symbol each wrapper ends up calling. Calls that need a MIG device get it
+# from slot 0 of the GPU, so they fail the way the GPU does.
 DEVICE_CALLS: dict[str, Callable[[Any], object]] = {
     "nvmlDeviceGetName": pynvml.nvmlDeviceGetName,
     "nvmlDeviceGetUUID": pynvml.nvmlDeviceGetUUID,
@@ -50,6 +57,30 @@ DEVICE_CALLS: dict[str, Callable[[Any], object]] = {
         pynvml.nvmlDeviceGetMPSComputeRunningProcesses_v3
     ),
     "nvmlDeviceGetProcessUtilization": lambda h: pynvml.nvmlDeviceGetProcessUtilization(h, 0),
+    "nvmlDeviceGetFieldValues": lambda h: pynvml.nvmlDeviceGetFieldValues(
+        h, [pynvml.NVML_FI_DEV_PERF_POLICY_POWER]
+    ),
+    "nvmlDeviceGetViolationStatus": lambda h: pynvml.nvmlDeviceGetViolationStatus(
+        h, pynvml.NVML_PERF_POLICY_POWER
+    ),
+    "nvmlDeviceGetRemappedRows": pynvml.nvmlDeviceGetRemappedRows,
+    "nvmlDeviceGetRetiredPages": lambda h: pynvml.nvmlDeviceGetRetiredPages(
+        h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+    ),
+    "nvmlDeviceGetRetiredPagesPendingStatus": pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+    "nvmlDeviceGetPcieThroughput": lambda h: pynvml.nvmlDeviceGetPcieThroughput(
+        h, pynvml.NVML_PCIE_UTIL_TX_BYTES
+    ),
+    "nvmlDeviceGetMigMode": pynvml.nvmlDeviceGetMigMode,
+    "nvmlDeviceGetMaxMigDeviceCount": pynvml.nvmlDeviceGetMaxMigDeviceCount,
+    "nvmlDeviceGetMigDeviceHandleByIndex": first_mig,
+    "nvmlDeviceGetGpuInstanceId": lambda h: pynvml.nvmlDeviceGetGpuInstanceId(first_mig(h)),
+    "nvmlDeviceGetComputeInstanceId": lambda h: pynvml.nvmlDeviceGetComputeInstanceId(first_mig(h)),
+    "nvmlDeviceGetAttributes_v2": lambda h: pynvml.nvmlDeviceGetAttributes_v2(first_mig(h)),
+    "nvmlDeviceGetSupportedEventTypes": pynvml.nvmlDeviceGetSupportedEventTypes,
+    "nvmlDeviceRegisterEvents": lambda h: pynvml.nvmlDeviceRegisterEvents(
+        h, pynvml.nvmlEventTypeXidCriticalError, pynvml.nvmlEventSetCreate()
+    ),
 }
 
 

@@ -61,6 +61,35 @@ class FakeProcessSample:
 
 
 @dataclass
+class FakeMigInstance:
+    """A MIG device in `slot` (0..6) of its GPU; named "<GPU name> MIG <profile>"."""
+
+    slot: int
+    gpu_instance: int
+    uuid: str
+    profile: str = "1g.10gb"  # "-": a name without the profile, so only the attributes tell
+    compute_instance: int = 0
+    slices: int = 1
+    memory_total_bytes: int = 10 * GIB
+    memory_used_bytes: int = 0
+    gpm_metrics: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class FakeEvent:
+    """An event the driver has queued; delivered to sets registered before it (by `seq`)."""
+
+    seq: int
+    type: int  # nvmlEventType* bit, e.g. 0x8 = XID critical error
+    data: int = 0  # the XID for an XID event
+
+
+XID_EVENT = 0x8
+SINGLE_BIT_ECC_EVENT = 0x1
+DOUBLE_BIT_ECC_EVENT = 0x2
+
+
+@dataclass
 class FakeDevice:
     """One GPU; defaults are an idle NVIDIA A100-SXM4-80GB. Index = position in the list."""
 
@@ -95,11 +124,35 @@ class FakeDevice:
     pcie_replay_count: int = 0
     performance_state: int = 0
     lost: bool = False  # every per-device call raises GPU_IS_LOST; sticky until re-init
+    gpm_supported: bool = False
+    mig_mode: bool = False
+    # nanoseconds per perf policy: nvmlDeviceGetViolationStatus and the matching field values
+    violation_power_ns: int = 0
+    violation_thermal_ns: int = 0
+    violation_sync_boost_ns: int = 0
+    violation_board_limit_ns: int = 0
+    violation_low_utilization_ns: int = 0
+    violation_reliability_ns: int = 0
+    violation_app_clocks_ns: int = 0
+    violation_base_clocks_ns: int = 0
+    remapped_rows_correctable: int = 0
+    remapped_rows_uncorrectable: int = 0
+    remapped_rows_pending: int = 0
+    remapped_rows_failed: int = 0
+    retired_pages_single_bit: int = 0
+    retired_pages_double_bit: int = 0
+    retired_pages_pending: int = 0
+    pcie_tx_kbps: int = 0
+    pcie_rx_kbps: int = 0
+    supported_events: int = XID_EVENT | SINGLE_BIT_ECC_EVENT | DOUBLE_BIT_ECC_EVENT
     # Exported symbol names (e.g. "nvmlDeviceGetFanSpeed_v2") answering NOT_SUPPORTED.
     not_supported: set[str] = field(default_factory=set)
     processes: list[FakeProcess] = field(default_factory=list)
     mps_processes: list[FakeProcess] = field(default_factory=list)
     process_samples: list[FakeProcessSample] = field(default_factory=list)
+    gpm_metrics: dict[int, float] = field(default_factory=dict)  # NVML_GPM_METRIC_* -> value
+    mig_instances: list[FakeMigInstance] = field(default_factory=list)
+    events: list[FakeEvent] = field(default_factory=list)
 
     @classmethod
     def numbered(cls, index: int, **overrides: Any) -> FakeDevice:
@@ -112,7 +165,17 @@ class FakeDevice:
         return cls(**(values | overrides))
 
 
-_LIST_FIELDS = frozenset({"not_supported", "processes", "mps_processes", "process_samples"})
+_LIST_FIELDS = frozenset(
+    {
+        "not_supported",
+        "processes",
+        "mps_processes",
+        "process_samples",
+        "gpm_metrics",
+        "mig_instances",
+        "events",
+    }
+)
 
 
 def _scalar(name: str, value: object) -> str:
@@ -144,6 +207,18 @@ def _device_lines(device: FakeDevice) -> list[str]:
         f"sample {s.pid} {s.timestamp_us} {s.sm_util} {s.mem_util} {s.enc_util} {s.dec_util}"
         for s in device.process_samples
     ]
+    lines += [f"gpm_metric {metric} {value!r}" for metric, value in device.gpm_metrics.items()]
+    for mig in device.mig_instances:
+        lines.append(
+            f"mig {mig.slot} {mig.gpu_instance} {mig.compute_instance} {mig.slices} "
+            f"{mig.memory_total_bytes} {mig.memory_used_bytes} {_scalar('uuid', mig.uuid)} "
+            f"{_scalar('profile', mig.profile)}"
+        )
+        lines += [
+            f"mig_gpm_metric {mig.gpu_instance} {metric} {value!r}"
+            for metric, value in mig.gpm_metrics.items()
+        ]
+    lines += [f"event {e.seq} {e.type} {e.data}" for e in device.events]
     return lines
 
 

@@ -5,10 +5,18 @@ production code path on top of it. Physics in brief: each process demands a shar
 (`behaviour.demand`); time-slicing caps the sum at 100%; power follows load with a 1.5 s lag,
 temperature follows power with a 40 s lag; a poorly cooled GPU under sustained load heats past
 its slowdown threshold and the clocks drop, as a real one's do.
+
+Deeper signals: GPM counters integrate the activity of the running work (`activity`), MIG
+instances carve a GPU into slices with processes of their own, scheduled XID and ECC faults
+arrive through NVML event sets, and time spent power-capped, hot or idle accumulates in the
+violation counters.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,11 +24,14 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
+from exporter.nvml.driver import plain_layout
+from exporter.nvml.simulator import activity
 from exporter.nvml.simulator.behaviour import demand, lag, noise, running
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from exporter.catalog import MigProfile
     from exporter.nvml.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
 
 _RESERVED_BYTES: Final = 523 * 2**20
@@ -34,6 +45,32 @@ _HW_THERMAL_CELSIUS: Final = 92.0
 _NOT_AVAILABLE: Final = 0xFFFFFFFF
 _STATE_QUANTUM_SECONDS: Final = 0.01
 """Readings within this much time of each other see the same state (one sampling pass)."""
+_PCIE_WINDOW_SECONDS: Final = 0.02
+"""nvmlDeviceGetPcieThroughput counts over this window and blocks for it, as the real one does."""
+_MIG_SLOTS: Final = 7
+_MIG_MODE_ARCHITECTURES: Final = frozenset({"ampere", "hopper", "blackwell"})
+_PAGE_RETIREMENT_ARCHITECTURES: Final = frozenset({"volta", "turing"})
+_POLL_SECONDS: Final = 0.02
+"""How often an event wait looks again when time is simulated by hand (a test's clock)."""
+_EVENT_TYPES: Final = int(
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypePState
+    | pynvml.nvmlEventTypeClock
+)
+THROTTLE_FIELDS: Final = {
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: pynvml.NVML_PERF_POLICY_POWER,
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: pynvml.NVML_PERF_POLICY_THERMAL,
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: pynvml.NVML_PERF_POLICY_THERMAL,
+    pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: pynvml.NVML_PERF_POLICY_SYNC_BOOST,
+    pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: pynvml.NVML_PERF_POLICY_BOARD_LIMIT,
+    pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: pynvml.NVML_PERF_POLICY_LOW_UTILIZATION,
+    pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: pynvml.NVML_PERF_POLICY_RELIABILITY,
+    pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS,
+    pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
+}
+"""Field ids with a nanosecond violation counter -> the perf policy it counts."""
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -59,20 +96,26 @@ class _Device:
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     ecc_applied: set[int] = field(default_factory=set)
+    layout_faults: tuple[Fault, ...] = ()
+    """`mig_layout` faults of this GPU, in time order."""
+    layout: tuple[MigProfile, ...] | None = None
+    """The MIG instances at time t (None: MIG mode off)."""
+    instance_uuids: tuple[str, ...] = ()
+    rates: list[float] = field(default_factory=lambda: [0.0] * activity.SIZE)
+    """Activity rates of the whole GPU at time t (see `activity`)."""
+    instance_rates: dict[str, list[float]] = field(default_factory=dict)
+    activity_total: list[float] = field(default_factory=lambda: [0.0] * activity.SIZE)
+    """The rates integrated since start: what a GPM sample captures."""
+    instance_activity: dict[str, list[float]] = field(default_factory=dict)
+    violation_ns: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    """Perf policy -> nanoseconds the clocks were held down for it."""
 
     def advance(self, t: float, ecc_faults: list[Fault]) -> None:
         if self.t is not None and t - self.t < _STATE_QUANTUM_SECONDS:
             return
         model = self.gpu.model
-        demands = {p.pid: demand(p, self.seed, t) for p in self.processes if running(p, t)}
-        total = sum(demands.values())
-        scale = 1.0 / total if total > 1.0 else 1.0
-        self.shares = {pid: d * scale for pid, d in demands.items()}
-        self.utilization = min(total, 1.0)
-        intensity = {p.pid: p.memory_intensity for p in self.processes}
-        self.memory_utilization = min(
-            sum(share * intensity[pid] for pid, share in self.shares.items()), 1.0
-        )
+        self._set_layout(t)
+        self._share_out(t)
         load = 0.8 * self.utilization + 0.2 * self.memory_utilization
         target = model.idle_watts + (model.tdp_watts - model.idle_watts) * 1.08 * load
         self.power_capped = target > model.tdp_watts
@@ -95,7 +138,97 @@ class _Device:
                 self.ecc_applied.add(number)
                 self.ecc_corrected += fault.corrected
                 self.ecc_uncorrected += fault.uncorrected
+        if self.t is not None:
+            self._integrate(t - self.t)
         self.t = t
+
+    def _set_layout(self, t: float) -> None:
+        layout = self.gpu.mig
+        for fault in self.layout_faults:
+            if fault.at <= t:
+                layout = fault.mig
+        if self.t is not None and layout == self.layout:
+            return
+        self.layout = layout
+        self.instance_uuids = tuple(
+            activity.mig_uuid(self.seed, self.gpu.index, position, profile.profile)
+            for position, profile in enumerate(layout or ())
+        )
+        # An instance that stays keeps its counters; a new one starts from zero.
+        self.instance_activity = {
+            uuid: self.instance_activity.get(uuid, [0.0] * activity.SIZE)
+            for uuid in self.instance_uuids
+        }
+
+    def _share_out(self, t: float) -> None:
+        """Who gets how much of the GPU (or of each MIG instance) at time t."""
+        layout = self.layout
+        groups: dict[int | None, list[SimProcess]] = defaultdict(list)
+        for process in self.processes:
+            slot = process.mig_instance
+            placed = slot is None if layout is None else slot is not None and slot < len(layout)
+            if placed and running(process, t):
+                groups[slot].append(process)
+        self.shares = {}
+        self.instance_rates = {}
+        utilization = memory_utilization = 0.0
+        whole = [0.0] * activity.SIZE
+        for slot, members in groups.items():
+            demands = {p.pid: demand(p, self.seed, t) for p in members}
+            total = sum(demands.values())
+            scale = 1.0 / total if total > 1.0 else 1.0
+            shares = {pid: d * scale for pid, d in demands.items()}
+            self.shares.update(shares)
+            rates = activity.rates((p, shares[p.pid]) for p in members)
+            if layout is None or slot is None:
+                utilization = min(total, 1.0)
+                memory_utilization = rates[3]
+                whole = rates
+                continue
+            weight = layout[slot].compute_slices / 7
+            self.instance_rates[self.instance_uuids[slot]] = rates
+            utilization += weight * min(total, 1.0)
+            memory_utilization += weight * rates[3]
+            for n, rate in enumerate(rates):
+                whole[n] += rate * weight if n < activity.RATIOS else rate
+        self.utilization = min(utilization, 1.0)
+        self.memory_utilization = min(memory_utilization, 1.0)
+        self.rates = whole
+
+    def _integrate(self, elapsed: float) -> None:
+        for n, rate in enumerate(self.rates):
+            self.activity_total[n] += rate * elapsed
+        for uuid, rates in self.instance_rates.items():
+            totals = self.instance_activity[uuid]
+            for n, rate in enumerate(rates):
+                totals[n] += rate * elapsed
+        nanoseconds = elapsed * 1e9
+        held = False
+        for policy, holds in (
+            (pynvml.NVML_PERF_POLICY_POWER, self.power_capped),
+            (pynvml.NVML_PERF_POLICY_THERMAL, self.temperature >= _SW_THERMAL_CELSIUS),
+            (pynvml.NVML_PERF_POLICY_LOW_UTILIZATION, self.utilization < 0.01),
+        ):
+            if holds:
+                self.violation_ns[policy] += nanoseconds
+                held = True
+        if held:
+            self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS] += nanoseconds
+        if self.temperature >= _HW_THERMAL_CELSIUS:
+            self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS] += nanoseconds
+
+    def instance_position(self, uuid: str) -> int | None:
+        return self.instance_uuids.index(uuid) if uuid in self.instance_uuids else None
+
+    def instance_memory(self, position: int) -> tuple[int, int]:
+        """(total, used) bytes of the MIG instance in `position`."""
+        assert self.layout is not None
+        used = sum(
+            p.memory_bytes
+            for p in self.processes
+            if p.mig_instance == position and p.pid in self.shares
+        )
+        return self.layout[position].memory_bytes, used
 
     def clock_events(self) -> int:
         reasons = 0
@@ -132,6 +265,43 @@ class _Handle:
     """Simulated time the handle was handed out: a GPU lost before then stays lost for it."""
 
 
+@dataclass(frozen=True, slots=True)
+class _MigHandle:
+    """A MIG device: valid while its instance exists (a layout change destroys it)."""
+
+    parent: _Handle
+    uuid: str
+
+
+@dataclass(frozen=True, slots=True)
+class _EventData:
+    """What pynvml's c_nvmlEventData_t carries, with the very handle that was registered."""
+
+    # pynvml's field names, so that code reading a real event reads this one too
+    device: Any
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = _NOT_AVAILABLE  # noqa: N815
+    computeInstanceId: int = _NOT_AVAILABLE  # noqa: N815
+
+
+@dataclass(slots=True)
+class _EventSet:
+    registered: dict[int, tuple[_Handle, int, float]] = field(default_factory=dict)
+    """GPU index -> (handle, event mask, simulated time of registration)."""
+    delivered: set[tuple[int, str, int]] = field(default_factory=set)
+    """(GPU index, event kind, fault number) already delivered through this set."""
+    freed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _GpmSample:
+    target: tuple[int, str]
+    """(GPU index, MIG instance UUID or "" for the whole GPU)."""
+    t: float
+    totals: tuple[float, ...]
+
+
 class SimulatedNvml:
     """The NVML driver functions gpuscope uses, answered from a simulated `Fleet`."""
 
@@ -145,15 +315,19 @@ class SimulatedNvml:
         self.fleet = fleet
         started = time.monotonic()
         self._clock = clock or (lambda: time.monotonic() - started)
+        self._real_time = clock is None
         self._wall = wall
         self._refcount = 0
+        # The sampler, the event thread and the PCIe thread call in concurrently.
+        self._lock = threading.RLock()
         by_gpu: dict[int, list[SimProcess]] = defaultdict(list)
         for process in fleet.processes:
             by_gpu[process.gpu].append(process)
-        self._devices = [_Device(gpu, tuple(by_gpu[gpu.index]), fleet.seed) for gpu in fleet.gpus]
         self._errors: dict[str, list[Fault]] = defaultdict(list)
         self._lost: dict[int, list[Fault]] = defaultdict(list)
         self._ecc: dict[int, list[Fault]] = defaultdict(list)
+        self._xid: dict[int, list[Fault]] = defaultdict(list)
+        self._layouts: dict[int, list[Fault]] = defaultdict(list)
         self._init_errors: list[Fault] = []
         for fault in fleet.faults:
             match fault.kind:
@@ -163,8 +337,24 @@ class SimulatedNvml:
                     self._lost[fault.gpu or 0].append(fault)
                 case "ecc":
                     self._ecc[fault.gpu or 0].append(fault)
+                case "xid":
+                    self._xid[fault.gpu or 0].append(fault)
+                case "mig_layout":
+                    self._layouts[fault.gpu or 0].append(fault)
                 case "init_error":
                     self._init_errors.append(fault)
+        self._devices = [
+            _Device(
+                gpu,
+                tuple(by_gpu[gpu.index]),
+                fleet.seed,
+                layout_faults=tuple(sorted(self._layouts[gpu.index], key=lambda f: f.at)),
+            )
+            for gpu in fleet.gpus
+        ]
+        self._gpm_samples: dict[int, _GpmSample | None] = {}
+        self._gpm_tokens = itertools.count(1)
+        self._field_templates: dict[tuple[int, ...], Any] = {}
 
     # -- the checks every call makes ---------------------------------------------------------
 
@@ -176,6 +366,8 @@ class SimulatedNvml:
                 raise _fail(fault.error)
 
     def _device(self, handle: Any, function: str) -> _Device:
+        if isinstance(handle, _MigHandle):
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on a MIG device
         if not isinstance(handle, _Handle):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         t = self._clock()
@@ -185,8 +377,20 @@ class SimulatedNvml:
             if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
                 raise _fail(fault.error)
         self._check(function, index, t)
-        device.advance(t, self._ecc.get(index, []))
+        if device.t is None or t - device.t >= _STATE_QUANTUM_SECONDS:
+            with self._lock:
+                device.advance(t, self._ecc.get(index, []))
         return device
+
+    def _target(self, handle: Any, function: str) -> tuple[_Device, int | None]:
+        """A GPU, or a MIG instance (its position in the parent's layout) for a MIG handle."""
+        if not isinstance(handle, _MigHandle):
+            return self._device(handle, function), None
+        device = self._device(handle.parent, function)
+        position = device.instance_position(handle.uuid)
+        if position is None:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # the instance was destroyed
+        return device, position
 
     # -- library and system --------------------------------------------------------------------
 
@@ -228,10 +432,15 @@ class SimulatedNvml:
     # -- identity ------------------------------------------------------------------------------
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
-        return self._device(handle, "nvmlDeviceGetName").gpu.model.nvml_names[0]
+        device, position = self._target(handle, "nvmlDeviceGetName")
+        name = device.gpu.model.nvml_names[0]
+        if position is None or device.layout is None:
+            return name
+        return f"{name} MIG {device.layout[position].profile}"
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
-        return self._device(handle, "nvmlDeviceGetUUID").gpu.uuid
+        device, position = self._target(handle, "nvmlDeviceGetUUID")
+        return device.gpu.uuid if position is None else device.instance_uuids[position]
 
     def nvmlDeviceGetPciInfo_v3(self, handle: Any) -> Any:
         gpu = self._device(handle, "nvmlDeviceGetPciInfo_v3").gpu
@@ -248,24 +457,36 @@ class SimulatedNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         device = self._device(handle, "nvmlDeviceGetUtilizationRates")
-        return pynvml.c_nvmlUtilization_t(
-            gpu=round(device.utilization * 100), memory=round(device.memory_utilization * 100)
+        if device.layout is not None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not reported in MIG mode
+        return _struct(
+            pynvml.c_nvmlUtilization_t,
+            gpu=round(device.utilization * 100),
+            memory=round(device.memory_utilization * 100),
         )
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        device = self._device(handle, "nvmlDeviceGetMemoryInfo")
+        device, position = self._target(handle, "nvmlDeviceGetMemoryInfo")
         total = device.gpu.model.nvml_memory_bytes
+        reserved = _RESERVED_BYTES
         used = sum(p.memory_bytes for p in device.processes if p.pid in device.shares) + (
             _MPS_SERVER_BYTES if device.gpu.sharing == "mps" and device.shares else 0
         )
-        free = max(total - _RESERVED_BYTES - used, 0)
+        if position is not None:
+            (total, used), reserved = device.instance_memory(position), 0
+        free = max(total - reserved - used, 0)
         if version:
             if version != pynvml.nvmlMemory_v2:
                 raise _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-            return pynvml.c_nvmlMemory_v2_t(
-                version=version, total=total, reserved=_RESERVED_BYTES, free=free, used=used
+            return _struct(
+                pynvml.c_nvmlMemory_v2_t,
+                version=version,
+                total=total,
+                reserved=reserved,
+                free=free,
+                used=used,
             )
-        return pynvml.c_nvmlMemory_t(total=total, free=free, used=used + _RESERVED_BYTES)
+        return _struct(pynvml.c_nvmlMemory_t, total=total, free=free, used=used + reserved)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return round(self._device(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
@@ -323,47 +544,55 @@ class SimulatedNvml:
 
     # -- processes -----------------------------------------------------------------------------
 
-    def _process_list(self, device: _Device, *, mps: bool) -> list[Any]:
-        listed = []
-        if device.gpu.sharing == "mps" and not mps and device.shares:
-            listed.append((4_000_000 + device.gpu.index, _MPS_SERVER_BYTES))
+    def _process_list(self, device: _Device, position: int | None, *, mps: bool) -> list[Any]:
+        """Processes of a GPU or, for a MIG handle, of one instance; in MIG mode each carries
+        its GPU instance id (compute instance 0)."""
+        listed: list[tuple[int, int, int | None]] = []
+        if device.gpu.sharing == "mps" and not mps and device.shares and device.layout is None:
+            listed.append((4_000_000 + device.gpu.index, _MPS_SERVER_BYTES, None))
         if (device.gpu.sharing == "mps") == mps:
             listed.extend(
-                (p.pid, p.memory_bytes) for p in device.processes if p.pid in device.shares
+                (p.pid, p.memory_bytes, p.mig_instance)
+                for p in device.processes
+                if p.pid in device.shares and (position is None or p.mig_instance == position)
             )
+        # What pynvml makes of an nvmlProcessInfo_t (built directly: the struct is slow to fill).
         return [
-            pynvml.nvmlStructToFriendlyObject(
-                pynvml.c_nvmlProcessInfo_v3_t(
-                    pid=pid,
-                    usedGpuMemory=memory,
-                    gpuInstanceId=_NOT_AVAILABLE,
-                    computeInstanceId=_NOT_AVAILABLE,
-                )
+            pynvml.nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": memory,
+                    "gpuInstanceId": _NOT_AVAILABLE if slot is None else slot + 1,
+                    "computeInstanceId": _NOT_AVAILABLE if slot is None else 0,
+                }
             )
-            for pid, memory in listed
+            for pid, memory, slot in listed
         ]
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        device = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
-        return self._process_list(device, mps=False)
+        device, position = self._target(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return self._process_list(device, position, mps=False)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any) -> list[Any]:
-        device = self._device(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
-        return self._process_list(device, mps=False)
+        device, position = self._target(handle, "nvmlDeviceGetComputeRunningProcesses_v2")
+        return self._process_list(device, position, mps=False)
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
-        device = self._device(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
-        return self._process_list(device, mps=True)
+        device, position = self._target(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        return self._process_list(device, position, mps=True)
 
     def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[Any]:
         device = self._device(handle, "nvmlDeviceGetProcessUtilization")
+        if device.layout is not None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not reported in MIG mode
         now_us = int(self._wall() * 1_000_000)
         intensity = {p.pid: p.memory_intensity for p in device.processes}
         busy = [(pid, share) for pid, share in device.shares.items() if share > 0.005]
         if now_us <= last_seen_us or not busy:
             raise _fail(pynvml.NVML_ERROR_NOT_FOUND)
         return [
-            pynvml.c_nvmlProcessUtilizationSample_t(
+            _struct(
+                pynvml.c_nvmlProcessUtilizationSample_t,
                 pid=pid,
                 timeStamp=now_us,
                 smUtil=round(share * 100),
@@ -373,6 +602,292 @@ class SimulatedNvml:
             )
             for pid, share in busy
         ]
+
+    # -- throttle time, memory health, PCIe throughput ------------------------------------------
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+        device = self._device(handle, "nvmlDeviceGetFieldValues")
+        values = self._field_values(tuple(field_ids))
+        view = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(field_ids)).from_buffer(values)
+        now_us = int(self._wall() * 1_000_000)
+        for value, field_id in zip(view, field_ids, strict=True):
+            value.timestamp = now_us
+            policy = THROTTLE_FIELDS.get(field_id)
+            if policy is not None:
+                value.value.ullVal = int(device.violation_ns[policy])
+        return values
+
+    def _field_values(self, field_ids: tuple[int, ...]) -> Any:
+        """A fresh array answering these field ids, copied from one built once per id list
+        (pynvml's structs are slow to fill field by field)."""
+        template = self._field_templates.get(field_ids)
+        if template is None:
+            template = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+            for value, field_id in zip(template, field_ids, strict=True):
+                value.fieldId = field_id
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.nvmlReturn = (
+                    pynvml.NVML_SUCCESS
+                    if field_id in THROTTLE_FIELDS
+                    else pynvml.NVML_ERROR_NOT_SUPPORTED
+                )
+            self._field_templates[field_ids] = template
+        return type(template).from_buffer_copy(template)
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
+        device = self._device(handle, "nvmlDeviceGetViolationStatus")
+        if policy not in THROTTLE_FIELDS.values():
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return _struct(
+            pynvml.c_nvmlViolationTime_t,
+            referenceTime=int(self._wall() * 1_000_000),
+            violationTime=int(device.violation_ns[policy]),
+        )
+
+    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
+        device = self._device(handle, "nvmlDeviceGetRemappedRows")
+        model = device.gpu.model
+        # HBM row remapping: A100 and newer data-center GPUs, and not while MIG mode is on.
+        if model.architecture not in _MIG_MODE_ARCHITECTURES or not model.mig_profiles:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if device.layout is not None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        remapped = device.ecc_uncorrected
+        return 0, remapped, int(remapped > 0), 0
+
+    def _retired(self, device: _Device) -> tuple[int, int]:
+        if device.gpu.model.architecture not in _PAGE_RETIREMENT_ARCHITECTURES:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device.ecc_corrected // 2, device.ecc_uncorrected
+
+    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
+        single, double = self._retired(self._device(handle, "nvmlDeviceGetRetiredPages"))
+        count = (
+            double if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else single
+        )
+        return [0x7F000000 + 0x1000 * (n + 1 + cause * 0x100) for n in range(count)]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
+        device = self._device(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
+        return int(self._retired(device)[1] > 0)
+
+    def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
+        device = self._device(handle, "nvmlDeviceGetPcieThroughput")
+        time.sleep(_PCIE_WINDOW_SECONDS)  # the real call counts bytes for 20 ms, and blocks
+        if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES:
+            rate = device.rates[activity.PCIE_TX]
+        elif counter == pynvml.NVML_PCIE_UTIL_RX_BYTES:
+            rate = device.rates[activity.PCIE_RX]
+        else:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return round(rate / 1024)  # KB/s
+
+    # -- MIG -----------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        device = self._device(handle, "nvmlDeviceGetMigMode")
+        model = device.gpu.model
+        if model.architecture not in _MIG_MODE_ARCHITECTURES or not model.mig_profiles:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = int(device.gpu.mig is not None)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        device = self._device(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        return _MIG_SLOTS if device.gpu.mig is not None else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> _MigHandle:
+        device = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if device.layout is None or not 0 <= index < _MIG_SLOTS:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(device.layout):
+            raise _fail(pynvml.NVML_ERROR_NOT_FOUND)  # an empty slot
+        return _MigHandle(handle, device.instance_uuids[index])
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        _, position = self._target(handle, "nvmlDeviceGetGpuInstanceId")
+        if position is None:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device
+        return position + 1
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        _, position = self._target(handle, "nvmlDeviceGetComputeInstanceId")
+        if position is None:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 0
+
+    def nvmlDeviceGetAttributes_v2(self, handle: Any) -> Any:
+        device, position = self._target(handle, "nvmlDeviceGetAttributes_v2")
+        if position is None or device.layout is None:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        profile = device.layout[position]
+        return pynvml.c_nvmlDeviceAttributes(
+            multiprocessorCount=profile.sms or 0,
+            gpuInstanceSliceCount=profile.compute_slices,
+            computeInstanceSliceCount=profile.compute_slices,
+            memorySizeMB=profile.memory_bytes // 2**20,
+        )
+
+    # -- GPM -----------------------------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        device = self._device(handle, "nvmlGpmQueryDeviceSupport")
+        return _struct(
+            pynvml.c_nvmlGpmSupport_t,
+            version=pynvml.NVML_GPM_SUPPORT_VERSION,
+            isSupportedDevice=int(device.gpu.model.supports_gpm),
+        )
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._check("nvmlGpmSampleAlloc", None, self._clock())
+        token = next(self._gpm_tokens)
+        with self._lock:
+            self._gpm_samples[token] = None
+        # An opaque pointer that is never dereferenced: pynvml's structs can carry it.
+        return ctypes.cast(ctypes.c_void_p(token), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._check("nvmlGpmSampleFree", None, self._clock())
+        with self._lock:
+            if self._gpm_samples.pop(_token(sample), False) is False:
+                raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _store_sample(self, sample: Any, target: tuple[int, str], totals: list[float]) -> Any:
+        token = _token(sample)
+        with self._lock:
+            if token not in self._gpm_samples:
+                raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            self._gpm_samples[token] = _GpmSample(target, self._clock(), tuple(totals))
+        return sample
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        device = self._device(handle, "nvmlGpmSampleGet")
+        if not device.gpu.model.supports_gpm:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._store_sample(sample, (device.gpu.index, ""), device.activity_total)
+
+    def nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: int, sample: Any) -> Any:
+        device = self._device(handle, "nvmlGpmMigSampleGet")
+        if not device.gpu.model.supports_gpm:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        position = gpu_instance_id - 1
+        if device.layout is None or not 0 <= position < len(device.layout):
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        uuid = device.instance_uuids[position]
+        return self._store_sample(sample, (device.gpu.index, uuid), device.instance_activity[uuid])
+
+    def nvmlGpmMetricsGet(self, metrics_get: Any) -> Any:
+        self._check("nvmlGpmMetricsGet", None, self._clock())
+        request: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(metrics_get)
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        with self._lock:
+            first = self._gpm_samples.get(_token(request.sample1))
+            second = self._gpm_samples.get(_token(request.sample2))
+        if first is None or second is None or first.target != second.target:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        window = second.t - first.t
+        if window <= 0:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        count = request.numMetrics
+        metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * count).from_buffer(
+            metrics_get, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        )
+        for slot in range(count):
+            metric = metrics[slot]
+            position = activity.GPM_METRICS.get(metric.metricId)
+            # PCIe and NVLink belong to the whole GPU, not to one MIG instance.
+            if position is None or (first.target[1] and position >= activity.RATIOS):
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            rate = (second.totals[position] - first.totals[position]) / window
+            metric.value = rate * 100 if position < activity.RATIOS else rate / 2**20
+            metric.nvmlReturn = pynvml.NVML_SUCCESS
+        return metrics_get
+
+    # -- events --------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._check("nvmlEventSetCreate", None, self._clock())
+        return _EventSet()
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._device(handle, "nvmlDeviceGetSupportedEventTypes")
+        return _EVENT_TYPES
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
+        device = self._device(handle, "nvmlDeviceRegisterEvents")
+        if not isinstance(event_set, _EventSet) or event_set.freed:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if event_types & ~_EVENT_TYPES:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        event_set.registered[device.gpu.index] = (handle, event_types, self._clock())
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> _EventData:
+        if not isinstance(event_set, _EventSet):
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            t = self._clock()
+            self._check("nvmlEventSetWait_v2", None, t)
+            if event_set.freed:
+                raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            due, event = self._next_event(event_set, t)
+            if event is not None:
+                return event
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _fail(pynvml.NVML_ERROR_TIMEOUT)
+            step = _POLL_SECONDS
+            if self._real_time:
+                # Simulated time runs with the real clock: sleep until the next scheduled event,
+                # or through the whole timeout when none is left.
+                step = remaining if due is None else max(due - t, 0.001)
+            time.sleep(min(remaining, step))
+
+    def _next_event(self, event_set: _EventSet, t: float) -> tuple[float | None, _EventData | None]:
+        """The earliest undelivered event due by t; else when the next one falls due."""
+        candidates: list[tuple[float, int, str, int, _EventData]] = []
+        for index, (handle, mask, since) in event_set.registered.items():
+            for number, fault in enumerate(self._xid.get(index, ())):
+                if mask & pynvml.nvmlEventTypeXidCriticalError and fault.at >= since:
+                    event = _EventData(handle, pynvml.nvmlEventTypeXidCriticalError, fault.xid)
+                    candidates.append((fault.at, index, "xid", number, event))
+            for number, fault in enumerate(self._ecc.get(index, ())):
+                if fault.at < since:
+                    continue
+                for kind, count, event_type in (
+                    ("sbe", fault.corrected, pynvml.nvmlEventTypeSingleBitEccError),
+                    ("dbe", fault.uncorrected, pynvml.nvmlEventTypeDoubleBitEccError),
+                ):
+                    if count and mask & event_type:
+                        event = _EventData(handle, event_type, 0)
+                        candidates.append((fault.at, index, kind, number, event))
+        pending = [c for c in candidates if (c[1], c[2], c[3]) not in event_set.delivered]
+        due = [c for c in pending if c[0] <= t]
+        if due:
+            at, index, kind, number, event = min(due, key=lambda c: (c[0], c[1], c[2], c[3]))
+            event_set.delivered.add((index, kind, number))
+            return at, event
+        upcoming = min((c[0] for c in pending), default=None)
+        return upcoming, None
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        if not isinstance(event_set, _EventSet) or event_set.freed:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        event_set.freed = True
+
+
+def _struct(struct_type: type[ctypes.Structure], **values: Any) -> Any:
+    """One of pynvml's structs with these fields set, filled through a plain layout of the same
+    fields: pynvml's own attribute hooks make filling field by field several times slower."""
+    return struct_type.from_buffer_copy(plain_layout(struct_type)(**values))
+
+
+def _token(sample: Any) -> int:
+    """The number behind a simulated GPM sample pointer."""
+    address: int | None = ctypes.cast(sample, ctypes.c_void_p).value
+    return address or 0
 
 
 def _clock_name(clock_type: int) -> str:

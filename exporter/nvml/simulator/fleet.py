@@ -10,17 +10,27 @@ A fleet file (every key but `gpus` optional):
         count: 2
         cooling: poor              # normal | poor (runs hot and throttles under load)
         sharing: time-slicing      # time-slicing | mps
+      - model: h100-sxm
+        mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # MIG mode on, with these instances
     processes:
-      - {pid: 2001, gpu: 0, memory: 30GiB, pattern: steady, level: 0.85}
+      - {pid: 2001, gpu: 0, memory: 30GiB, pattern: steady, level: 0.85, tensor_intensity: 0.7}
       - {pid: 2002, gpu: 1, memory: 6GiB, pattern: bursty, level: 0.6, period: 20s, duty: 0.3}
       - {pid: 2003, gpu: 1, memory: 4GiB, pattern: sawtooth, start: 10s, stop: 5m}
+      - {pid: 2004, gpu: 2, mig_instance: 0, memory: 20GiB, pattern: steady, level: 0.7}
     faults:
       - {kind: gpu_lost, gpu: 1, at: 30s, until: 90s}
       - {kind: error, function: nvmlDeviceGetFanSpeed_v2, error: not_supported}
       - {kind: init_error, error: driver_not_loaded, until: 5s}
       - {kind: ecc, gpu: 0, at: 1m, corrected: 3, uncorrected: 1}
+      - {kind: xid, gpu: 1, at: 30s, xid: 79}
+      - {kind: mig_layout, gpu: 2, at: 2m, mig: [3g.40gb, 4g.40gb]}
 
-Times are durations since the simulation started.
+Times are durations since the simulation started. `mig_instance` places a process on an instance
+of its GPU's MIG layout (0 is the first listed); a GPU in MIG mode runs processes only there. A
+`mig_layout` fault replaces the GPU's instances at `at`: instances unchanged at their position
+stay, the others vanish and new ones appear (processes on a vanished instance stop). An `ecc`
+fault with uncorrected errors also remaps rows (A100 and newer) or retires pages (older GPUs),
+pending until a reset. An `xid` fault raises that XID critical error event once.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pynvml
 import yaml
 
-from exporter.catalog import GpuModel, builtin_catalog
+from exporter.catalog import GpuModel, MigProfile, builtin_catalog
 from exporter.durations import DurationError, parse_duration
 from exporter.nvml.driver import NVML_FUNCTIONS
 
@@ -41,7 +51,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 PATTERNS: Final = ("idle", "steady", "bursty", "sawtooth", "input_starved")
-FAULT_KINDS: Final = ("gpu_lost", "error", "init_error", "ecc")
+FAULT_KINDS: Final = ("gpu_lost", "error", "init_error", "ecc", "xid", "mig_layout")
+MIG_COMPUTE_SLICES: Final = 7
+MIG_MEMORY_SLICES: Final = 8
 DEFAULT_MODEL: Final = "h100-sxm"
 _BYTE_UNITS: Final = {
     "": 1,
@@ -67,6 +79,8 @@ class SimGpu:
     pci_bus_id: str
     cooling: str = "normal"
     sharing: str = "time-slicing"
+    mig: tuple[MigProfile, ...] | None = None
+    """The MIG instances at start; None when MIG mode is off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +98,10 @@ class SimProcess:
     """DRAM activity per unit of SM activity."""
     start: float = 0.0
     stop: float | None = None
+    tensor_intensity: float = 0.5
+    """Share of its busy time spent on tensor cores (GPM's tensor activity)."""
+    mig_instance: int | None = None
+    """Position of its MIG instance in the GPU's layout; None on a GPU without MIG."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +114,9 @@ class Fault:
     error: int = pynvml.NVML_ERROR_UNKNOWN
     corrected: int = 0
     uncorrected: int = 0
+    xid: int = 0
+    mig: tuple[MigProfile, ...] = ()
+    """The new MIG layout of a `mig_layout` fault."""
 
     def active(self, t: float) -> bool:
         return self.at <= t and (self.until is None or t < self.until)
@@ -192,9 +213,11 @@ def parse_fleet(document: object, *, where: str = "fleet") -> Fleet:
                 f"more than a {gpu.model.name} has ({gpu.model.nvml_memory_bytes / 2**30:.1f} GiB)"
             )
     faults = tuple(
-        _entry(where, f"faults[{n}]", item, lambda item: _parse_fault(item, len(gpus)))
+        _entry(where, f"faults[{n}]", item, lambda item: _parse_fault(item, gpus))
         for n, item in enumerate(_list(document.get("faults"), where, "faults"))
     )
+    for n, process in enumerate(processes):
+        _check_placement(process, gpus[process.gpu], faults, f"{where}: processes[{n}]")
     cuda = str(document.get("cuda_version", "12.8"))
     cuda_match = re.fullmatch(r"(\d+)\.(\d+)", cuda)
     if cuda_match is None:
@@ -218,7 +241,7 @@ def _parse_gpus(value: object, where: str, seed: int) -> tuple[SimGpu, ...]:
         spot = f"{where}: gpus[{n}]"
         if not isinstance(item, Mapping):
             raise FleetError(f"{spot}: expected a mapping")
-        _only(item, {"model", "count", "cooling", "sharing"}, spot)
+        _only(item, {"model", "count", "cooling", "sharing", "mig"}, spot)
         name = str(item.get("model", DEFAULT_MODEL))
         model = builtin_catalog().find(name)
         if model is None:
@@ -231,9 +254,15 @@ def _parse_gpus(value: object, where: str, seed: int) -> tuple[SimGpu, ...]:
         sharing = _choice(
             item.get("sharing", "time-slicing"), ("time-slicing", "mps"), f"{spot}: sharing"
         )
+        try:
+            mig = parse_mig_layout(item["mig"], model) if "mig" in item else None
+        except ValueError as error:
+            raise FleetError(f"{spot}: {error}") from error
         for _ in range(count):
             index = len(gpus)
-            gpus.append(SimGpu(index, model, _uuid(seed, index), _bus_id(index), cooling, sharing))
+            gpus.append(
+                SimGpu(index, model, _uuid(seed, index), _bus_id(index), cooling, sharing, mig)
+            )
     if len(gpus) > 64:
         raise FleetError(f"{where}: gpus: {len(gpus)} GPUs; at most 64 per node")
     return tuple(gpus)
@@ -253,6 +282,8 @@ def _parse_process(item: Mapping[str, Any], gpu_count: int) -> SimProcess:
             "memory_intensity",
             "start",
             "stop",
+            "tensor_intensity",
+            "mig_instance",
         },
     )
     pid = int(item["pid"])
@@ -276,17 +307,111 @@ def _parse_process(item: Mapping[str, Any], gpu_count: int) -> SimProcess:
         memory_intensity=_ratio(item.get("memory_intensity", 0.4), "memory_intensity"),
         start=start,
         stop=stop,
+        tensor_intensity=_ratio(item.get("tensor_intensity", 0.5), "tensor_intensity"),
+        mig_instance=_mig_instance(item.get("mig_instance")),
     )
 
 
-def _parse_fault(item: Mapping[str, Any], gpu_count: int) -> Fault:
-    _only(item, {"kind", "gpu", "function", "error", "at", "until", "corrected", "uncorrected"})
+def parse_mig_layout(value: object, model: GpuModel) -> tuple[MigProfile, ...]:
+    """A list of profile names that fits one GPU of `model`, as NVIDIA's MIG allows."""
+    if not isinstance(value, list):
+        raise ValueError("mig: expected a list of MIG profiles, e.g. [3g.40gb, 4g.40gb]")
+    if not model.mig_profiles:
+        raise ValueError(f"mig: a {model.name} has no MIG mode")
+    layout: list[MigProfile] = []
+    for name in value:
+        profile = model.mig_profile(str(name))
+        if profile is None:
+            known = ", ".join(p.profile for p in model.mig_profiles)
+            raise ValueError(f"mig: {name!r} is not a MIG profile of a {model.name} ({known})")
+        if sum(1 for p in layout if p == profile) >= profile.max_instances:
+            raise ValueError(f"mig: a {model.name} holds at most {profile.max_instances} {name}")
+        layout.append(profile)
+    compute = sum(p.compute_slices for p in layout)
+    memory = sum(p.memory_slices for p in layout)
+    if compute > MIG_COMPUTE_SLICES or memory > MIG_MEMORY_SLICES:
+        raise ValueError(
+            f"mig: the instances need {compute}/7 compute and {memory}/8 memory slices; "
+            "they do not fit one GPU"
+        )
+    return tuple(layout)
+
+
+def _mig_instance(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"mig_instance: {value!r} is not an instance position (0, 1, ...)")
+    return value
+
+
+def _check_placement(
+    process: SimProcess, gpu: SimGpu, faults: tuple[Fault, ...], where: str
+) -> None:
+    """A process on a MIG GPU runs on one of its instances (in some layout it will have)."""
+    if gpu.mig is None:
+        if process.mig_instance is not None:
+            raise FleetError(f"{where}: mig_instance: GPU {gpu.index} is not in MIG mode")
+        return
+    layouts = [gpu.mig, *(f.mig for f in faults if f.kind == "mig_layout" and f.gpu == gpu.index)]
+    if process.mig_instance is None:
+        raise FleetError(
+            f"{where}: GPU {gpu.index} is in MIG mode: give the process a mig_instance"
+        )
+    positions = max(len(layout) for layout in layouts)
+    if process.mig_instance >= positions:
+        raise FleetError(
+            f"{where}: mig_instance: {process.mig_instance} is not an instance of GPU "
+            f"{gpu.index} (it has {positions})"
+        )
+    first = next(layout for layout in layouts if process.mig_instance < len(layout))
+    capacity = first[process.mig_instance].memory_bytes
+    if process.memory_bytes > capacity:
+        raise FleetError(
+            f"{where}: memory: {process.memory_bytes / 2**30:.1f} GiB does not fit a "
+            f"{first[process.mig_instance].profile} instance"
+        )
+
+
+def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
+    _only(
+        item,
+        {
+            "kind",
+            "gpu",
+            "function",
+            "error",
+            "at",
+            "until",
+            "corrected",
+            "uncorrected",
+            "xid",
+            "mig",
+        },
+    )
     kind = _choice(item.get("kind"), FAULT_KINDS, "kind")
     at = _seconds(item.get("at", "0s"), "at")
     until = _seconds(item["until"], "until") if "until" in item else None
     if until is not None and until <= at:
         raise ValueError("until: must come after at")
-    gpu = _gpu_index(item.get("gpu"), gpu_count, required=kind in {"gpu_lost", "ecc"})
+    gpu = _gpu_index(
+        item.get("gpu"), len(gpus), required=kind in {"gpu_lost", "ecc", "xid", "mig_layout"}
+    )
+    xid = 0
+    if kind == "xid":
+        xid = _count(item.get("xid", 0), "xid")
+        if xid == 0:
+            raise ValueError("xid: an XID number (e.g. 79) is needed")
+    elif "xid" in item:
+        raise ValueError(f"xid: only faults of kind xid name an XID, not {kind}")
+    mig: tuple[MigProfile, ...] = ()
+    if kind == "mig_layout":
+        assert gpu is not None
+        if gpus[gpu].mig is None:
+            raise ValueError(f"mig: GPU {gpu} is not in MIG mode (give it a mig layout)")
+        mig = parse_mig_layout(item.get("mig"), gpus[gpu].model)
+    elif "mig" in item:
+        raise ValueError(f"mig: only faults of kind mig_layout give a layout, not {kind}")
     function = item.get("function")
     if kind == "error":
         if function not in NVML_FUNCTIONS:
@@ -303,6 +428,8 @@ def _parse_fault(item: Mapping[str, Any], gpu_count: int) -> Fault:
         error=_error_code(item.get("error", default_error)),
         corrected=_count(item.get("corrected", 0), "corrected"),
         uncorrected=_count(item.get("uncorrected", 0), "uncorrected"),
+        xid=xid,
+        mig=mig,
     )
 
 

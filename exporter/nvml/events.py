@@ -1,0 +1,287 @@
+"""XID and ECC events: a dedicated thread waits on one NVML event set for every GPU.
+
+The sampler owns NVML's initialisation, so it also owns the event set's life: after each
+(re-)initialisation it calls `attach` (create the set, register every GPU that supports XID or
+ECC events), and before `nvmlShutdown` it calls `detach` (take the set back from the waiting
+thread and free it). The waiting thread holds no NVML reference of its own — if it did, the
+sampler's shutdown + init would never really re-initialise the library. It survives timeouts
+(`NVMLError_Timeout` every `wait_ms`), a lost GPU and re-initialisation.
+
+What the thread learns goes into an `EventStore`, which the sampling cycle copies into each
+snapshot (`with_events`); XID counters are per daemon, so they survive re-initialisation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+import pynvml
+
+from exporter.logs import LogOnce
+from exporter.nvml.driver import error_code, error_name, handle_key, is_unavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from exporter.model import GpuSample
+    from exporter.nvml.driver import NvmlDriver
+
+log = logging.getLogger(__name__)
+
+XID_EVENTS: Final = pynvml.nvmlEventTypeXidCriticalError
+ECC_EVENTS: Final = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+WATCHED_EVENTS: Final = XID_EVENTS | ECC_EVENTS
+
+WAIT_MS: Final = 500
+"""How long one wait blocks: bounds how long `detach` and `close` can take."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvents:
+    """What the event thread learned about one GPU."""
+
+    xid_counts: tuple[tuple[int, int], ...] = ()
+    """(XID, times seen), ordered by XID."""
+    last_xid_timestamp: float | None = None
+    ecc_corrected: int | None = None
+    """ECC totals read right after an ECC event, fresher than the last sampling cycle's."""
+    ecc_uncorrected: int | None = None
+
+
+class EventStore:
+    """Thread-safe record of events per GPU UUID; `on_change` is called after each record."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, GpuEvents] = {}
+        self.on_change: Callable[[], None] | None = None
+
+    def record_xid(self, uuid: str, xid: int, when: float) -> None:
+        with self._lock:
+            events = self._events.get(uuid, GpuEvents())
+            counts = dict(events.xid_counts)
+            counts[xid] = counts.get(xid, 0) + 1
+            self._events[uuid] = replace(
+                events, xid_counts=tuple(sorted(counts.items())), last_xid_timestamp=when
+            )
+        self._changed()
+
+    def record_ecc(self, uuid: str, corrected: int | None, uncorrected: int | None) -> None:
+        with self._lock:
+            events = self._events.get(uuid, GpuEvents())
+            self._events[uuid] = replace(
+                events, ecc_corrected=corrected, ecc_uncorrected=uncorrected
+            )
+        self._changed()
+
+    def forget_ecc(self) -> None:
+        """After re-initialisation the sampled totals are the truth again (a reloaded driver
+        restarts its volatile counters)."""
+        with self._lock:
+            self._events = {
+                uuid: replace(events, ecc_corrected=None, ecc_uncorrected=None)
+                for uuid, events in self._events.items()
+            }
+
+    def __bool__(self) -> bool:
+        """Whether any event was recorded at all (most cycles on a healthy node: none)."""
+        with self._lock:
+            return bool(self._events)
+
+    def get(self, uuid: str) -> GpuEvents | None:
+        with self._lock:
+            return self._events.get(uuid)
+
+    def _changed(self) -> None:
+        callback = self.on_change
+        if callback is not None:
+            callback()
+
+
+def with_events(sample: GpuSample, events: GpuEvents | None) -> GpuSample:
+    """The sample with what the event thread saw: XID counters, and ECC totals read after an
+    event when they are ahead of the ones sampled (counters only grow)."""
+    if events is None:
+        return sample
+    changes: dict[str, Any] = {}
+    if events.xid_counts:
+        changes["xid_errors"] = events.xid_counts
+        changes["last_xid_timestamp_seconds"] = events.last_xid_timestamp
+    if sample.up:
+        for field, seen in (
+            ("ecc_corrected_total", events.ecc_corrected),
+            ("ecc_uncorrected_total", events.ecc_uncorrected),
+        ):
+            sampled = getattr(sample, field)
+            if seen is not None and (sampled is None or seen > sampled):
+                changes[field] = seen
+    return replace(sample, **changes) if changes else sample
+
+
+class EventWatcher:
+    """One thread waiting for XID critical errors and ECC events on every GPU that has them."""
+
+    def __init__(
+        self,
+        driver: NvmlDriver,
+        *,
+        store: EventStore | None = None,
+        wait_ms: int = WAIT_MS,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._nvml = driver
+        self.store = store or EventStore()
+        self._wait_ms = wait_ms
+        self._wall = wall
+        self._once = LogOnce(log)
+        self._cond = threading.Condition()
+        self._set: Any = None
+        """The event set handed to the waiting thread; None while detached."""
+        self._devices: dict[int, tuple[str, Any]] = {}
+        """handle_key -> (uuid, handle) of every GPU registered in the set."""
+        self._waiting = False
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gpuscope-events", daemon=True)
+        self._thread.start()
+
+    def attach(self, devices: Sequence[tuple[str, Any]]) -> int:
+        """Register `(uuid, handle)` GPUs in a new event set and hand it to the waiting thread.
+        Call right after NVML (re-)initialised. Returns how many GPUs are watched."""
+        self.detach()
+        self.store.forget_ecc()
+        if not devices:
+            return 0
+        try:
+            event_set = self._nvml.nvmlEventSetCreate()
+        except Exception as error:  # noqa: BLE001 - no events is a degraded mode, not a failure
+            self._failed(("create", error_code(error)), "cannot create an NVML event set", error)
+            return 0
+        watched: dict[int, tuple[str, Any]] = {}
+        for uuid, handle in devices:
+            try:
+                mask = self._nvml.nvmlDeviceGetSupportedEventTypes(handle) & WATCHED_EVENTS
+                if mask:
+                    self._nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+                    watched[handle_key(handle)] = (uuid, handle)
+            except Exception as error:  # noqa: BLE001 - a GPU without events is still sampled
+                self._failed(
+                    ("register", uuid, error_code(error)),
+                    "cannot watch this GPU's XID and ECC events",
+                    error,
+                    uuid=uuid,
+                )
+        if not watched:
+            self._free(event_set)
+            return 0
+        with self._cond:
+            self._set = event_set
+            self._devices = watched
+            self._cond.notify_all()
+        log.info("watching XID and ECC events", extra={"gpus": len(watched)})
+        return len(watched)
+
+    def detach(self) -> None:
+        """Take the event set back from the waiting thread and free it. Call before
+        `nvmlShutdown`; returns once no wait on the set is in flight (within about `wait_ms`)."""
+        with self._cond:
+            event_set, self._set, self._devices = self._set, None, {}
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._waiting, timeout=self._wait_ms / 1000 + 1.0)
+            stuck = self._waiting
+        if event_set is None:
+            return
+        if stuck:
+            # A wait that outlived its own timeout: freeing the set under it could crash the
+            # driver, so leave the set to the library's shutdown.
+            log.warning("NVML event wait did not return in time; leaving its event set")
+            return
+        self._free(event_set)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self.detach()
+        if self._thread is not None:
+            self._thread.join(self._wait_ms / 1000 + 1.0)
+            self._thread = None
+
+    # -- the waiting thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or self._set is not None)
+                if self._stop:
+                    return
+                event_set, devices = self._set, self._devices
+                self._waiting = True
+            data = None
+            failed = False
+            try:
+                data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+            except pynvml.NVMLError_Timeout:
+                self._once.forget(("wait",))
+            except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
+                failed = True
+                self._failed(("wait",), "waiting for NVML events failed; retrying", error)
+            finally:
+                with self._cond:
+                    self._waiting = False
+                    self._cond.notify_all()
+            if data is not None:
+                self._once.forget(("wait",))
+                self._record(data, devices)
+            if failed:  # do not spin on a set that fails at once (e.g. its GPU fell off the bus)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stop, timeout=self._wait_ms / 1000)
+
+    def _record(self, data: Any, devices: dict[int, tuple[str, Any]]) -> None:
+        found = devices.get(handle_key(data.device))
+        if found is None:
+            self._once(logging.WARNING, ("unknown device",), "NVML event from an unknown GPU")
+            return
+        uuid, handle = found
+        event_type = int(data.eventType)
+        if event_type & XID_EVENTS:
+            xid = int(data.eventData)
+            self.store.record_xid(uuid, xid, self._wall())
+            log.warning("XID error", extra={"uuid": uuid, "xid": xid})
+        if event_type & ECC_EVENTS:
+            self.store.record_ecc(
+                uuid,
+                self._ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                self._ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            )
+
+    def _ecc_total(self, handle: Any, error_type: int) -> int | None:
+        try:
+            return int(
+                self._nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC)
+            )
+        except pynvml.NVMLError:
+            return None  # the next sampling cycle reads it anyway
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _free(self, event_set: Any) -> None:
+        try:
+            self._nvml.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError as error:
+            log.debug("nvmlEventSetFree failed", extra={"error": error_name(error)})
+
+    def _failed(
+        self, cause: tuple[object, ...], message: str, error: BaseException, *, uuid: str = ""
+    ) -> None:
+        level = logging.INFO if is_unavailable(error) else logging.WARNING
+        fields: dict[str, object] = {"error": error_name(error)}
+        if uuid:
+            fields["uuid"] = uuid
+        self._once(level, cause, message, fields=fields)

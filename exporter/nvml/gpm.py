@@ -1,0 +1,122 @@
+"""GPU Performance Monitoring (GPM, Hopper and newer): profiling-class metrics without DCGM.
+
+GPM metrics are computed by the driver from two samples taken at least 100 ms apart. A
+`GpmReader` keeps two sample buffers for one GPU (or one MIG instance): each cycle it takes a
+new sample into the spare buffer and asks for every metric over the window since the previous
+one, in one `nvmlGpmMetricsGet` call. The buffers are allocated once and freed by `free()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import pynvml
+
+from exporter.model import Activity
+from exporter.nvml.driver import plain_layout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from exporter.nvml.driver import NvmlDriver
+
+MIN_WINDOW_SECONDS: Final = 0.1
+"""GPM needs samples at least this far apart; a cycle closer to the last one reuses it later."""
+
+_PERCENT: Final = (0.01, 1.0)
+_MIB_PER_SECOND: Final = (float(2**20), float("inf"))
+
+METRICS: Final = (
+    (pynvml.NVML_GPM_METRIC_SM_UTIL, "sm_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "sm_occupancy", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "tensor_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "dram_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_FP64_UTIL, "fp64_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_FP32_UTIL, "fp32_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_FP16_UTIL, "fp16_active", _PERCENT),
+    (pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "pcie_transmit_bytes_per_second", _MIB_PER_SECOND),
+    (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "pcie_receive_bytes_per_second", _MIB_PER_SECOND),
+    (
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+        "nvlink_transmit_bytes_per_second",
+        _MIB_PER_SECOND,
+    ),
+    (
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
+        "nvlink_receive_bytes_per_second",
+        _MIB_PER_SECOND,
+    ),
+)
+"""(GPM metric id, `Activity` field, (factor to base units, ceiling)): percentages become ratios
+capped at 1 (counters can overshoot by rounding), MiB/s become bytes/s."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpmReading:
+    activity: Activity
+    window_seconds: float
+    """How long the two samples lay apart: what the activity ratios are averaged over."""
+
+
+def supports_gpm(driver: NvmlDriver, handle: object) -> bool:
+    """Whether the driver says this GPU has GPM. Raises the driver's error when it cannot tell."""
+    return bool(driver.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+
+
+class GpmReader:
+    """Metrics from consecutive GPM samples of one GPU or MIG instance."""
+
+    def __init__(self, driver: NvmlDriver, take: Callable[[object], object]) -> None:
+        """`take(sample)` fills a sample buffer: `nvmlGpmSampleGet(handle, sample)` or
+        `nvmlGpmMigSampleGet(parent, gpu_instance_id, sample)`."""
+        self._nvml = driver
+        self._take = take
+        self._previous: object | None = None
+        self._previous_at = 0.0
+        self._spare: object | None = None
+        self._request = pynvml.c_nvmlGpmMetricsGet_t()
+        self._request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        self._request.numMetrics = len(METRICS)
+        # Samples are set and results read through plain views of the request's memory: pynvml's
+        # own struct attributes are several times slower, and this runs for every GPU each cycle.
+        self._samples: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(self._request)
+        self._metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * len(METRICS)).from_buffer(
+            self._request, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
+        )
+        for slot, (metric_id, _, _) in enumerate(METRICS):
+            self._metrics[slot].metricId = metric_id
+
+    def read(self, now: float) -> GpmReading | None:
+        """Take a sample; the metrics since the previous one, or None for the very first sample.
+
+        NVML errors propagate, so the caller decides what an unsupported or lost GPU means."""
+        if self._previous is not None and now - self._previous_at < MIN_WINDOW_SECONDS:
+            return None  # too soon for GPM: measure over a longer window next cycle
+        if self._spare is None:
+            self._spare = self._nvml.nvmlGpmSampleAlloc()
+        self._take(self._spare)
+        current, self._spare = self._spare, None
+        previous, previous_at = self._previous, self._previous_at
+        self._previous, self._previous_at = current, now
+        if previous is None:
+            return None
+        self._spare = previous  # reused for the next sample, whatever happens below
+        self._samples.sample1 = previous
+        self._samples.sample2 = current
+        self._nvml.nvmlGpmMetricsGet(self._request)
+        values: dict[str, float] = {}
+        for slot, (_, field, (factor, ceiling)) in enumerate(METRICS):
+            metric = self._metrics[slot]
+            if metric.nvmlReturn == pynvml.NVML_SUCCESS:
+                values[field] = min(max(float(metric.value), 0.0) * factor, ceiling)
+        return GpmReading(Activity(**values), now - previous_at)
+
+    def free(self) -> None:
+        """Release both sample buffers. Errors are ignored: the library may already be down."""
+        for sample in (self._previous, self._spare):
+            if sample is not None:
+                with contextlib.suppress(pynvml.NVMLError):
+                    self._nvml.nvmlGpmSampleFree(sample)
+        self._previous = self._spare = None

@@ -1,0 +1,877 @@
+"""Deeper signals on the simulator: GPM, MIG, XID/ECC events, throttle time, memory health, the
+PCIe thread; the event thread's life; the fleet keys that drive them."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+import pytest
+
+from exporter.config import ServeConfig
+from exporter.metrics.exposition import TEXT
+from exporter.metrics.families import BuildInfo, snapshot_families
+from exporter.model import (
+    Activity,
+    GpuIdentity,
+    GpuSample,
+    ProcessSample,
+    RemappedRows,
+    RetiredPages,
+    Snapshot,
+)
+from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
+from exporter.nvml.mig import profile_from_attributes, profile_from_name
+from exporter.nvml.pcie import PcieThroughputReader
+from exporter.nvml.sampler import NvmlSampler
+from exporter.nvml.simulator import FleetError, SimulatedNvml
+from exporter.nvml.simulator.fleet import parse_fleet
+from exporter.sampling import SamplingLoop
+from tests.helpers import ManualClock, require_tool, running_daemon, series, value
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+MIG_LAYOUT = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+
+
+def make(
+    document: dict[str, object], *, events: bool = False, pcie: bool = False
+) -> tuple[NvmlSampler, ManualClock, SimulatedNvml]:
+    clock = ManualClock()
+    driver = SimulatedNvml(parse_fleet(document), clock=clock, wall=lambda: 1.7e9 + clock())
+    sampler = NvmlSampler(
+        driver,
+        clock=clock,
+        events=EventWatcher(driver, wall=lambda: 1.7e9 + clock()) if events else None,
+        pcie=PcieThroughputReader(driver, period=0.05) if pcie else None,
+    )
+    sampler.start()
+    return sampler, clock, driver
+
+
+@pytest.fixture
+def closing() -> Iterator[list[NvmlSampler]]:
+    """Samplers to close after the test (they may run helper threads)."""
+    samplers: list[NvmlSampler] = []
+    yield samplers
+    for sampler in samplers:
+        sampler.close()
+
+
+def physical(gpus: tuple[GpuSample, ...]) -> dict[int, GpuSample]:
+    return {g.identity.index: g for g in gpus if not g.identity.is_mig_instance}
+
+
+def instances(gpus: tuple[GpuSample, ...]) -> dict[str, GpuSample]:
+    return {g.identity.uuid: g for g in gpus if g.identity.is_mig_instance}
+
+
+def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- GPM ------------------------------------------------------------------------------------
+
+
+def test_gpm_activity_from_two_samples_and_integrated_counters() -> None:
+    sampler, clock, _ = make(
+        {
+            "gpus": [{"model": "h100-sxm"}, {"model": "a100-sxm4-80gb"}],
+            "processes": [
+                {"pid": 1, "gpu": 0, "pattern": "steady", "level": 0.8, "tensor_intensity": 0.5},
+                {"pid": 2, "gpu": 1, "pattern": "steady", "level": 0.8},
+            ],
+        }
+    )
+    clock.advance(1)
+    first = physical(sampler.sample()[0])
+    assert first[0].activity.sm_active is None, "one sample is no window yet"
+    assert first[0].sm_active_seconds_total is None
+    total = 0.0
+    for _ in range(10):
+        clock.advance(0.5)
+        hopper = physical(sampler.sample()[0])[0]
+        activity = hopper.activity
+        assert activity.sm_active is not None
+        total += activity.sm_active * 0.5
+        assert 0.6 < activity.sm_active < 0.85
+        assert activity.tensor_active == pytest.approx(activity.sm_active / 0.92 * 0.5)
+        assert activity.dram_active is not None
+        assert activity.pcie_receive_bytes_per_second is not None
+        assert activity.pcie_receive_bytes_per_second > 0
+        assert activity.nvlink_transmit_bytes_per_second is not None
+    assert hopper.sm_active_seconds_total == pytest.approx(total)
+    assert hopper.tensor_active_seconds_total is not None
+    assert hopper.dram_active_seconds_total is not None
+    ampere = physical(sampler.sample()[0])[1]
+    assert ampere.activity.sm_active is None, "no GPM before Hopper: absent, not 0"
+    assert ampere.sm_active_seconds_total is None
+
+
+def test_gpm_windows_shorter_than_100ms_wait_for_the_next_cycle() -> None:
+    sampler, clock, _ = make({"gpus": [{"model": "h200-sxm"}], "processes": [{"pid": 1, "gpu": 0}]})
+    sampler.sample()
+    clock.advance(0.05)
+    assert sampler.sample()[0][0].activity.sm_active is None
+    clock.advance(0.1)
+    gpu = sampler.sample()[0][0]
+    assert gpu.activity.sm_active is not None
+    assert gpu.sm_active_seconds_total == pytest.approx(gpu.activity.sm_active * 0.15)
+
+
+# -- MIG ------------------------------------------------------------------------------------
+
+
+def mig_fleet() -> dict[str, object]:
+    return {
+        "gpus": [{"model": "h100-sxm", "mig": MIG_LAYOUT}, {"model": "h100-sxm"}],
+        "processes": [
+            {"pid": 10, "gpu": 0, "mig_instance": 0, "memory": "30GiB", "level": 0.9},
+            {"pid": 11, "gpu": 0, "mig_instance": 2, "memory": "5GiB", "level": 0.5},
+            {"pid": 12, "gpu": 0, "mig_instance": 3, "memory": "2GiB", "pattern": "idle"},
+            {"pid": 20, "gpu": 1, "memory": "10GiB"},
+        ],
+        "faults": [{"kind": "mig_layout", "gpu": 0, "at": "10s", "mig": ["3g.40gb", "4g.40gb"]}],
+    }
+
+
+def test_each_mig_instance_is_a_gpu_with_its_memory_processes_and_gpm() -> None:
+    sampler, clock, _ = make(mig_fleet())
+    clock.advance(1)
+    sampler.sample()
+    clock.advance(1)
+    gpus, status = sampler.sample()
+    assert status.success
+    parent = physical(gpus)[0]
+    assert parent.mig_mode_enabled is True
+    assert physical(gpus)[1].mig_mode_enabled is False
+    assert parent.utilization is None, "NVML reports no utilization in MIG mode: not faked"
+    assert parent.busy_seconds_total is None
+    assert parent.processes is None, "processes are listed per instance"
+    assert parent.power_watts is not None
+    assert parent.activity.sm_active is not None, "GPM of the whole GPU"
+    found = sorted(instances(gpus).values(), key=lambda g: g.identity.gpu_instance or 0)
+    assert [g.identity.mig_profile for g in found] == MIG_LAYOUT
+    assert [g.identity.gpu_instance for g in found] == [1, 2, 3, 4]
+    big = found[0]
+    assert big.identity.index == 0
+    assert big.identity.uuid.startswith("MIG-")
+    assert big.identity.parent_uuid == parent.identity.uuid
+    assert big.identity.model == parent.identity.model
+    assert big.memory_used_bytes == 30 * 2**30
+    assert big.memory_total_bytes == 39.5 * 2**30
+    assert big.processes is not None
+    assert [(p.pid, p.sm_utilization) for p in big.processes] == [(10, None)]
+    assert big.utilization is None
+    assert big.activity.sm_active is not None
+    assert big.activity.sm_active > found[2].activity.sm_active  # type: ignore[operator]
+    assert big.activity.pcie_transmit_bytes_per_second is None, "PCIe belongs to the GPU"
+    assert found[1].processes == ()
+    # order: each physical GPU followed by its instances
+    assert [(g.identity.index, g.identity.gpu_instance) for g in gpus] == [
+        (0, None),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (1, None),
+    ]
+
+
+def test_mig_instances_appear_and_vanish_when_the_layout_changes() -> None:
+    sampler, clock, _ = make(mig_fleet())
+    clock.advance(1)
+    before = instances(sampler.sample()[0])
+    clock.now = 11
+    after = instances(sampler.sample()[0])
+    assert len(before) == 4
+    assert len(after) == 2
+    kept = set(before) & set(after)
+    assert len(kept) == 1, "the 3g.40gb instance in the same place stays"
+    assert before[next(iter(kept))].identity.mig_profile == "3g.40gb"
+    (new,) = set(after) - set(before)
+    assert after[new].identity.mig_profile == "4g.40gb"
+    assert after[new].processes == (), "the processes of destroyed instances stopped"
+
+
+def test_mig_profile_names() -> None:
+    assert profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb") == "1g.5gb"
+    assert profile_from_name("NVIDIA H100 80GB HBM3 MIG 3g.40gb") == "3g.40gb"
+    assert profile_from_name("NVIDIA H100 80GB HBM3") is None
+    # From slices and memory: the catalog's nearest profile, or NVIDIA's naming pattern.
+    assert profile_from_attributes("NVIDIA H100 80GB HBM3", 1, 9984) == "1g.10gb"
+    assert profile_from_attributes("NVIDIA H100 80GB HBM3", 1, 20096) == "1g.20gb"
+    assert profile_from_attributes("NVIDIA H100 NVL", 3, 47616) == "3g.47gb"
+    assert profile_from_attributes("NVIDIA Unknown GPU", 2, 24576) == "2g.24gb"
+
+
+# -- throttle time and memory health --------------------------------------------------------
+
+
+def test_throttle_time_accumulates_under_sustained_load() -> None:
+    sampler, clock, _ = make(
+        {
+            "gpus": [{"model": "h100-sxm", "cooling": "poor"}, {"model": "l4"}],
+            "processes": [{"pid": 1, "gpu": 0, "level": 1.0, "memory_intensity": 1.0}],
+        }
+    )
+    for _ in range(300):
+        clock.advance(1)
+        gpus = physical(sampler.sample()[0])
+    hot = dict(gpus[0].throttle_seconds)
+    idle = dict(gpus[1].throttle_seconds)
+    assert set(hot) == {
+        "power",
+        "thermal",
+        "sync_boost",
+        "board_limit",
+        "low_utilization",
+        "reliability",
+        "app_clocks",
+        "base_clocks",
+    }
+    assert hot["thermal"] > 30, "a poorly cooled GPU under load spends time thermally throttled"
+    assert hot["power"] > 100, "and at its power cap"
+    assert hot["low_utilization"] == 0
+    assert hot["app_clocks"] >= max(hot["power"], hot["thermal"])
+    # read on the health clock: last at t = 296 s, 295 s after the first reading
+    assert idle["low_utilization"] == pytest.approx(296, abs=1)
+    assert idle["thermal"] == 0
+
+
+def test_health_is_read_on_its_own_slower_clock() -> None:
+    sampler, clock, _ = make({"gpus": [{"model": "l4"}]})
+    readings = []
+    for _ in range(12):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        readings.append(dict(gpu.throttle_seconds)["low_utilization"])
+    # first read at 1 s, then every HEALTH_PERIOD_SECONDS (5 s): the last reading in between
+    assert readings == [1.0] * 5 + [6.0] * 5 + [11.0] * 2
+
+
+def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_versa() -> None:
+    sampler, clock, driver = make(
+        {
+            "gpus": [{"model": "l4", "count": 3}],
+            "faults": [
+                {"kind": "error", "gpu": 0, "function": "nvmlDeviceGetFieldValues"},
+                {
+                    "kind": "error",
+                    "gpu": 1,
+                    "function": "nvmlDeviceGetViolationStatus",
+                    "error": "function_not_found",
+                },
+            ],
+        }
+    )
+    all_fields = driver.nvmlDeviceGetFieldValues
+
+    def without_app_clocks_field(handle: Any, field_ids: list[int]) -> Any:
+        values = all_fields(handle, field_ids)
+        for field in values:  # a driver that no longer fills the deprecated total
+            if field.fieldId == pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS:
+                field.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    driver.nvmlDeviceGetFieldValues = without_app_clocks_field  # type: ignore[method-assign]
+    clock.advance(3)
+    gpus = physical(sampler.sample()[0])
+    for gpu in (0, 2):  # no field values at all / one field missing: the violation status
+        throttle = dict(gpus[gpu].throttle_seconds)
+        assert len(throttle) == 8
+        assert throttle["low_utilization"] == pytest.approx(3)
+        assert throttle["app_clocks"] == pytest.approx(3)
+    # Without the violation status, a reason whose field is missing is absent, not 0.
+    throttle = dict(gpus[1].throttle_seconds)
+    assert "app_clocks" not in throttle
+    assert throttle["low_utilization"] == pytest.approx(3)
+
+
+def test_remapped_rows_and_retired_pages_where_supported() -> None:
+    sampler, clock, _ = make(
+        {
+            "gpus": [
+                {"model": "a100-sxm4-80gb"},
+                {"model": "v100-sxm2-32gb"},
+                {"model": "l4"},
+                {"model": "h100-sxm", "mig": ["7g.80gb"]},
+            ],
+            "faults": [
+                {"kind": "ecc", "gpu": 0, "at": "2s", "uncorrected": 2},
+                {"kind": "ecc", "gpu": 1, "at": "2s", "corrected": 4, "uncorrected": 1},
+            ],
+        }
+    )
+    clock.advance(1)
+    before = physical(sampler.sample()[0])
+    clock.advance(5)  # the next reading on the health clock
+    after = physical(sampler.sample()[0])
+    rows = before[0].remapped_rows
+    assert rows is not None
+    assert (rows.correctable, rows.uncorrectable, rows.pending, rows.failed) == (0, 0, False, False)
+    rows = after[0].remapped_rows
+    assert rows is not None
+    assert (rows.uncorrectable, rows.pending) == (2, True)
+    assert after[0].retired_pages is None, "A100 remaps rows instead of retiring pages"
+    pages = after[1].retired_pages
+    assert pages is not None
+    assert (pages.single_bit, pages.double_bit, pages.pending) == (2, 1, True)
+    assert after[1].remapped_rows is None
+    assert after[2].remapped_rows is None, "GDDR: neither"
+    assert after[2].retired_pages is None
+    assert after[3].remapped_rows is None, "not with MIG on"
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def xid_fleet() -> dict[str, object]:
+    return {
+        "gpus": [{"count": 2}],
+        "faults": [
+            {"kind": "xid", "gpu": 0, "at": "1s", "xid": 79},
+            {"kind": "xid", "gpu": 0, "at": "2s", "xid": 79},
+            {"kind": "xid", "gpu": 1, "at": "2s", "xid": 13},
+            {"kind": "ecc", "gpu": 1, "at": "3s", "corrected": 5},
+        ],
+    }
+
+
+def test_an_xid_raised_twice_counts_two(closing: list[NvmlSampler]) -> None:
+    sampler, clock, _ = make(xid_fleet(), events=True)
+    closing.append(sampler)
+    assert physical(sampler.sample()[0])[0].xid_errors == ()
+    clock.now = 2.5
+
+    def counts() -> dict[int, tuple[tuple[int, int], ...]]:
+        return {i: g.xid_errors for i, g in physical(sampler.sample()[0]).items()}
+
+    wait_until(lambda: counts() == {0: ((79, 2),), 1: ((13, 1),)}, "two XID 79 and one XID 13")
+    gpu = physical(sampler.sample()[0])[0]
+    assert gpu.last_xid_timestamp_seconds == pytest.approx(1.7e9 + 2.5)
+
+
+def test_ecc_event_refreshes_the_ecc_counters_between_cycles(closing: list[NvmlSampler]) -> None:
+    sampler, clock, _ = make(xid_fleet(), events=True)
+    closing.append(sampler)
+    stale = physical(sampler.sample()[0])[1]
+    assert stale.ecc_corrected_total == 0
+    clock.now = 3
+    # Without a new cycle, the store already holds the totals the event thread read.
+    watcher = sampler._events
+    assert watcher is not None
+    wait_until(
+        lambda: (watcher.store.get(stale.identity.uuid) or GpuEvents()).ecc_corrected == 5,
+        "the ECC totals read after the event",
+    )
+    (fresh,) = sampler.overlay_events((stale,))
+    assert fresh.ecc_corrected_total == 5
+
+
+def test_with_events_keeps_xids_of_a_down_gpu_and_never_lowers_a_counter() -> None:
+    sampler, _, _ = make({"gpus": [{}]})
+    (up,) = sampler.sample()[0]
+    events = GpuEvents(xid_counts=((79, 1),), last_xid_timestamp=5.0, ecc_corrected=2)
+    merged = with_events(up, events)
+    assert merged.xid_errors == ((79, 1),)
+    assert merged.ecc_corrected_total == 2
+    assert with_events(replace(up, ecc_corrected_total=9), events).ecc_corrected_total == 9
+    down = with_events(replace(up, up=False, ecc_corrected_total=None), events)
+    assert down.xid_errors == ((79, 1),)
+    assert down.ecc_corrected_total is None
+    assert with_events(up, None) is up
+
+
+def test_the_event_thread_outlives_failing_waits_and_detaches_in_bounded_time() -> None:
+    clock = ManualClock()
+    driver = SimulatedNvml(parse_fleet(xid_fleet()), clock=clock)
+    failures = iter([pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)] * 3)
+    real_wait = driver.nvmlEventSetWait_v2
+
+    def flaky_wait(event_set: object, timeout_ms: int) -> object:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return real_wait(event_set, timeout_ms)
+
+    driver.nvmlEventSetWait_v2 = flaky_wait  # type: ignore[method-assign]
+    driver.nvmlInit()
+    watcher = EventWatcher(driver, wait_ms=50)
+    watcher.start()
+    handles = [driver.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    assert watcher.attach([("GPU-a", handles[0]), ("GPU-b", handles[1])]) == 2
+    clock.now = 2
+    wait_until(lambda: watcher.store.get("GPU-a") is not None, "an XID after three failed waits")
+    started = time.monotonic()
+    watcher.detach()
+    assert time.monotonic() - started < 5, "detach waits for one wait at most"
+    # Re-attached (as after a re-init): only events from then on.
+    watcher.attach([("GPU-a", handles[0])])
+    watcher.close()
+    events = watcher.store.get("GPU-a")
+    assert events is not None
+    assert events.xid_counts[0][0] == 79
+
+
+def test_gpus_that_cannot_register_are_skipped() -> None:
+    driver = SimulatedNvml(
+        parse_fleet(
+            {
+                "gpus": [{"count": 2}],
+                "faults": [
+                    {
+                        "kind": "error",
+                        "gpu": 1,
+                        "function": "nvmlDeviceRegisterEvents",
+                        "error": "not_supported",
+                    }
+                ],
+            }
+        )
+    )
+    driver.nvmlInit()
+    watcher = EventWatcher(driver, wait_ms=20)
+    handles = [driver.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    assert watcher.attach([("a", handles[0]), ("b", handles[1])]) == 1
+    watcher.close()
+
+
+async def test_an_event_is_published_before_the_next_cycle() -> None:
+    driver = SimulatedNvml(
+        parse_fleet({"gpus": [{}], "faults": [{"kind": "xid", "gpu": 0, "at": "300ms", "xid": 94}]})
+    )
+    sampling = SamplingLoop(
+        replace(ServeConfig(), collect_interval=600.0), driver, build=BuildInfo("test")
+    )
+    await sampling.start()
+    task = asyncio.create_task(sampling.run())
+    try:
+        for _ in range(500):
+            exposition = sampling.exposition
+            if exposition is not None:
+                text = exposition.render(TEXT).body.decode()
+                if series(text, "gpu_xid_errors_total"):
+                    break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the XID never reached /metrics")
+        assert value(text, "gpu_xid_errors_total", xid="94") == 1
+        assert value(text, "gpuscope_sample_cycles_total") == 1, "no new cycle was needed"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sampling.close()
+
+
+def test_event_store_is_thread_safe_and_counts_per_xid() -> None:
+    store = EventStore()
+    changes = []
+    store.on_change = lambda: changes.append(1)
+
+    def record() -> None:
+        for _ in range(500):
+            store.record_xid("GPU-x", 48, 1.0)
+
+    threads = [threading.Thread(target=record) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    events = store.get("GPU-x")
+    assert events is not None
+    assert events.xid_counts == ((48, 2000),)
+    assert len(changes) == 2000
+
+
+# -- PCIe throughput on its own thread ------------------------------------------------------
+
+
+def test_the_cycle_stays_on_time_while_pcie_throughput_is_being_read(
+    closing: list[NvmlSampler],
+) -> None:
+    sampler, clock, driver = make(
+        {"gpus": [{"model": "a100-sxm4-80gb", "count": 4}], "processes": [{"pid": 1, "gpu": 0}]},
+        pcie=True,
+    )
+    closing.append(sampler)
+    release = threading.Event()
+    reading = threading.Event()
+    real_read = driver.nvmlDeviceGetPcieThroughput
+
+    def stuck_read(handle: object, counter: int) -> int:
+        reading.set()
+        release.wait(30)  # a read that does not return until the test says so
+        return real_read(handle, counter)
+
+    driver.nvmlDeviceGetPcieThroughput = stuck_read  # type: ignore[method-assign]
+    try:
+        assert reading.wait(10), "the PCIe thread started reading"
+        # The PCIe thread is blocked inside the driver; cycles go on regardless.
+        for _ in range(5):
+            clock.advance(1)
+            gpus, status = sampler.sample()
+            assert status.success
+            assert all(g.activity.pcie_transmit_bytes_per_second is None for g in gpus)
+    finally:
+        release.set()
+    wait_until(
+        lambda: physical(sampler.sample()[0])[0].activity.pcie_receive_bytes_per_second,
+        "PCIe figures once the reads return",
+    )
+
+
+def test_pcie_figures_go_stale_rather_than_linger() -> None:
+    clock = ManualClock()
+    driver = SimulatedNvml(parse_fleet({"gpus": [{"model": "l4"}]}), clock=clock)
+    driver.nvmlInit()
+    reader = PcieThroughputReader(driver, period=0.01, clock=clock)
+    reader.start()
+    reader.attach([("GPU-l4", driver.nvmlDeviceGetHandleByIndex(0))])
+    wait_until(lambda: reader.latest("GPU-l4") is not None, "a first round")
+    reader.detach()
+    clock.advance(10)
+    assert reader.latest("GPU-l4") is None
+    reader.close()
+
+
+# -- fleet keys -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        ({"gpus": [{"model": "l4", "mig": ["1g.10gb"]}]}, "has no MIG mode"),
+        ({"gpus": [{"mig": ["5g.50gb"]}]}, "'5g.50gb' is not a MIG profile"),
+        ({"gpus": [{"mig": ["4g.40gb", "4g.40gb"]}]}, "at most 1 4g.40gb"),
+        ({"gpus": [{"mig": ["3g.40gb", "3g.40gb", "1g.10gb"]}]}, "do not fit one GPU"),
+        ({"gpus": [{"mig": "3g.40gb"}]}, "expected a list"),
+        (
+            {"gpus": [{"mig": ["7g.80gb"]}], "processes": [{"pid": 1, "gpu": 0}]},
+            "give the process a mig_instance",
+        ),
+        ({"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "mig_instance": 0}]}, "not in MIG mode"),
+        (
+            {
+                "gpus": [{"mig": ["7g.80gb"]}],
+                "processes": [{"pid": 1, "gpu": 0, "mig_instance": 1}],
+            },
+            "1 is not an instance of GPU 0",
+        ),
+        (
+            {
+                "gpus": [{"mig": ["1g.10gb"]}],
+                "processes": [{"pid": 1, "gpu": 0, "mig_instance": 0, "memory": "12GiB"}],
+            },
+            "does not fit a 1g.10gb instance",
+        ),
+        (
+            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "mig_instance": -1}]},
+            "not an instance position",
+        ),
+        ({"gpus": [{}], "faults": [{"kind": "xid", "gpu": 0}]}, "xid: an XID number"),
+        ({"gpus": [{}], "faults": [{"kind": "xid", "xid": 79}]}, "gpu: missing"),
+        (
+            {"gpus": [{}], "faults": [{"kind": "gpu_lost", "gpu": 0, "xid": 79}]},
+            "only faults of kind xid",
+        ),
+        (
+            {"gpus": [{}], "faults": [{"kind": "mig_layout", "gpu": 0, "mig": []}]},
+            "not in MIG mode",
+        ),
+        (
+            {
+                "gpus": [{"mig": []}],
+                "faults": [{"kind": "mig_layout", "gpu": 0, "mig": ["9g.1gb"]}],
+            },
+            "not a MIG profile",
+        ),
+        (
+            {"gpus": [{}], "faults": [{"kind": "ecc", "gpu": 0, "mig": []}]},
+            "only faults of kind mig_layout",
+        ),
+        (
+            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "tensor_intensity": 2}]},
+            "tensor_intensity",
+        ),
+    ],
+)
+def test_bad_deeper_fleets_say_what_is_wrong(document: dict[str, object], problem: str) -> None:
+    with pytest.raises(FleetError, match=problem.replace("(", r"\(")):
+        parse_fleet(document)
+
+
+def test_simulated_gpm_mig_and_event_functions_behave_like_nvml() -> None:
+    clock = ManualClock()
+    nvml = SimulatedNvml(parse_fleet(mig_fleet()), clock=clock, wall=lambda: 1.7e9 + clock())
+    nvml.nvmlInit()
+    parent, plain = (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    assert nvml.nvmlDeviceGetMigMode(parent) == [1, 1]
+    assert nvml.nvmlDeviceGetMaxMigDeviceCount(plain) == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetUtilizationRates(parent)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 4)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetMigDeviceHandleByIndex(plain, 0)
+    mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, 3)
+    assert nvml.nvmlDeviceGetName(mig) == "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    assert nvml.nvmlDeviceGetAttributes_v2(mig).gpuInstanceSliceCount == 1
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetPowerUsage(mig)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetGpuInstanceId(plain)
+    processes = nvml.nvmlDeviceGetComputeRunningProcesses(parent)
+    assert {(p.pid, p.gpuInstanceId) for p in processes} == {(10, 1), (11, 3), (12, 4)}
+    clock.now = 11
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetUUID(mig)  # destroyed by the layout change
+
+    first, second = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+    nvml.nvmlGpmMigSampleGet(parent, 1, first)
+    clock.advance(1)
+    nvml.nvmlGpmSampleGet(parent, second)
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = 1
+    request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    request.sample1, request.sample2 = first, second
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlGpmMetricsGet(request)  # samples of different targets
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlGpmMigSampleGet(parent, 9, first)
+    nvml.nvmlGpmSampleFree(first)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlGpmSampleFree(first)
+
+    events = nvml.nvmlEventSetCreate()
+    nvml.nvmlDeviceRegisterEvents(plain, pynvml.nvmlEventTypeXidCriticalError, events)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        nvml.nvmlEventSetWait_v2(events, 30)
+    nvml.nvmlEventSetFree(events)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlEventSetWait_v2(events, 30)
+
+
+def test_simulated_gpus_before_hopper_have_no_gpm() -> None:
+    nvml = SimulatedNvml(parse_fleet({"gpus": [{"model": "l4"}]}))
+    nvml.nvmlInit()
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlGpmSampleGet(handle, nvml.nvmlGpmSampleAlloc())
+
+
+# -- families (pure) ------------------------------------------------------------------------
+
+
+def deeper_families(*gpus: GpuSample) -> dict[str, list[tuple[dict[str, str], float]]]:
+    snapshot = Snapshot(timestamp=1.0, gpus=gpus, collectors=())
+    return {
+        family.name: [(dict(s.labels), s.value) for s in family.samples]
+        for family in snapshot_families(snapshot, BuildInfo("1", "3.11"))
+    }
+
+
+PARENT = GpuIdentity(1, "GPU-p", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", "570", "12.8")
+INSTANCE = replace(PARENT, uuid="MIG-i", mig_profile="3g.40gb", gpu_instance=2, parent_uuid="GPU-p")
+
+
+def test_mig_instance_series_carry_profile_and_instance_and_info_the_parent() -> None:
+    found = deeper_families(
+        GpuSample(PARENT, up=True, mig_mode_enabled=True, power_watts=300.0),
+        GpuSample(
+            INSTANCE,
+            up=True,
+            memory_used_bytes=2**30,
+            processes=(ProcessSample(7, 2**30, None, None),),
+            activity=Activity(sm_active=0.5),
+            sm_active_seconds_total=3.0,
+        ),
+    )
+    mig = {"gpu": "1", "uuid": "MIG-i", "model": PARENT.model}
+    mig_labels = {**mig, "mig_profile": "3g.40gb", "gpu_instance": "2"}
+    assert (mig_labels, 1) in found["gpu_up"]
+    assert ({"gpu": "1", "uuid": "GPU-p", "model": PARENT.model}, 1) in found["gpu_up"]
+    info = [labels for labels, _ in found["gpu_info"] if labels["uuid"] == "MIG-i"]
+    assert info == [
+        {
+            **mig_labels,
+            "parent_uuid": "GPU-p",
+            "pci_bus_id": PARENT.pci_bus_id,
+            "driver_version": "570",
+            "cuda_version": "12.8",
+        }
+    ]
+    assert found["gpu_memory_used_bytes"] == [(mig_labels, 2**30)]
+    assert found["gpu_process_memory_used_bytes"] == [({**mig_labels, "pid": "7"}, 2**30)]
+    assert found["gpu_sm_active_ratio"] == [(mig_labels, 0.5)]
+    assert found["gpu_sm_active_seconds"] == [(mig_labels, 3.0)]
+    assert found["gpu_mig_mode_enabled"] == [
+        ({"gpu": "1", "uuid": "GPU-p", "model": PARENT.model}, 1)
+    ]
+    assert found["gpu_power_watts"][0][0] == {"gpu": "1", "uuid": "GPU-p", "model": PARENT.model}
+
+
+def test_health_series() -> None:
+    found = deeper_families(
+        GpuSample(
+            PARENT,
+            up=True,
+            throttle_seconds=(("power", 1.5), ("thermal", 0.0)),
+            remapped_rows=RemappedRows(1, 2, pending=True, failed=False),
+            retired_pages=RetiredPages(3, 0, pending=None),
+            xid_errors=((48, 1), (79, 2)),
+            last_xid_timestamp_seconds=1234.5,
+        )
+    )
+    labels = {"gpu": "1", "uuid": "GPU-p", "model": PARENT.model}
+    assert found["gpu_throttle_seconds"] == [
+        ({**labels, "reason": "power"}, 1.5),
+        ({**labels, "reason": "thermal"}, 0.0),
+    ]
+    assert found["gpu_remapped_rows"] == [
+        ({**labels, "cause": "correctable"}, 1),
+        ({**labels, "cause": "uncorrectable"}, 2),
+    ]
+    assert found["gpu_remapped_rows_pending"] == [(labels, 1)]
+    assert found["gpu_remapped_rows_failed"] == [(labels, 0)]
+    assert found["gpu_retired_pages"] == [
+        ({**labels, "cause": "single_bit"}, 3),
+        ({**labels, "cause": "double_bit"}, 0),
+    ]
+    assert found["gpu_retired_pages_pending"] == [], "unknown pending status: absent"
+    assert found["gpu_xid_errors"] == [
+        ({**labels, "xid": "48"}, 1),
+        ({**labels, "xid": "79"}, 2),
+    ]
+    assert found["gpu_last_xid_timestamp_seconds"] == [(labels, 1234.5)]
+
+
+def test_a_down_gpu_keeps_its_xid_counters_and_nothing_else_new() -> None:
+    found = deeper_families(
+        GpuSample(
+            PARENT,
+            up=False,
+            xid_errors=((79, 1),),
+            last_xid_timestamp_seconds=9.0,
+            throttle_seconds=(("power", 1.0),),
+            activity=Activity(sm_active=0.4),
+        )
+    )
+    assert [v for _, v in found["gpu_xid_errors"]] == [1]
+    assert [v for _, v in found["gpu_last_xid_timestamp_seconds"]] == [9.0]
+    assert found["gpu_throttle_seconds"] == []
+    assert found["gpu_sm_active_ratio"] == []
+
+
+# -- end to end: the daemon on a simulated fleet --------------------------------------------
+
+E2E_FLEET = """
+seed: 5
+gpus:
+  - {model: h100-sxm}
+  - {model: h100-sxm, mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]}
+  - {model: a100-sxm4-80gb}
+processes:
+  - {pid: 1, gpu: 0, memory: 10GiB, level: 0.9}
+  - {pid: 2, gpu: 1, mig_instance: 0, memory: 10GiB, level: 0.7}
+  - {pid: 3, gpu: 2, memory: 10GiB, pattern: input_starved, level: 0.9, duty: 0.5}
+faults:
+  - {kind: xid, gpu: 0, at: 2s, xid: 79}
+  - {kind: xid, gpu: 0, at: 2300ms, xid: 79}
+  - {kind: mig_layout, gpu: 1, at: 4s, mig: [7g.80gb]}
+"""
+
+
+@pytest.mark.slow
+def test_the_daemon_serves_the_deeper_signals_end_to_end(tmp_path: Path) -> None:
+    promtool = require_tool("promtool")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(E2E_FLEET)
+    with running_daemon(f"--simulate={fleet}", "--collect.interval=100ms") as daemon:
+        daemon.wait_ready()
+        wait_until(
+            lambda: (
+                series(daemon.metrics(), "gpu_xid_errors_total", xid="79")
+                and value(daemon.metrics(), "gpu_xid_errors_total", xid="79") == 2
+            ),
+            "XID 79 twice",
+        )
+        before = daemon.metrics()
+        wait_until(
+            lambda: (
+                {
+                    dict(labels)["mig_profile"]
+                    for labels in series(daemon.metrics(), "gpu_up", gpu="1")
+                    if "mig_profile" in dict(labels)
+                }
+                == {"7g.80gb"}
+            ),
+            "the new MIG layout",
+        )
+        wait_until(
+            lambda: series(daemon.metrics(), "gpu_pcie_receive_bytes_per_second", gpu="2"),
+            "the PCIe thread's figures",
+        )
+        after = daemon.metrics()
+    assert len(series(before, "gpu_up", gpu="1")) == 5, "the GPU and its four instances"
+    assert len(series(after, "gpu_up", gpu="1")) == 2, "the GPU and its one instance"
+    assert value(after, "gpu_xid_errors_total", gpu="0", xid="79") == 2
+    assert value(after, "gpu_mig_mode_enabled", gpu="1") == 1
+    assert value(after, "gpu_pcie_receive_bytes_per_second", gpu="2") > 0
+    assert series(after, "gpu_throttle_seconds_total", gpu="2", reason="power")
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=after,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_driver_without_mig_device_handles_reports_the_gpu_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    document = mig_fleet()
+    document["faults"] = [
+        {
+            "kind": "error",
+            "function": "nvmlDeviceGetMigDeviceHandleByIndex",
+            "error": "function_not_found",
+        }
+    ]
+    sampler, clock, driver = make(document)
+    calls = 0
+    real = driver.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def counted(handle: object, index: int) -> object:
+        nonlocal calls
+        calls += 1
+        return real(handle, index)
+
+    driver.nvmlDeviceGetMigDeviceHandleByIndex = counted  # type: ignore[method-assign]
+    caplog.set_level("INFO")
+    for _ in range(3):
+        clock.advance(1)
+        gpus, status = sampler.sample()
+    assert status.success
+    assert instances(gpus) == {}
+    assert physical(gpus)[0].up
+    assert physical(gpus)[0].mig_mode_enabled is True
+    assert calls == 1, "not asked again until NVML re-initialises"
+    assert len([r for r in caplog.records if getattr(r, "reading", None) == "mig_devices"]) == 1
