@@ -132,7 +132,7 @@ class WebSecurity:
         self._max_requests = max_requests
         self._in_flight = 0
         self._auth_thread: ThreadPoolExecutor | None = None
-        self.connections = connections or Connections()
+        self.connections = connections if connections is not None else Connections()
 
     @classmethod
     def load(

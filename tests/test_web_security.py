@@ -1,0 +1,302 @@
+"""The secured endpoint in-process: the application behind the guarded listener, with TLS from
+trustme's throwaway CAs, reloaded while it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import ssl
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import bcrypt
+import pytest
+import trustme
+from aiohttp import web
+
+from exporter.app import init_app
+from exporter.config import ServeConfig
+from exporter.nvml.simulator import SimulatedNvml, default_fleet
+from exporter.web.security import WebSecurity
+from exporter.web.server import RUNNER_LIMITS, Connections, GuardedSite
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+    from pathlib import Path
+
+CONFIG = replace(ServeConfig(), collect_interval=0.1)
+PASSWORD = "correct horse"
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+class Server:
+    """The daemon's app and listener on a loopback port, for one test."""
+
+    def __init__(self, security: WebSecurity, runner: web.AppRunner, port: int) -> None:
+        self.security = security
+        self.runner = runner
+        self.port = port
+
+    async def request(
+        self,
+        path: str = "/metrics",
+        *,
+        headers: dict[str, str] | None = None,
+        context: ssl.SSLContext | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP/1.1 request on a fresh connection (a plain client: no pooling to reason
+        about)."""
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", self.port, ssl=context, server_hostname="localhost" if context else None
+        )
+        lines = [f"GET {path} HTTP/1.1", "Host: localhost", "Connection: close"]
+        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        raw = await reader.read()
+        writer.close()
+        if not raw:
+            return 0, {}, b""  # the server ended the connection without an answer
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status_line, *header_lines = head.decode().split("\r\n")
+        found = dict(line.split(": ", 1) for line in header_lines)
+        return int(status_line.split()[1]), found, body
+
+    async def peer_certificate(self, context: ssl.SSLContext) -> bytes:
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", self.port, ssl=context, server_hostname="localhost"
+        )
+        certificate = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        return bytes(certificate)
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(
+        web_config: str | None,
+        *,
+        max_requests: int = 40,
+        connections: Connections | None = None,
+        extra_routes: dict[str, Callable[[web.Request], object]] | None = None,
+    ) -> Server:
+        path = None
+        if web_config is not None:
+            path = tmp_path / "web-config.yml"
+            path.write_text(web_config)
+        security = WebSecurity.load(path, max_requests=max_requests, connections=connections)
+        app = init_app(CONFIG, SimulatedNvml(default_fleet(1)), security=security)
+        for route, handler in (extra_routes or {}).items():
+            app.router.add_get(route, handler)  # type: ignore[arg-type]
+        runner = web.AppRunner(app, **RUNNER_LIMITS)
+        await runner.setup()
+        runners.append(runner)
+        site = GuardedSite(
+            runner,
+            "127.0.0.1",
+            0,
+            connections=security.connections,
+            ssl_context=security.ssl_context,
+        )
+        await site.start()
+        server = Server(security, runner, runner.addresses[0][1])
+        for _ in range(200):
+            if security.ssl_context is not None or (await server.request("/-/ready"))[0] == 200:
+                break
+            await asyncio.sleep(0.02)
+        return server
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+async def refused(server: Server, context: ssl.SSLContext) -> bool:
+    """Whether the server refuses this client's handshake. Under TLS 1.3 the client learns that
+    only when it reads: an alert, or the connection closing without an answer."""
+    try:
+        status, _, _ = await server.request(context=context)
+    except (ssl.SSLError, ConnectionError):
+        return True
+    return status == 0
+
+
+class Pki:
+    """Certificates on disk, as a Secret mounts them."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.server_ca = trustme.CA()
+        self.client_ca = trustme.CA()
+        self.issue_server(self.server_ca)
+        self.client_ca.cert_pem.write_to_path(str(directory / "clients-ca.crt"))
+
+    def issue_server(self, ca: trustme.CA) -> bytes:
+        certificate = ca.issue_cert("localhost", "127.0.0.1")
+        certificate.cert_chain_pems[0].write_to_path(str(self.directory / "server.crt"))
+        certificate.private_key_pem.write_to_path(str(self.directory / "server.key"))
+        return ssl.PEM_cert_to_DER_cert(certificate.cert_chain_pems[0].bytes().decode())
+
+    def client(self, *, ca: trustme.CA | None = None, name: str = "prometheus") -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        self.server_ca.configure_trust(context)
+        if ca is not None:
+            ca.issue_cert(name).configure_cert(context)
+        return context
+
+
+TLS = "tls_server_config: {cert_file: server.crt, key_file: server.key}\n"
+MTLS = (
+    "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+    "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: clients-ca.crt\n"
+)
+
+
+async def test_basic_auth_guards_everything_but_the_health_probes(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(f"basic_auth_users: {{prometheus: '{HASH}'}}\n")
+    status, headers, _ = await server.request()
+    assert status == 401
+    assert headers["WWW-Authenticate"].startswith("Basic")
+    assert (await server.request(headers=basic("prometheus", "wrong")))[0] == 401
+    assert (await server.request(headers=basic("nobody", PASSWORD)))[0] == 401
+    assert (await server.request("/", headers=basic("prometheus", "wrong")))[0] == 401
+    status, _, body = await server.request(headers=basic("prometheus", PASSWORD))
+    assert status == 200
+    assert b"gpu_up{" in body
+    assert (await server.request("/-/healthy"))[0] == 200
+    assert (await server.request("/-/ready"))[0] == 200
+
+
+async def test_a_password_is_checked_by_bcrypt_once(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    checks = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda *a: checks.append(1) or real(*a))
+    server = await serve(f"basic_auth_users: {{prometheus: '{HASH}'}}\n")
+    for _ in range(5):
+        assert (await server.request(headers=basic("prometheus", PASSWORD)))[0] == 200
+    assert len(checks) == 1
+
+
+async def test_a_new_certificate_is_served_without_a_restart(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pki = Pki(tmp_path)
+    server = await serve(TLS)
+    first = await server.peer_certificate(pki.client())
+    assert (await server.request(context=pki.client()))[0] == 200
+    second = pki.issue_server(pki.server_ca)  # what cert-manager does before expiry
+    assert second != first
+    assert await asyncio.to_thread(server.security.changed)
+    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert await server.peer_certificate(pki.client()) == second
+    assert (await server.request(context=pki.client()))[0] == 200
+    # an HTTP client on the TLS port gets nothing
+    assert (await server.request())[0] == 0
+
+
+async def test_the_watcher_picks_up_a_changed_file(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pki = Pki(tmp_path)
+    server = await serve(TLS)
+    first = await server.peer_certificate(pki.client())
+    pki.issue_server(pki.server_ca)
+    for _ in range(100):
+        if await server.peer_certificate(pki.client()) != first:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the new certificate was not served within 5 s")
+
+
+async def test_client_certificates_and_a_ca_taken_away(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pki = Pki(tmp_path)
+    server = await serve(MTLS)
+    assert (await server.request(context=pki.client(ca=pki.client_ca)))[0] == 200
+    status, _, _ = await server.request(context=pki.client())  # no client certificate
+    assert status == 403
+    assert (await server.request("/-/healthy", context=pki.client()))[0] == 200, "probes pass"
+    assert await refused(server, pki.client(ca=trustme.CA()))
+    # the clients' CA is replaced: certificates of the old one stop working at once
+    new_ca = trustme.CA()
+    new_ca.cert_pem.write_to_path(str(tmp_path / "clients-ca.crt"))
+    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert await refused(server, pki.client(ca=pki.client_ca))
+    assert (await server.request(context=pki.client(ca=new_ca)))[0] == 200
+
+
+async def test_allowed_sans(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    pki = Pki(tmp_path)
+    server = await serve(MTLS + "  client_allowed_sans: [prometheus]\n")
+    assert (await server.request(context=pki.client(ca=pki.client_ca)))[0] == 200
+    impostor = pki.client(ca=pki.client_ca, name="grafana")
+    assert await refused(server, impostor)
+
+
+async def test_a_bad_reload_keeps_the_config_in_force(serve, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(f"basic_auth_users: {{prometheus: '{HASH}'}}\n")
+    config = tmp_path / "web-config.yml"
+    config.write_text(f"basic_auth_users: {{prometheus: '{HASH}'\n")  # broken YAML
+    with caplog.at_level(logging.ERROR, logger="exporter.web.security"):
+        assert not await asyncio.to_thread(server.security.reload, reason="test")
+    assert (await server.request(headers=basic("prometheus", PASSWORD)))[0] == 200
+    assert (await server.request())[0] == 401
+    (record,) = caplog.records
+    assert record.getMessage() == "web config rejected; the previous one stays in force"
+    assert HASH not in str(record.__dict__)
+    assert not await asyncio.to_thread(server.security.changed), "each bad version: one line"
+    config.write_text(TLS)
+    assert not await asyncio.to_thread(server.security.reload, reason="test")
+    assert "switching TLS on or off needs a restart" in caplog.records[-1].__dict__["error"]
+    config.write_text("basic_auth_users: {}\n")
+    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert (await server.request())[0] == 200
+
+
+async def test_headers_and_rate_limit(serve) -> None:  # type: ignore[no-untyped-def]
+    server = await serve(
+        "http_server_config: {headers: {X-Frame-Options: deny}}\n"
+        "rate_limit: {interval: 1h, burst: 2}\n"
+    )
+    status, headers, _ = await server.request()
+    assert (status, headers["X-Frame-Options"]) == (200, "deny")
+    assert (await server.request())[0] == 200
+    assert (await server.request())[0] == 429
+    assert (await server.request("/-/healthy"))[0] == 200
+
+
+async def test_requests_beyond_max_requests_get_503(serve) -> None:  # type: ignore[no-untyped-def]
+    gate = asyncio.Event()
+
+    async def slow(_request: web.Request) -> web.Response:
+        await gate.wait()
+        return web.Response(text="done")
+
+    server = await serve(None, max_requests=2, extra_routes={"/slow": slow})
+    held = [asyncio.create_task(server.request("/slow")) for _ in range(2)]
+    await asyncio.sleep(0.2)
+    assert (await server.request())[0] == 503
+    assert (await server.request("/-/healthy"))[0] == 200, "probes are never refused"
+    gate.set()
+    assert [(await task)[0] for task in held] == [200, 200]
+    assert (await server.request())[0] == 200
+
+
+async def test_a_slow_header_is_cut_off_and_others_are_served(serve) -> None:  # type: ignore[no-untyped-def]
+    connections = Connections(header_seconds=0.3, limit=3)
+    server = await serve(None, connections=connections)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+    assert (await server.request())[0] == 200
+    assert await asyncio.wait_for(reader.read(), 5) == b"", "closed by the server"
+    assert connections.closed_slow == 1
+    # more connections than the limit: the extra ones are closed on arrival
+    idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(4)]
+    await asyncio.sleep(0.1)
+    assert connections.refused >= 1
+    for _, idle_writer in idle:
+        idle_writer.close()
+    writer.close()
