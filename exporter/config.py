@@ -438,6 +438,8 @@ def _read_file(path: Path) -> dict[Setting, object]:
         mark = getattr(error, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(where, f"not valid YAML{line}") from error
+    except RecursionError as error:  # found by tests/test_fuzz.py
+        raise ConfigError(where, "nested too deeply") from error
     if document is None:
         return {}
     if not isinstance(document, Mapping):
