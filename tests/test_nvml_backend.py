@@ -1,6 +1,6 @@
 """The production NVML path: `gpuscope serve` (no --simulate) on the real pynvml over the fake
-libnvidia-ml.so.1. Values read, a GPU lost mid-run and recovering, a function missing from the
-driver, the library absent."""
+libnvidia-ml.so.1. Values read and the library absent; the driver's faults (a GPU lost mid-run,
+a function missing, initialisation failing) are in tests/test_faults.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from tests.fake_nvml import (
     FakeNvmlState,
     FakeProcess,
     FakeProcessSample,
-    build_fake_nvml,
 )
 from tests.helpers import ROOT, daemon_command, running_daemon, series, value
 
@@ -116,50 +115,6 @@ def test_values_read_through_real_pynvml(fake_lib_dir: Path, tmp_path: Path) -> 
     assert value(text, "gpuscope_collector_success", collector="nvml") == 1
 
 
-def test_gpu_lost_mid_run_and_back_after_reinit(fake_lib_dir: Path, tmp_path: Path) -> None:
-    state = node_state().write(tmp_path / "state")
-    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
-        daemon.wait_ready()
-        assert gpu_up(daemon, "1") == 1
-        node_state(lost=True).write(state)
-        wait_for(lambda: gpu_up(daemon, "1") == 0, 5, "GPU 1 to go down")
-        text = daemon.metrics()
-        assert gpu_up(daemon, "0") == 1, "the other GPU keeps reporting"
-        assert value(text, "gpu_utilization_ratio", gpu="0") == pytest.approx(0.37)
-        assert not series(text, "gpu_temperature_celsius", gpu="1"), "no fake values for a lost GPU"
-        assert value(text, "gpu_busy_seconds_total", gpu="0") > 0
-        assert series(text, "gpu_info", gpu="1"), "a lost GPU keeps its identity"
-        node_state().write(state)
-        wait_for(lambda: gpu_up(daemon, "1") == 1, 15, "GPU 1 to come back after re-init")
-        assert daemon.process.poll() is None
-    log = "\n".join(daemon.log_lines)
-    assert "GPU stopped answering" in log
-    assert "GPU answers again" in log
-
-
-def test_function_missing_from_an_old_driver_drops_only_its_series(tmp_path: Path) -> None:
-    old_driver = build_fake_nvml(
-        tmp_path / "old-driver",
-        omit=[
-            "nvmlDeviceGetTotalEnergyConsumption",
-            "nvmlDeviceGetComputeRunningProcesses_v3",
-            "nvmlDeviceGetCurrentClocksEventReasons",
-        ],
-    )
-    state = node_state().write(tmp_path / "state")
-    with running_daemon("--collect.interval=100ms", env=fake_env(old_driver, state)) as daemon:
-        daemon.wait_ready()
-        time.sleep(0.5)
-        text = daemon.metrics()
-    assert not series(text, "gpu_energy_joules_total"), "a missing function: series absent, not 0"
-    assert value(text, "gpu_power_watts", gpu="0") == pytest.approx(412.5)
-    # the older functions stand in for the missing newer ones
-    assert value(text, "gpu_processes", gpu="0") == 2
-    assert value(text, "gpu_clock_event_active", gpu="0", reason="sw_power_cap") == 1
-    log = [line for line in daemon.log_lines if "reading=energy" in line]
-    assert len(log) == 2, "logged once per GPU, not once per cycle"
-
-
 def test_library_absent_is_a_one_line_error(tmp_path: Path) -> None:
     if ctypes.util.find_library("nvidia-ml"):
         # A real NVIDIA driver is installed (a GPU machine): the library cannot be made absent
@@ -179,21 +134,3 @@ def test_library_absent_is_a_one_line_error(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("gpuscope: error: NVML library libnvidia-ml.so.1 not found")
     assert "--simulate" in lines[-1]
-
-
-def test_init_failing_at_start_then_succeeding(fake_lib_dir: Path, tmp_path: Path) -> None:
-    broken = node_state()
-    broken.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
-    state = broken.write(tmp_path / "state")
-    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
-        daemon.wait_ready()
-        text = daemon.metrics()
-        assert value(text, "gpuscope_collector_success", collector="nvml") == 0
-        assert not series(text, "gpu_up")
-        node_state().write(state)
-        wait_for(
-            lambda: value(daemon.metrics(), "gpuscope_collector_success", collector="nvml") == 1,
-            10,
-            "NVML to initialise",
-        )
-        assert gpu_up(daemon, "0") == 1

@@ -8,8 +8,9 @@ resourceVersion replays what it missed, and a watch from before `expire()` gets 
 as a status line or as an ERROR event, like the real server.
 
 Faults: `drop_connections()`, `expire()`, `answer_gone(n)`, `send_garbage()`, `go_away()` /
-`come_back()`, and a `delay` before every answer. Test code calls the synchronous methods from
-its own thread; they run on the server's loop and return when done.
+`come_back()`, a `delay` before every answer, and a `failure` status answered to every request.
+Test code calls the synchronous methods from its own thread; they run on the server's loop and
+return when done.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ class FakeKube:
     def __init__(self) -> None:
         self.delay = 0.0
         """Seconds to wait before answering any request (a slow API server)."""
+        self.failure: int | None = None
+        """Answer every request with this HTTP status (e.g. 500) while set."""
         self.gone_as_event = False
         """Answer an expired watch with 200 and an ERROR event instead of a 410 status line."""
         self.requests: list[str] = []
@@ -249,6 +252,8 @@ class FakeKube:
             self.requests.append(request.path_qs)
             if self.delay:
                 await asyncio.sleep(self.delay)
+            if self.failure is not None:
+                return _status(self.failure, "InternalError", "the stand-in was told to fail")
             if request.headers.get("Authorization") is None:
                 return _status(401, "Unauthorized", "no bearer token")
             try:

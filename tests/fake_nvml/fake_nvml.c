@@ -153,6 +153,7 @@ struct fake_state {
     char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
     unsigned int cuda_version;
     unsigned int init_error; /* an nvmlReturn_t that nvmlInit* should fail with */
+    unsigned int event_wait_error; /* an nvmlReturn_t that nvmlEventSetWait_v2 fails with */
     struct fake_device *devices;
     size_t device_count, device_cap;
 };
@@ -398,6 +399,8 @@ static const struct field state_fields[] = {
      sizeof(((struct fake_state *)0)->driver_version), 0},
     {"cuda_version", FIELD_U32, offsetof(struct fake_state, cuda_version), 0, INT32_MAX},
     {"init_error", FIELD_U32, offsetof(struct fake_state, init_error), 0, NVML_ERROR_UNKNOWN},
+    {"event_wait_error", FIELD_U32, offsetof(struct fake_state, event_wait_error), 0,
+     NVML_ERROR_UNKNOWN},
     {NULL, FIELD_U32, 0, 0, 0},
 };
 
@@ -654,6 +657,7 @@ static bool check_device(struct fake_device *d, size_t index, char *err, size_t 
  *   driver_version 550.54.15             system keys, see state_fields[]
  *   cuda_version 12040
  *   init_error 0
+ *   event_wait_error 0                   nonzero: every event wait fails with it
  *   device                               starts the next GPU (index = order in the file),
  *                                        pre-filled with the A100 defaults
  *   name NVIDIA A100-SXM4-80GB           device keys, see device_fields[]; strings run to
@@ -2104,6 +2108,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsi
         struct nvmlEventSet_st *s = rc == NVML_SUCCESS ? find_set(set) : NULL;
         if (rc == NVML_SUCCESS && (!s || !data))
             rc = NVML_ERROR_INVALID_ARGUMENT;
+        if (rc == NVML_SUCCESS && g.state->event_wait_error != NVML_SUCCESS)
+            rc = (nvmlReturn_t)g.state->event_wait_error;
         if (rc != NVML_SUCCESS)
             return leave(rc);
         if (next_event(s, data))

@@ -230,6 +230,7 @@ class FakeNvmlState:
     cuda_version: int = 12040  # as nvmlSystemGetCudaDriverVersion reports: 1000*major + 10*minor
     devices: list[FakeDevice] = field(default_factory=lambda: [FakeDevice()])
     init_error: int = 0  # nvmlReturn_t for nvmlInit to fail with, e.g. 9 = DRIVER_NOT_LOADED
+    event_wait_error: int = 0  # nvmlReturn_t every nvmlEventSetWait_v2 fails with, e.g. 999
 
     def to_text(self) -> str:
         for attr in ("uuid", "pci_bus_id"):
@@ -242,6 +243,7 @@ class FakeNvmlState:
             f"driver_version {_scalar('driver_version', self.driver_version)}",
             f"cuda_version {self.cuda_version}",
             f"init_error {self.init_error}",
+            f"event_wait_error {self.event_wait_error}",
         ]
         for device in self.devices:
             lines += _device_lines(device)
