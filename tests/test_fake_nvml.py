@@ -98,6 +98,12 @@ EXPECTED_EXPORTS = {
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait_v2",
     "nvmlEventSetFree",
+    # what nvitop calls beside, for the peer benchmark (benchmarks/peers.py)
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetPowerManagementLimit",
+    "nvmlDeviceGetFanSpeed",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
 }
 PER_DEVICE_EXPORTS = {name for name in EXPECTED_EXPORTS if name.startswith("nvmlDevice")} - {
     "nvmlDeviceGetCount_v2",
@@ -191,6 +197,10 @@ def expected_device(d: FakeDevice) -> dict[str, object]:
         "ecc_uncorrected_aggregate": d.ecc_uncorrected_volatile,
         "pcie_replay_count": d.pcie_replay_count,
         "performance_state": d.performance_state,
+        "encoder_util_percent": d.encoder_util_percent,
+        "decoder_util_percent": d.decoder_util_percent,
+        "power_management_limit_mw": d.power_limit_mw,
+        "graphics_processes": [],
         "processes": procs(d.processes),
         "processes_v2": procs(d.processes),
         "mps_processes": procs(d.mps_processes),

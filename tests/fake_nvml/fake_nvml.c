@@ -130,6 +130,7 @@ struct fake_device {
     unsigned long long ecc_corrected_volatile, ecc_uncorrected_volatile;
     unsigned int pcie_replay_count;
     unsigned int performance_state;
+    unsigned int encoder_util_percent, decoder_util_percent;
     unsigned int lost;
     struct name_list not_supported; /* exported symbol names answering NOT_SUPPORTED */
     struct process_list processes, mps_processes;
@@ -370,6 +371,8 @@ static const struct field device_fields[] = {
     DEV_U64("ecc_uncorrected_volatile", ecc_uncorrected_volatile),
     DEV_U32("pcie_replay_count", pcie_replay_count, UINT32_MAX),
     DEV_U32("performance_state", performance_state, NVML_PSTATE_UNKNOWN),
+    DEV_U32("encoder_util_percent", encoder_util_percent, 100),
+    DEV_U32("decoder_util_percent", decoder_util_percent, 100),
     DEV_U32("lost", lost, 1),
     DEV_U32("gpm_supported", gpm_supported, 1),
     DEV_U32("mig_mode", mig_mode, 1),
@@ -1571,6 +1574,83 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device,
                                                         nvmlProcessInfo_t *infos)
 {
     return get_processes(device, __func__, true, infoCount, infos);
+}
+#endif
+
+/*
+ * Functions other NVML clients call (nvitop and its exporter, for the peer benchmark in
+ * benchmarks/peers.py): the video engines, the power limit and first fan by their older
+ * names, and graphics processes (none: data-center GPUs run no graphics contexts).
+ */
+static FAKE_MAYBE_UNUSED nvmlReturn_t get_engine_util(nvmlDevice_t device, const char *func,
+                                                      size_t offset, unsigned int *utilization,
+                                                      unsigned int *samplingPeriodUs)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, func, &d);
+    if (rc == NVML_SUCCESS && (!utilization || !samplingPeriodUs))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        memcpy(utilization, (const char *)d + offset, sizeof(*utilization));
+        *samplingPeriodUs = 167000; /* what a real GPU reports for its video engines */
+    }
+    return leave(rc);
+}
+
+#ifndef FAKE_OMIT_nvmlDeviceGetEncoderUtilization
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                             unsigned int *samplingPeriodUs)
+{
+    return get_engine_util(device, __func__, FIELD_OF(encoder_util_percent), utilization,
+                           samplingPeriodUs);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetDecoderUtilization
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
+                                             unsigned int *samplingPeriodUs)
+{
+    return get_engine_util(device, __func__, FIELD_OF(decoder_util_percent), utilization,
+                           samplingPeriodUs);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetPowerManagementLimit
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return get_u32(device, __func__, FIELD_OF(power_limit_mw), limit);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetFanSpeed
+nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && d->num_fans == 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    else if (rc == NVML_SUCCESS && !speed)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *speed = d->fan_speed_percent;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetGraphicsRunningProcesses_v3
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device,
+                                                      unsigned int *infoCount,
+                                                      nvmlProcessInfo_t *infos)
+{
+    const struct fake_device *d;
+    const struct fake_mig *mig;
+    (void)infos;
+    nvmlReturn_t rc = enter_any(device, __func__, &d, &mig);
+    if (rc == NVML_SUCCESS && !infoCount)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *infoCount = 0;
+    return leave(rc);
 }
 #endif
 

@@ -81,6 +81,12 @@ DEVICE_CALLS: dict[str, Callable[[Any], object]] = {
     "nvmlDeviceRegisterEvents": lambda h: pynvml.nvmlDeviceRegisterEvents(
         h, pynvml.nvmlEventTypeXidCriticalError, pynvml.nvmlEventSetCreate()
     ),
+    # what nvitop calls beside (benchmarks/peers.py)
+    "nvmlDeviceGetEncoderUtilization": pynvml.nvmlDeviceGetEncoderUtilization,
+    "nvmlDeviceGetDecoderUtilization": pynvml.nvmlDeviceGetDecoderUtilization,
+    "nvmlDeviceGetPowerManagementLimit": pynvml.nvmlDeviceGetPowerManagementLimit,
+    "nvmlDeviceGetFanSpeed": pynvml.nvmlDeviceGetFanSpeed,
+    "nvmlDeviceGetGraphicsRunningProcesses_v3": pynvml.nvmlDeviceGetGraphicsRunningProcesses,
 }
 
 
@@ -161,6 +167,10 @@ def read_device(h: object) -> dict[str, object]:
         **ecc,
         "pcie_replay_count": pynvml.nvmlDeviceGetPcieReplayCounter(h),
         "performance_state": pynvml.nvmlDeviceGetPerformanceState(h),
+        "encoder_util_percent": pynvml.nvmlDeviceGetEncoderUtilization(h)[0],
+        "decoder_util_percent": pynvml.nvmlDeviceGetDecoderUtilization(h)[0],
+        "power_management_limit_mw": pynvml.nvmlDeviceGetPowerManagementLimit(h),
+        "graphics_processes": _processes(pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)),
         "processes": _processes(pynvml.nvmlDeviceGetComputeRunningProcesses(h)),
         "processes_v2": _processes(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h)),
         "mps_processes": _processes(pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)),

@@ -123,6 +123,8 @@ class FakeDevice:
     ecc_uncorrected_volatile: int = 0
     pcie_replay_count: int = 0
     performance_state: int = 0
+    encoder_util_percent: int = 0  # video engines: read by nvitop (benchmarks/peers.py)
+    decoder_util_percent: int = 0
     lost: bool = False  # every per-device call raises GPU_IS_LOST; sticky until re-init
     gpm_supported: bool = False
     mig_mode: bool = False
