@@ -7,6 +7,10 @@ import asyncio
 import base64
 import logging
 import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -20,6 +24,7 @@ from exporter.config import ServeConfig
 from exporter.nvml.simulator import SimulatedNvml, default_fleet
 from exporter.web.security import WebSecurity
 from exporter.web.server import RUNNER_LIMITS, Connections, GuardedSite
+from tests.helpers import daemon_command, running_daemon
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -300,3 +305,74 @@ async def test_a_slow_header_is_cut_off_and_others_are_served(serve) -> None:  #
     for _, idle_writer in idle:
         idle_writer.close()
     writer.close()
+
+
+# -- the whole program -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "message"),
+    [
+        (
+            ["--web.config.file={dir}/web.yml"],
+            {"web.yml": f"basic_auth_users: {{prometheus: '{HASH}'\n"},
+            "invalid --web.config.file {dir}/web.yml: not valid YAML at line 2",
+        ),
+        (
+            ["--web.config.file={dir}/web.yml"],
+            {"web.yml": TLS},
+            "invalid --web.config.file {dir}/web.yml: tls_server_config.cert_file {dir}/server.crt: No such file or directory",
+        ),
+        (
+            ["--web.config.file={dir}/absent.yml"],
+            {},
+            "invalid --web.config.file: '{dir}/absent.yml' is not a readable file",
+        ),
+        (["--web.max-requests=-1"], {}, "invalid --web.max-requests: '-1' is not a whole number"),
+    ],
+)
+def test_a_bad_web_config_at_start_exits_2_with_one_line(
+    tmp_path: Path, args: list[str], files: dict[str, str], message: str
+) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    result = subprocess.run(
+        daemon_command("--simulate=1", *(arg.format(dir=tmp_path) for arg in args)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gpuscope: error: {message.format(dir=tmp_path)}"
+    ]
+    assert HASH not in result.stderr
+
+
+def test_the_daemon_serves_https_with_basic_auth(tmp_path: Path) -> None:
+    pki = Pki(tmp_path)
+    config = tmp_path / "web-config.yml"
+    config.write_text(TLS + f"basic_auth_users: {{prometheus: '{HASH}'}}\n")
+    with running_daemon("--simulate=1", f"--web.config.file={config}") as daemon:
+        listening = next(line for line in daemon.log_lines if "msg=listening" in line)
+        assert "tls=true" in listening
+        assert "basic_auth_users=1" in listening
+        context = pki.client()
+        url = f"https://localhost:{daemon.port}"
+
+        def get(path: str, headers: dict[str, str] | None = None) -> int:
+            request = urllib.request.Request(url + path, headers=headers or {})
+            try:
+                with urllib.request.urlopen(request, timeout=10, context=context) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        for _ in range(100):
+            if get("/-/ready") == 200:
+                break
+            time.sleep(0.05)
+        assert get("/metrics") == 401
+        assert get("/metrics", basic("prometheus", PASSWORD)) == 200
+        assert get("/-/healthy") == 200

@@ -74,7 +74,7 @@ def _where(pem: Pem, inline_key: str, file_key: str) -> str:
 
 def _reason(error: OSError) -> str:
     if isinstance(error, ssl.SSLError):
-        return error.reason or "not usable"
+        return error.reason or "not PEM, or not usable by OpenSSL"
     return error.strerror or type(error).__name__
 
 
@@ -82,17 +82,23 @@ def server_context(config: TlsServerConfig) -> ssl.SSLContext:
     """A new server context for `config`; raises `WebConfigError` naming what failed to load."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     configure(context, config)
+    for pem, inline_key, file_key in (
+        (config.cert, "cert", "cert_file"),
+        (config.key, "key", "key_file"),
+    ):
+        if pem.path is not None:
+            try:
+                with pem.path.open("rb"):
+                    pass
+            except OSError as error:
+                raise WebConfigError(
+                    f"{_where(pem, inline_key, file_key)}: {_reason(error)}"
+                ) from error
     try:
         with _pem_file(config.cert, "cert") as cert, _pem_file(config.key, "key") as key:
             context.load_cert_chain(cert, key, password=_no_password)
-    except OSError as error:
-        # Which of the two is wrong: a missing or unreadable file names itself; a mismatch or a
-        # file that is not PEM is reported against the pair.
-        where = (
-            _where(config.key, "key", "key_file")
-            if getattr(error, "filename", None) == str(config.key.path)
-            else f"{_where(config.cert, 'cert', 'cert_file')} with its key"
-        )
+    except OSError as error:  # both readable: not PEM, or a key that is not the certificate's
+        where = f"{_where(config.cert, 'cert', 'cert_file')} and its key"
         raise WebConfigError(f"{where}: {_reason(error)}") from error
     if config.client_ca is not None:
         try:
