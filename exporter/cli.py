@@ -214,7 +214,7 @@ async def _serve(
         if settings.web_config_file is None:
             log.info("SIGHUP: no --web.config.file to reload")
             return
-        task = asyncio.create_task(asyncio.to_thread(security.reload, reason="SIGHUP"))
+        task = asyncio.create_task(security.reload(reason="SIGHUP"))
         reloads.add(task)
         task.add_done_callback(reloads.discard)
 

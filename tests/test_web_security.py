@@ -197,7 +197,7 @@ async def test_a_new_certificate_is_served_without_a_restart(serve, tmp_path: Pa
     second = pki.issue_server(pki.server_ca)  # what cert-manager does before expiry
     assert second != first
     assert await asyncio.to_thread(server.security.changed)
-    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert await server.security.reload(reason="test")
     assert await server.peer_certificate(pki.client()) == second
     assert (await server.request(context=pki.client()))[0] == 200
     # an HTTP client on the TLS port gets nothing
@@ -228,7 +228,7 @@ async def test_client_certificates_and_a_ca_taken_away(serve, tmp_path: Path) ->
     # the clients' CA is replaced: certificates of the old one stop working at once
     new_ca = trustme.CA()
     new_ca.cert_pem.write_to_path(str(tmp_path / "clients-ca.crt"))
-    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert await server.security.reload(reason="test")
     assert await refused(server, pki.client(ca=pki.client_ca))
     assert (await server.request(context=pki.client(ca=new_ca)))[0] == 200
 
@@ -246,7 +246,7 @@ async def test_a_bad_reload_keeps_the_config_in_force(serve, tmp_path: Path, cap
     config = tmp_path / "web-config.yml"
     config.write_text(f"basic_auth_users: {{prometheus: '{HASH}'\n")  # broken YAML
     with caplog.at_level(logging.ERROR, logger="exporter.web.security"):
-        assert not await asyncio.to_thread(server.security.reload, reason="test")
+        assert not await server.security.reload(reason="test")
     assert (await server.request(headers=basic("prometheus", PASSWORD)))[0] == 200
     assert (await server.request())[0] == 401
     (record,) = caplog.records
@@ -254,10 +254,10 @@ async def test_a_bad_reload_keeps_the_config_in_force(serve, tmp_path: Path, cap
     assert HASH not in str(record.__dict__)
     assert not await asyncio.to_thread(server.security.changed), "each bad version: one line"
     config.write_text(TLS)
-    assert not await asyncio.to_thread(server.security.reload, reason="test")
+    assert not await server.security.reload(reason="test")
     assert "switching TLS on or off needs a restart" in caplog.records[-1].__dict__["error"]
     config.write_text("basic_auth_users: {}\n")
-    assert await asyncio.to_thread(server.security.reload, reason="test")
+    assert await server.security.reload(reason="test")
     assert (await server.request())[0] == 200
 
 

@@ -35,7 +35,7 @@ from exporter.web.config import (
     parse_web_config,
 )
 from exporter.web.server import Connections
-from exporter.web.tls import LiveTls
+from exporter.web.tls import LiveTls, server_context
 
 if TYPE_CHECKING:
     import ssl
@@ -80,6 +80,16 @@ class _Active:
     config: WebConfig
     auth: BasicAuth | None
     limiter: RateLimiter | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Version:
+    """One reading of the files: what to watch next, and the config built, or why not."""
+
+    watched: tuple[Path, ...]
+    config: WebConfig | None = None
+    context: ssl.SSLContext | None = None
+    error: str | None = None
 
 
 def _active(config: WebConfig) -> _Active:
@@ -131,6 +141,7 @@ class WebSecurity:
         self._signature = _signature(self._watched)
         self._max_requests = max_requests
         self._in_flight = 0
+        self._reloading = asyncio.Lock()
         self._auth_thread: ThreadPoolExecutor | None = None
         self.connections = connections if connections is not None else Connections()
 
@@ -172,29 +183,39 @@ class WebSecurity:
         stat calls)."""
         return self._path is not None and _signature(self._watched) != self._signature
 
-    def reload(self, *, reason: str) -> bool:
-        """Read the file again and put it in force if it is usable; else keep the config in
-        force and log why, once per version of the files (the watcher asks only after a change).
-        Blocking: run it in a thread. True when the new config is in force."""
-        if self._path is None:
-            return False
+    def _prepare(self) -> _Version:
+        """Read the file and build everything from it. Blocking (files, OpenSSL): a thread's."""
+        assert self._path is not None
         watched = self._watched
         try:
             config = _read(self._path)
             watched = self._paths(config)
             if (config.tls is None) != (self._tls is None):
                 raise WebConfigError("switching TLS on or off needs a restart")
-            if self._tls is not None and config.tls is not None:
-                self._tls.replace(config.tls)
+            context = server_context(config.tls) if config.tls is not None else None
         except WebConfigError as error:
-            self._watched, self._signature = watched, _signature(watched)
-            log.error(
-                "web config rejected; the previous one stays in force",
-                extra={"file": str(self._path), "reason": reason, "error": str(error)},
-            )
+            return _Version(watched, error=str(error))
+        return _Version(watched, config, context)
+
+    async def reload(self, *, reason: str) -> bool:
+        """Read the file again and put it in force if it is usable; else keep the config in
+        force and log why. Files are read and contexts built in a thread; the new config is
+        installed on the event loop. True when the new config is in force."""
+        if self._path is None:
             return False
-        self._active = _active(config)
-        self._watched, self._signature = watched, _signature(watched)
+        async with self._reloading:
+            version = await asyncio.to_thread(self._prepare)
+            self._watched, self._signature = version.watched, _signature(version.watched)
+            if version.config is None:
+                log.error(
+                    "web config rejected; the previous one stays in force",
+                    extra={"file": str(self._path), "reason": reason, "error": version.error},
+                )
+                return False
+            tls = version.config.tls
+            if self._tls is not None and tls is not None and version.context is not None:
+                self._tls.install(tls, version.context)
+            self._active = _active(version.config)
         log.info(
             "web config reloaded",
             extra={"file": str(self._path), "reason": reason, **self.describe()},
@@ -206,7 +227,7 @@ class WebSecurity:
         while self._path is not None:
             await asyncio.sleep(CHECK_SECONDS)
             if await asyncio.to_thread(self.changed):
-                await asyncio.to_thread(self.reload, reason="file changed")
+                await self.reload(reason="file changed")
 
     def close(self) -> None:
         if self._auth_thread is not None:

@@ -142,10 +142,10 @@ class LiveTls:
         self.listener = server_context(config)
         self.listener.sni_callback = self._select
 
-    def replace(self, config: TlsServerConfig) -> None:
-        """Serve `config` from the next handshake on; raises `WebConfigError` and changes
-        nothing when it cannot be loaded."""
-        fresh = server_context(config)
+    def install(self, config: TlsServerConfig, fresh: ssl.SSLContext) -> None:
+        """Serve `config` (whose context `server_context` built) from the next handshake on.
+        Call it on the event loop: OpenSSL must not see the listener change while it makes a
+        connection from it."""
         configure(self.listener, config)
         self._current = fresh
 
