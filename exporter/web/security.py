@@ -81,6 +81,12 @@ class _Active:
     auth: BasicAuth | None
     limiter: RateLimiter | None
 
+    @property
+    def guarded(self) -> bool:
+        """Whether requests need checking at all: client certificates or basic auth."""
+        tls = self.config.tls
+        return self.auth is not None or (tls is not None and tls.verifies_clients)
+
 
 @dataclass(frozen=True, slots=True)
 class _Version:
@@ -268,19 +274,21 @@ class WebSecurity:
             )
         self._in_flight += 1
         try:
-            refusal = await self._refusal(request, active)
-            if refusal is not None:
-                return self._headed(refusal, active)
+            if active.guarded:
+                refusal = await self._refusal(request, active)
+                if refusal is not None:
+                    return self._headed(refusal, active)
             response = self._headed(await handler(request), active)
             # Written here, inside the in-flight count and under a deadline, so that a client
-            # that stops reading holds neither a request slot nor its response for long.
+            # that stops reading holds neither a request slot nor its response for long. (A
+            # timer handle, not asyncio.timeout: this is every scrape's path.)
+            transport = request.transport
+            deadline = asyncio.get_running_loop().call_later(WRITE_SECONDS, _abort, transport)
             try:
-                async with asyncio.timeout(WRITE_SECONDS):
-                    await response.prepare(request)
-                    await response.write_eof()
-            except TimeoutError:
-                if request.transport is not None:
-                    request.transport.abort()
+                await response.prepare(request)
+                await response.write_eof()
+            finally:
+                deadline.cancel()
             return response
         finally:
             self._in_flight -= 1
@@ -320,6 +328,11 @@ class WebSecurity:
         for name, value in active.config.headers:
             response.headers[name] = value
         return response
+
+
+def _abort(transport: asyncio.BaseTransport | None) -> None:
+    if isinstance(transport, asyncio.Transport):
+        transport.abort()
 
 
 def _allowed(peer: dict[str, object], sans: tuple[str, ...]) -> bool:

@@ -2,10 +2,11 @@
 
 aiohttp closes a connection that stays idle between requests for `IDLE_SECONDS`, but a client
 that trickles a request header a byte at a time is not idle, and could hold its connection for as
-long as it likes. The guard gives every request `HEADER_SECONDS` from its first byte (or from the
-connection's opening) to the end of its header, after which the connection is closed; a TLS
-handshake gets `TLS_HANDSHAKE_SECONDS`; at most `MAX_CONNECTIONS` are open at once (more are
-closed on arrival); and the request line and headers are capped in size (aiohttp answers 400).
+long as it likes. The guard gives every request `HEADER_SECONDS` from its first byte to the end
+of its header, after which the connection is closed (a connection that sends nothing at all is
+idle, and closed after `IDLE_SECONDS`); a TLS handshake gets `TLS_HANDSHAKE_SECONDS`; at most
+`MAX_CONNECTIONS` are open at once (more are closed on arrival); and the request line and
+headers are capped in size (aiohttp answers 400).
 The response's own write is bounded in `exporter.web.security`.
 """
 
@@ -35,7 +36,8 @@ RUNNER_LIMITS: Final[dict[str, Any]] = {
 
 
 class Connections:
-    """The open connections' guards, found by transport (the request handler knows only that)."""
+    """The open connections' guards, found by transport (the request handler knows only that),
+    and the sweep that closes those whose request header is overdue."""
 
     def __init__(self, *, header_seconds: float = HEADER_SECONDS, limit: int = MAX_CONNECTIONS):
         self.header_seconds = header_seconds
@@ -52,50 +54,70 @@ class Connections:
     def request_started(self, transport: asyncio.BaseTransport | None) -> None:
         guard = self._open.get(transport) if transport is not None else None
         if guard is not None:
-            guard.request_started()
+            guard.header_since = None
+            guard.in_request = True
 
     def request_finished(self, transport: asyncio.BaseTransport | None) -> None:
         guard = self._open.get(transport) if transport is not None else None
         if guard is not None:
-            guard.request_finished()
+            guard.in_request = False  # the next request's header is timed from its first byte
+
+    async def sweep(self) -> None:
+        """Close connections whose header is overdue, a few times per `header_seconds`: one
+        timestamp per request instead of a timer per request on the scrape path."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.header_seconds / 4)
+            overdue = loop.time() - self.header_seconds
+            for transport, guard in list(self._open.items()):
+                since = guard.header_since
+                if since is not None and since < overdue and not guard.in_request:
+                    self.closed_slow += 1
+                    guard.header_since = None
+                    transport.close()
+
+    def _add(self, transport: asyncio.BaseTransport, guard: _Guard) -> bool:
+        if len(self._open) >= self.limit:
+            self.refused += 1
+            return False
+        self._open[transport] = guard
+        return True
+
+    def _remove(self, transport: asyncio.BaseTransport) -> bool:
+        return self._open.pop(transport, None) is not None
 
 
 class _Guard(asyncio.Protocol):
-    """Stands between the transport and aiohttp's request handler, passing every call through."""
+    """Stands between the transport and aiohttp's request handler, passing every call through,
+    and notes when a request's first byte arrived."""
 
-    __slots__ = ("_connections", "_handle", "_in_request", "_inner", "_transport")
+    __slots__ = ("_connections", "_inner", "_loop", "_transport", "header_since", "in_request")
 
     def __init__(self, inner: asyncio.Protocol, connections: Connections) -> None:
         self._inner = inner
         self._connections = connections
+        self._loop = asyncio.get_running_loop()
         self._transport: asyncio.BaseTransport | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._in_request = False
+        self.header_since: float | None = None
+        self.in_request = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        if len(self._connections) >= self._connections.limit:
-            self._connections.refused += 1
+        if not self._connections._add(transport, self):
             transport.close()
             return
-        self._connections._open[transport] = self
-        self._arm()  # the first request's header must arrive in time too
-        self._inner.connection_made(transport)
+        self._inner.connection_made(transport)  # idle until the first byte: aiohttp's timeout
 
     def data_received(self, data: bytes) -> None:
-        if self._handle is None and not self._in_request:
-            self._arm()
+        if self.header_since is None and not self.in_request:
+            self.header_since = self._loop.time()
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if (
-            self._transport is not None
-            and self._connections._open.pop(self._transport, None) is not None
-        ):
+        if self._transport is not None and self._connections._remove(self._transport):
             self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -104,34 +126,11 @@ class _Guard(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._inner.resume_writing()
 
-    def request_started(self) -> None:
-        self._in_request = True
-        self._disarm()
-
-    def request_finished(self) -> None:
-        self._in_request = False  # the next request's header is timed from its first byte
-
-    def _arm(self) -> None:
-        self._handle = asyncio.get_running_loop().call_later(
-            self._connections.header_seconds, self._expire
-        )
-
-    def _disarm(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _expire(self) -> None:
-        self._handle = None
-        if self._transport is not None and not self._in_request:
-            self._connections.closed_slow += 1
-            self._transport.close()
-
 
 class GuardedSite(web.BaseSite):
     """`web.TCPSite`, with every connection behind a `_Guard` and a bounded TLS handshake."""
 
-    __slots__ = ("_connections", "_host", "_port")
+    __slots__ = ("_connections", "_host", "_port", "_sweep")
 
     def __init__(
         self,
@@ -146,6 +145,7 @@ class GuardedSite(web.BaseSite):
         self._host = host
         self._port = port
         self._connections = connections
+        self._sweep: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -165,3 +165,10 @@ class GuardedSite(web.BaseSite):
             ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if self._ssl_context else None,
             reuse_address=True,
         )
+        self._sweep = asyncio.create_task(connections.sweep(), name="gpuscope-header-sweep")
+
+    async def stop(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        await super().stop()
