@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import yaml
+from runtime import runtime_python
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
@@ -324,7 +325,7 @@ def main() -> int:
                 f"--kubelet.pod-resources-socket={Path(scratch) / 'kubelet.sock'}",
             ]
         command = [
-            sys.executable,
+            runtime_python(),
             "-m",
             "exporter",
             "serve",
