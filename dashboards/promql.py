@@ -111,10 +111,10 @@ def grafana_values(
     built-ins for a query `interval`, the data source's scrape interval and a time range."""
     rate_interval = max(interval + scrape_seconds, 4 * scrape_seconds)
     values = {
-        "__rate_interval": f"{rate_interval:g}s",
-        "__interval": f"{interval:g}s",
+        "__rate_interval": _duration(rate_interval),
+        "__interval": _duration(interval),
         "__interval_ms": f"{interval * 1000:.0f}",
-        "__range": f"{range_seconds:.0f}s",
+        "__range": _duration(range_seconds),
         "__range_s": f"{range_seconds:.0f}",
         "__range_ms": f"{range_seconds * 1000:.0f}",
     }
@@ -122,6 +122,12 @@ def grafana_values(
         if variable["type"] == "query":
             values[variable["name"]] = variable["allValue"]
     return values
+
+
+def _duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds, else whole milliseconds (PromQL has no fractions)."""
+    milliseconds = round(seconds * 1000)
+    return f"{milliseconds // 1000}s" if milliseconds % 1000 == 0 else f"{milliseconds}ms"
 
 
 def substitute(text: str, values: Mapping[str, str]) -> str:
