@@ -104,6 +104,32 @@ def variable_references(text: str) -> set[str]:
     return names
 
 
+def grafana_values(
+    dashboard: Json, *, interval: float, scrape_seconds: float, range_seconds: float
+) -> dict[str, str]:
+    """What Grafana substitutes for the variables: "All" for each template variable, and the
+    built-ins for a query `interval`, the data source's scrape interval and a time range."""
+    rate_interval = max(interval + scrape_seconds, 4 * scrape_seconds)
+    values = {
+        "__rate_interval": _duration(rate_interval),
+        "__interval": _duration(interval),
+        "__interval_ms": f"{interval * 1000:.0f}",
+        "__range": _duration(range_seconds),
+        "__range_s": f"{range_seconds:.0f}",
+        "__range_ms": f"{range_seconds * 1000:.0f}",
+    }
+    for variable in variables(dashboard):
+        if variable["type"] == "query":
+            values[variable["name"]] = variable["allValue"]
+    return values
+
+
+def _duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds, else whole milliseconds (PromQL has no fractions)."""
+    milliseconds = round(seconds * 1000)
+    return f"{milliseconds // 1000}s" if milliseconds % 1000 == 0 else f"{milliseconds}ms"
+
+
 def substitute(text: str, values: Mapping[str, str]) -> str:
     """Grafana's interpolation of `values` into a query; a variable not in `values` is an error."""
 

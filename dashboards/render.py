@@ -141,20 +141,12 @@ class Source:
         self.scrape_seconds = scrape_seconds
 
     def values(self, dashboard: Json) -> dict[str, str]:
-        span = self.window.end - self.window.start
-        interval = max(self.window.step, self.scrape_seconds)
-        values = {
-            "__rate_interval": f"{max(interval + self.scrape_seconds, 4 * self.scrape_seconds):g}s",
-            "__interval": f"{interval:g}s",
-            "__interval_ms": f"{interval * 1000:.0f}",
-            "__range": f"{span:.0f}s",
-            "__range_s": f"{span:.0f}",
-            "__range_ms": f"{span * 1000:.0f}",
-        }
-        for variable in promql.variables(dashboard):
-            if variable["type"] == "query":
-                values[variable["name"]] = variable["allValue"]
-        return values
+        return promql.grafana_values(
+            dashboard,
+            interval=max(self.window.step, self.scrape_seconds),
+            scrape_seconds=self.scrape_seconds,
+            range_seconds=self.window.end - self.window.start,
+        )
 
     def instant(self, dashboard: Json, expr: str) -> list[Json]:
         answer = self.prometheus.query(

@@ -2,7 +2,8 @@
 
 `init_app(config, driver)` builds the Application; each long-lived resource is one
 `cleanup_ctx` (started in order, stopped in reverse). Handlers never touch NVML: `/metrics`
-sends bytes the sampling loop rendered.
+sends the bytes of the latest snapshot, rendered by the sampling loop or, for the snapshot's
+first scrape in a format, in a worker thread.
 """
 
 from __future__ import annotations
@@ -135,10 +136,10 @@ async def metrics(request: web.Request) -> web.Response:
     if exposition is None:
         return web.Response(status=503, text="no sample taken yet; retry in a moment\n")
     name = negotiate(request.headers.get("Accept", ""))
-    sampling.demand.asked(name)
     rendered = exposition.rendered(name)
-    if rendered is None:  # a format nobody asked for lately: render this snapshot once, now
+    if rendered is None:  # the snapshot's first scrape in this format renders it, off the loop
         rendered = await asyncio.to_thread(exposition.render, name)
+    exposition.served.add(name)
     headers = {"Content-Type": rendered.content_type, "Cache-Control": "no-store"}
     if accepts_gzip(request.headers.get("Accept-Encoding", "")):
         headers["Content-Encoding"] = "gzip"

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter")
 
+SWITCH_INTERVAL_SECONDS: Final = 0.001
 SHUTDOWN_SECONDS: Final = 4.0
 """In-flight requests get this long to finish on SIGTERM (the whole stop stays under 5 s)."""
 
@@ -178,6 +179,9 @@ async def _serve(
     # an 8-GPU node; with the kubernetes client loaded, more than the sampling itself).
     gc.collect()
     gc.freeze()
+    # While the sampler thread works (a few ms a cycle), a scrape waits for the GIL for up to the
+    # switch interval: 1 ms instead of Python's 5 ms keeps the p99 scrape latency low.
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     address = settings.listen_address
     site = GuardedSite(
         runner,

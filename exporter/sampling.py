@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from exporter.calibration.source import CeilingsSource
 from exporter.catalog import builtin_catalog
-from exporter.metrics.exposition import Exposition, FormatDemand
+from exporter.metrics.exposition import Exposition
 from exporter.metrics.families import BuildInfo, snapshot_families
 from exporter.model import Snapshot
 from exporter.nvml.events import EventWatcher
@@ -77,7 +77,6 @@ class SamplingLoop:
         )
         self._cycles = 0
         self._overruns = 0
-        self.demand = FormatDemand(clock=clock)
         self.exposition: Exposition | None = None
         """The latest rendered snapshot; None until the first cycle finished."""
 
@@ -126,7 +125,7 @@ class SamplingLoop:
             attribution=attribution,
         )
         self._snapshot = snapshot
-        return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
+        return self._expose(snapshot)
 
     def _events_arrived(self) -> None:
         """Called by the event thread after it recorded an event."""
@@ -155,7 +154,17 @@ class SamplingLoop:
         if snapshot is None:
             return None
         snapshot = replace(snapshot, gpus=self._nvml.overlay_events(snapshot.gpus))
-        return Exposition(snapshot_families(snapshot, self._build), formats=self.demand.wanted())
+        return self._expose(snapshot)
+
+    def _expose(self, snapshot: Snapshot) -> Exposition:
+        """The snapshot's exposition, rendered now in the formats the previous one was scraped in:
+        scrapes come at least once a cycle, so they get ready bytes. Otherwise the first scrape
+        renders it (scraped every 15 s, 14 of 15 snapshots then cost nothing to render)."""
+        previous = self.exposition
+        return Exposition(
+            lambda: snapshot_families(snapshot, self._build),
+            formats=previous.served if previous is not None else (),
+        )
 
     async def close(self) -> None:
         """Shut NVML down after any cycle in flight has finished, then stop the thread."""

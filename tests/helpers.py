@@ -38,6 +38,16 @@ def require_tool(name: str) -> str:
     return path
 
 
+def assert_promtool_accepts(exposition: str | bytes) -> None:
+    """`promtool check metrics` lints an exposition clean (names, units, help, types)."""
+    promtool = require_tool("promtool")
+    body = exposition.encode() if isinstance(exposition, str) else exposition
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
 @dataclass
 class Daemon:
     process: subprocess.Popen[str]

@@ -50,18 +50,26 @@ async def test_openmetrics_and_gzip(aiohttp_client: object) -> None:
     assert gzip.decompress(await response.read()).endswith(b"# EOF\n")
 
 
-async def test_a_format_not_rendered_yet_is_rendered_on_demand(aiohttp_client: object) -> None:
+async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(aiohttp_client: object) -> None:
     client = await ready_client(aiohttp_client)
     sampling = client.app[SAMPLING]
-    sampling.demand._last_asked = {}  # as if nobody had scraped for a long time
-    await asyncio.sleep(0.25)
-    exposition = sampling.exposition
-    assert exposition is not None
-    assert exposition.rendered("text") is None
-    response = await client.get("/gpu-metrics")
+    await asyncio.sleep(0.25)  # cycles (every 0.1 s) nobody scraped
+    idle = sampling.exposition
+    assert idle is not None
+    assert idle.rendered("text") is None, "nobody scraped: nothing rendered"
+    response = await client.get("/gpu-metrics")  # the first scrape renders it
     assert response.status == 200
     assert "gpu_up{" in await response.text()
-    assert "text" in sampling.demand.wanted()
+    assert idle.served == {"text"}
+    # Scraped every cycle from here on, every snapshot arrives rendered.
+    for _ in range(5):
+        previous = sampling.exposition
+        while sampling.exposition is previous:  # noqa: ASYNC110 - polls the loop's own state
+            await asyncio.sleep(0.01)
+        current = sampling.exposition
+        assert current is not None
+        assert current.rendered("text") is not None
+        assert (await client.get("/gpu-metrics")).status == 200
 
 
 async def test_health_ready_and_landing(aiohttp_client: object) -> None:

@@ -47,7 +47,9 @@ def render(attribution: Attribution | None) -> str:
         ),
         attribution=attribution,
     )
-    return Exposition(snapshot_families(snapshot, BuildInfo("1.0"))).render(TEXT).body.decode()
+    return (
+        Exposition(lambda: snapshot_families(snapshot, BuildInfo("1.0"))).render(TEXT).body.decode()
+    )
 
 
 def test_pod_series_carry_pod_workload_and_gpu_labels() -> None:

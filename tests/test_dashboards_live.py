@@ -81,21 +81,13 @@ def recorded_names() -> set[str]:
 
 
 def grafana_values(dashboard: dict[str, Any]) -> dict[str, str]:
-    """What Grafana substitutes for the variables: "All" for each template variable, and the
-    built-ins for a 1 s scrape interval and the test's time range."""
-    rate_interval = max(SCRAPE_SECONDS + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
-    values = {
-        "__rate_interval": f"{rate_interval:g}s",
-        "__interval": f"{SCRAPE_SECONDS:g}s",
-        "__interval_ms": f"{SCRAPE_SECONDS * 1000:.0f}",
-        "__range": f"{RANGE_SECONDS:g}s",
-        "__range_s": f"{RANGE_SECONDS:.0f}",
-        "__range_ms": f"{RANGE_SECONDS * 1000:.0f}",
-    }
-    for variable in promql.variables(dashboard):
-        if variable["type"] == "query":
-            values[variable["name"]] = variable["allValue"]
-    return values
+    """Grafana's substitutions for a 1 s scrape interval and the test's time range."""
+    return promql.grafana_values(
+        dashboard,
+        interval=SCRAPE_SECONDS,
+        scrape_seconds=SCRAPE_SECONDS,
+        range_seconds=RANGE_SECONDS,
+    )
 
 
 def dashboards() -> list[dict[str, Any]]:

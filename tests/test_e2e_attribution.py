@@ -18,8 +18,8 @@ from tests.fake_kube.server import FakeKube
 from tests.fake_kubelet import FakeKubelet, gpu_allocations
 from tests.helpers import (
     FLEETS,
+    assert_promtool_accepts,
     daemon_command,
-    require_tool,
     running_daemon,
     samples,
     series,
@@ -127,7 +127,6 @@ def attributed(text: str) -> bool:
 
 
 def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
-    promtool = require_tool("promtool")
     with running_daemon(*node.args, "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
         text = wait_for(daemon, attributed)
@@ -184,15 +183,7 @@ def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
         assert value(text, "gpuscope_collector_success", collector=collector) == 1, collector
     assert any("pod attribution on" in line for line in daemon.log_lines)
 
-    result = subprocess.run(
-        [promtool, "check", "metrics"],
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert_promtool_accepts(text)
 
 
 def cycles(text: str) -> float:

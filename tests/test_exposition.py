@@ -10,15 +10,12 @@ from prometheus_client.exposition import generate_latest as reference_text
 from prometheus_client.openmetrics.exposition import generate_latest as reference_openmetrics
 
 from exporter.metrics.exposition import (
-    FORMAT_IDLE_SECONDS,
     OPENMETRICS,
     TEXT,
     Exposition,
-    FormatDemand,
     accepts_gzip,
     negotiate,
 )
-from tests.helpers import ManualClock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -67,7 +64,7 @@ def test_gzip_negotiation(header: str, gzip_ok: bool) -> None:
 
 
 def test_formats_render_once_and_gzip_matches() -> None:
-    exposition = Exposition([family()], formats=[TEXT])
+    exposition = Exposition(lambda: [family()], formats=[TEXT])
     assert exposition.rendered(OPENMETRICS) is None
     text = exposition.rendered(TEXT)
     assert text is not None
@@ -80,17 +77,19 @@ def test_formats_render_once_and_gzip_matches() -> None:
     assert openmetrics.content_type.startswith("application/openmetrics-text")
 
 
-def test_only_formats_asked_for_lately_are_rendered_eagerly() -> None:
-    clock = ManualClock()
-    demand = FormatDemand(clock=clock)
-    assert demand.wanted() == []
-    demand.asked(TEXT)
-    clock.advance(FORMAT_IDLE_SECONDS / 2)
-    demand.asked(OPENMETRICS)
-    clock.advance(FORMAT_IDLE_SECONDS / 2 + 1)
-    assert demand.wanted() == [OPENMETRICS]
-    demand.asked(TEXT)
-    assert sorted(demand.wanted()) == [OPENMETRICS, TEXT]
+def test_families_are_made_once_and_only_when_needed() -> None:
+    made: list[int] = []
+
+    def families() -> list[Metric]:
+        made.append(1)
+        return [family()]
+
+    exposition = Exposition(families)
+    assert made == []
+    exposition.render(TEXT)
+    exposition.render(OPENMETRICS)
+    exposition.render(TEXT)
+    assert made == [1]
 
 
 def tricky_families() -> list[Metric]:
@@ -141,6 +140,6 @@ async def test_fast_renderers_equal_prometheus_client_byte_for_byte() -> None:
     from tests.test_golden import render_families  # noqa: PLC0415 - shares the golden fleet
 
     for families in (tricky_families(), await render_families(), tricky_families()):
-        exposition = Exposition(families)
+        exposition = Exposition(lambda families=families: families)
         assert exposition.render(TEXT).body == reference_text(_Registry(families))  # type: ignore[arg-type]
         assert exposition.render(OPENMETRICS).body == reference_openmetrics(_Registry(families))

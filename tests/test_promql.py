@@ -80,3 +80,13 @@ def test_legend_format() -> None:
     labels = {"__name__": "gpu_up", "node": "a", "gpu": "0"}
     assert legend("{{node}} GPU {{gpu}} {{mig_profile}}", labels) == "a GPU 0"
     assert legend("__auto", labels) == 'gpu_up{gpu="0", node="a"}'
+
+
+def test_grafana_substitutions_are_promql_durations() -> None:
+    dashboard = {"templating": {"list": [{"name": "node", "type": "query", "allValue": ".*"}]}}
+    values = promql.grafana_values(dashboard, interval=1.25, scrape_seconds=1, range_seconds=300)
+    assert values["__interval"] == "1250ms"
+    assert values["__interval_ms"] == "1250"
+    assert values["__rate_interval"] == "4s"
+    assert values["__range"] == "300s"
+    assert values["node"] == ".*"

@@ -13,8 +13,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-import grpc
+from google.protobuf.message import DecodeError
 
+from exporter.attribution.grpcwire import GrpcCallError, unary_call
 from exporter.attribution.proto.podresources_v1_pb2 import (
     ListPodResourcesRequest,
     ListPodResourcesResponse,
@@ -31,11 +32,11 @@ LIST_METHOD: Final = "/v1.PodResourcesLister/List"
 GPU_RESOURCES: Final = ("nvidia.com/gpu", "nvidia.com/mig-*")
 """Always read; `--kubelet.resource-names` adds more. A trailing * matches a prefix."""
 MIN_PERIOD_SECONDS: Final = 5.0
-"""A new pod's allocation shows within this long; each call costs ~1 ms of CPU."""
+"""A new pod's allocation shows within this long; the kubelet rate-limits the API."""
 STALE_SECONDS: Final = 60.0
 MAX_TIMEOUT_SECONDS: Final = 1.0
 MAX_MESSAGE_BYTES: Final = 16 * 2**20
-"""kubelet answers for every pod on the node; allow far more than the 4 MiB gRPC default."""
+"""kubelet answers for every pod on the node; allow far more than gRPC's 4 MiB default."""
 
 
 class DeviceAllocation(NamedTuple):
@@ -129,31 +130,24 @@ class PodResourcesClient:
                 fields={"socket": str(self._socket)},
             )
             return False
-        # A channel per call, closed right after: an open channel keeps gRPC's event-engine
-        # threads polling (about 1 ms of CPU a second), more than the call every few seconds.
-        channel = grpc.insecure_channel(
-            f"unix://{self._socket.absolute()}",
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
-        )
         try:
-            call = channel.unary_unary(
+            answer = unary_call(
+                self._socket,
                 LIST_METHOD,
-                request_serializer=ListPodResourcesRequest.SerializeToString,
-                response_deserializer=ListPodResourcesResponse.FromString,
+                ListPodResourcesRequest().SerializeToString(),
+                timeout=self._timeout,
+                max_response_bytes=MAX_MESSAGE_BYTES,
             )
-            response = call(ListPodResourcesRequest(), timeout=self._timeout)
-        except grpc.RpcError as error:
-            code = error.code() if isinstance(error, grpc.Call) else None
-            name = code.name if code is not None else type(error).__name__
+            response = ListPodResourcesResponse.FromString(answer)
+        except (GrpcCallError, DecodeError) as error:
+            name = error.code if isinstance(error, GrpcCallError) else "DATA_LOSS"
             self._once(
                 logging.WARNING,
                 ("call", name),
                 "the kubelet's pod-resources List failed; keeping the last answer for a while",
-                fields={"socket": str(self._socket), "code": name},
+                fields={"socket": str(self._socket), "code": name, "error": str(error)},
             )
             return False
-        finally:
-            channel.close()
         self._answer = allocations_from_response(response, self._matches)
         self._answered_at = now
         if not self._healthy and self._asked_before:

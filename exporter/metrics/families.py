@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from exporter.metrics.labels import LabelCache, LabelSet
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator
 
@@ -62,9 +64,25 @@ def _counter(
     return CounterMetricFamily(name, documentation, labels=[*GPU_LABELS, *labels], unit=unit)
 
 
-def _gpu_labels(sample: GpuSample) -> list[str]:
-    identity = sample.identity
-    return [str(identity.index), identity.uuid, identity.model]
+def _identity_pairs(identity: GpuIdentity) -> list[tuple[str, str]]:
+    """`gpu`, `uuid`, `model`; a MIG instance adds `mig_profile` and `gpu_instance`."""
+    pairs = [("gpu", str(identity.index)), ("uuid", identity.uuid), ("model", identity.model)]
+    if identity.is_mig_instance:
+        pairs += [
+            ("mig_profile", identity.mig_profile),
+            ("gpu_instance", str(identity.gpu_instance)),
+        ]
+    return pairs
+
+
+gpu_labels: Final[LabelCache[GpuIdentity]] = LabelCache(_identity_pairs)
+"""The labels of a GPU's series: `.base`, and `.with_pairs(("clock", "sm"))` variants, made once."""
+
+
+def _add(family: Metric, labels: LabelSet, value: float) -> None:
+    """One series (prometheus_client's add_metric, without rebuilding the label dict)."""
+    name = f"{family.name}_total" if family.type == "counter" else family.name
+    family.samples.append(Sample(name, labels, value))
 
 
 def _scalar(
@@ -76,7 +94,7 @@ def _scalar(
     for sample in samples:
         number = value(sample)
         if number is not None:
-            family.add_metric(_gpu_labels(sample), number)
+            _add(family, gpu_labels(sample.identity).base, number)
     return family
 
 
@@ -91,11 +109,16 @@ def gpu_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
     alive = _gauge("gpu_up", "1 while the GPU answers NVML, 0 when it is lost or cannot be opened.")
     for sample in gpus:
         identity = sample.identity
-        labels = _gpu_labels(sample)
-        info.add_metric(
-            [*labels, identity.pci_bus_id, identity.driver_version, identity.cuda_version], 1
+        parent = (("parent_uuid", identity.parent_uuid),) if identity.is_mig_instance else ()
+        labels = gpu_labels(identity)
+        details = labels.with_pairs(
+            ("pci_bus_id", identity.pci_bus_id),
+            ("driver_version", identity.driver_version),
+            ("cuda_version", identity.cuda_version),
+            *parent,
         )
-        alive.add_metric(labels, 1 if sample.up else 0)
+        _add(info, details, 1)
+        _add(alive, labels.base, 1 if sample.up else 0)
     yield info
     yield alive
 
@@ -186,24 +209,25 @@ def gpu_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
         ("type",),
     )
     for sample in up:
-        labels = _gpu_labels(sample)
+        labels = gpu_labels(sample.identity)
         for name in ("sm", "memory", "graphics"):
             current = getattr(sample.clocks, name)
             if current is not None:
-                clock.add_metric([*labels, name], current)
+                _add(clock, labels.with_pairs(("clock", name)), current)
             peak = getattr(sample.max_clocks, name)
             if peak is not None:
-                clock_max.add_metric([*labels, name], peak)
+                _add(clock_max, labels.with_pairs(("clock", name)), peak)
         if sample.clock_event_reasons is not None:
             for bit, reason in CLOCK_EVENT_REASONS:
-                events.add_metric([*labels, reason], 1 if sample.clock_event_reasons & bit else 0)
+                active = 1 if sample.clock_event_reasons & bit else 0
+                _add(events, labels.with_pairs(("reason", reason)), active)
         for number, speed in enumerate(sample.fan_speeds):
             if speed is not None:
-                fans.add_metric([*labels, str(number)], speed)
+                _add(fans, labels.with_pairs(("fan", str(number))), speed)
         if sample.ecc_corrected_total is not None:
-            ecc.add_metric([*labels, "corrected"], sample.ecc_corrected_total)
+            _add(ecc, labels.with_pairs(("type", "corrected")), sample.ecc_corrected_total)
         if sample.ecc_uncorrected_total is not None:
-            ecc.add_metric([*labels, "uncorrected"], sample.ecc_uncorrected_total)
+            _add(ecc, labels.with_pairs(("type", "uncorrected")), sample.ecc_uncorrected_total)
     yield from (clock, clock_max, events, fans, ecc)
 
     yield _scalar(
@@ -233,14 +257,14 @@ def process_families(up: list[GpuSample]) -> Iterator[Metric]:
     for sample in up:
         if sample.processes is None:
             continue
-        labels = _gpu_labels(sample)
-        count.add_metric(labels, len(sample.processes))
+        gpu = gpu_labels(sample.identity)
+        _add(count, gpu.base, len(sample.processes))
         for process in sample.processes:
-            pid = str(process.pid)
+            labels = gpu.with_pairs(("pid", str(process.pid)))
             if process.used_memory_bytes is not None:
-                memory.add_metric([*labels, pid], process.used_memory_bytes)
+                _add(memory, labels, process.used_memory_bytes)
             if process.sm_utilization is not None:
-                busy.add_metric([*labels, pid], process.sm_utilization)
+                _add(busy, labels, process.sm_utilization)
     yield from (count, memory, busy)
 
 
@@ -265,11 +289,11 @@ def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
         ("dtype",),
     )
     for sample, ceilings in known:
-        labels = _gpu_labels(sample)
+        labels = gpu_labels(sample.identity)
         for dtype, rate in ceilings.calibrated_flops:
-            calibrated_flops.add_metric([*labels, dtype], rate)
+            _add(calibrated_flops, labels.with_pairs(("dtype", dtype)), rate)
         for dtype, rate in ceilings.datasheet_flops:
-            datasheet_flops.add_metric([*labels, dtype], rate)
+            _add(datasheet_flops, labels.with_pairs(("dtype", dtype)), rate)
 
     def scalar(
         name: str, documentation: str, unit: str, value: Callable[[Ceilings], float | None]
@@ -278,7 +302,7 @@ def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
         for sample, ceilings in known:
             number = value(ceilings)
             if number is not None:
-                family.add_metric(_gpu_labels(sample), number)
+                _add(family, gpu_labels(sample.identity).base, number)
         return family
 
     yield calibrated_flops
@@ -368,24 +392,21 @@ def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
 POD_LABELS: Final = ("namespace", "pod", "container", "workload", "workload_kind")
 
 
-def _identity_labels(identity: GpuIdentity) -> list[str]:
-    return [str(identity.index), identity.uuid, identity.model]
+def _row_pairs(row: tuple[GpuIdentity, PodIdentity, str]) -> list[tuple[str, str]]:
+    gpu, pod, container = row
+    return [
+        *_identity_pairs(gpu),
+        ("namespace", pod.namespace),
+        ("pod", pod.name),
+        ("container", container),
+        ("workload", pod.workload),
+        ("workload_kind", pod.workload_kind),
+    ]
 
 
-def _row_labels(gpu: GpuIdentity, pod: PodIdentity, container: str, **more: str) -> dict[str, str]:
-    """One pod row's labels. Built once and shared by the row's samples in every family (the
-    samples only read them): pod rows are most of a node's series."""
-    return {
-        "gpu": str(gpu.index),
-        "uuid": gpu.uuid,
-        "model": gpu.model,
-        "namespace": pod.namespace,
-        "pod": pod.name,
-        "container": container,
-        "workload": pod.workload,
-        "workload_kind": pod.workload_kind,
-        **more,
-    }
+_row_labels: Final[LabelCache[tuple[GpuIdentity, PodIdentity, str]]] = LabelCache(_row_pairs)
+"""One pod row's labels (GPU, pod, container), made once and shared by the row's series in every
+family and every cycle: pod rows are most of a node's series."""
 
 
 def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
@@ -412,7 +433,7 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         unit="seconds",
     )
     for use in attribution.usage:
-        labels = _row_labels(use.gpu, use.pod, use.container)
+        labels = _row_labels((use.gpu, use.pod, use.container)).base
         if use.memory_used_bytes is not None:
             memory.samples.append(Sample(memory.name, labels, use.memory_used_bytes))
         if use.utilization is not None:
@@ -439,8 +460,8 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         allocation_labels,
     )
     for allocation in attribution.allocations:
-        labels = _row_labels(
-            allocation.gpu, allocation.pod, allocation.container, resource=allocation.resource
+        labels = _row_labels((allocation.gpu, allocation.pod, allocation.container)).with_pairs(
+            ("resource", allocation.resource)
         )
         info.samples.append(Sample(info.name, labels, 1))
         if allocation.in_use is not None:
@@ -472,9 +493,9 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     )
     stray = _gauge("gpu_unattributed_processes", "Processes on the GPU that map to no pod.")
     for unattributed in attribution.unattributed:
-        gpu_labels = _identity_labels(unattributed.gpu)
-        stray_memory.add_metric(gpu_labels, unattributed.memory_used_bytes)
-        stray.add_metric(gpu_labels, unattributed.processes)
+        labels = gpu_labels(unattributed.gpu).base
+        _add(stray_memory, labels, unattributed.memory_used_bytes)
+        _add(stray, labels, unattributed.processes)
     yield from (stray_memory, stray)
 
     kubernetes = attribution.kubernetes
@@ -605,11 +626,11 @@ def health_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
     )
     # XIDs stay visible for a GPU that is down: XID 79 is the GPU falling off the bus.
     for sample in gpus:
-        labels = _gpu_labels(sample)
+        labels = gpu_labels(sample.identity)
         for xid, count in sample.xid_errors:
-            xids.add_metric([*labels, str(xid)], count)
+            _add(xids, labels.with_pairs(("xid", str(xid))), count)
         if sample.last_xid_timestamp_seconds is not None:
-            last_xid.add_metric(labels, sample.last_xid_timestamp_seconds)
+            _add(last_xid, labels.base, sample.last_xid_timestamp_seconds)
     yield xids
     yield last_xid
 
@@ -641,55 +662,29 @@ def health_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
     )
     mig_mode = _gauge("gpu_mig_mode_enabled", "1 if MIG mode is on for this physical GPU.")
     for sample in up:
-        labels = _gpu_labels(sample)
+        labels = gpu_labels(sample.identity)
         for reason, seconds in sample.throttle_seconds:
-            throttle.add_metric([*labels, reason], seconds)
+            _add(throttle, labels.with_pairs(("reason", reason)), seconds)
         if sample.remapped_rows is not None:
             remapped = sample.remapped_rows
-            rows.add_metric([*labels, "correctable"], remapped.correctable)
-            rows.add_metric([*labels, "uncorrectable"], remapped.uncorrectable)
-            rows_pending.add_metric(labels, 1 if remapped.pending else 0)
-            rows_failed.add_metric(labels, 1 if remapped.failed else 0)
+            _add(rows, labels.with_pairs(("cause", "correctable")), remapped.correctable)
+            _add(rows, labels.with_pairs(("cause", "uncorrectable")), remapped.uncorrectable)
+            _add(rows_pending, labels.base, 1 if remapped.pending else 0)
+            _add(rows_failed, labels.base, 1 if remapped.failed else 0)
         if sample.retired_pages is not None:
             retired = sample.retired_pages
-            pages.add_metric([*labels, "single_bit"], retired.single_bit)
-            pages.add_metric([*labels, "double_bit"], retired.double_bit)
+            _add(pages, labels.with_pairs(("cause", "single_bit")), retired.single_bit)
+            _add(pages, labels.with_pairs(("cause", "double_bit")), retired.double_bit)
             if retired.pending is not None:
-                pages_pending.add_metric(labels, 1 if retired.pending else 0)
+                _add(pages_pending, labels.base, 1 if retired.pending else 0)
         if sample.mig_mode_enabled is not None:
-            mig_mode.add_metric(labels, 1 if sample.mig_mode_enabled else 0)
+            _add(mig_mode, labels.base, 1 if sample.mig_mode_enabled else 0)
     yield from (throttle, rows, rows_pending, rows_failed, pages, pages_pending, mig_mode)
-
-
-def label_mig_instances(families: list[Metric], gpus: tuple[GpuSample, ...]) -> None:
-    """Add `mig_profile` and `gpu_instance` to every series of a MIG instance (found by its
-    `uuid` label), and `parent_uuid` to its `gpu_info`. Series of whole GPUs keep their labels."""
-    instances = [sample.identity for sample in gpus if sample.identity.is_mig_instance]
-    if not instances:
-        return
-    extra = {
-        identity.uuid: {
-            "mig_profile": identity.mig_profile,
-            "gpu_instance": str(identity.gpu_instance),
-        }
-        for identity in instances
-    }
-    info_extra = {
-        identity.uuid: {**extra[identity.uuid], "parent_uuid": identity.parent_uuid}
-        for identity in instances
-    }
-    for family in families:
-        added_by_uuid = info_extra if family.name == "gpu_info" else extra
-        for sample in family.samples:
-            added = added_by_uuid.get(sample.labels.get("uuid", ""))
-            if added is not None:
-                # Each series' label dict is its own (built as the series was added): extend it.
-                sample.labels.update(added)
 
 
 def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
     """Every family for one snapshot, GPU series first, in a stable order."""
-    families = [
+    return [
         *gpu_families(snapshot.gpus),
         *activity_families(snapshot.gpus),
         *health_families(snapshot.gpus),
@@ -697,5 +692,3 @@ def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
         *attribution_families(snapshot.attribution),
         *exporter_families(snapshot, build),
     ]
-    label_mig_instances(families, snapshot.gpus)
-    return families

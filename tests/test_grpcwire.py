@@ -1,0 +1,115 @@
+"""The unary gRPC client (HTTP/2 with h2) against a real grpcio server on a unix socket."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from exporter.attribution.grpcwire import GrpcCallError, unary_call
+from exporter.attribution.podresources import LIST_METHOD
+from exporter.attribution.proto.podresources_v1_pb2 import (
+    ListPodResourcesRequest,
+    ListPodResourcesResponse,
+)
+from tests.fake_kubelet import FakeKubelet, gpu_allocations
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+REQUEST = ListPodResourcesRequest().SerializeToString()
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
+    with FakeKubelet(tmp_path / "kubelet.sock") as server:
+        yield server
+
+
+def call(
+    kubelet: FakeKubelet, *, timeout: float = 2.0, limit: int = 16 * 2**20
+) -> ListPodResourcesResponse:
+    answer = unary_call(
+        kubelet.socket, LIST_METHOD, REQUEST, timeout=timeout, max_response_bytes=limit
+    )
+    return ListPodResourcesResponse.FromString(answer)
+
+
+def test_an_answer_far_larger_than_the_flow_control_window(kubelet: FakeKubelet) -> None:
+    # 3,000 pods are about 500 KiB: many DATA frames, each window update sent back in time.
+    kubelet.set(
+        gpu_allocations(
+            ("ns", f"pod-{n}", "main", "nvidia.com/gpu", [f"GPU-{n:032x}"]) for n in range(3000)
+        )
+    )
+    response = call(kubelet)
+    assert len(response.pod_resources) == 3000
+    assert response.pod_resources[2999].containers[0].devices[0].device_ids == [f"GPU-{2999:032x}"]
+
+
+@pytest.mark.parametrize(
+    ("status", "name"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"),
+        (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
+    ],
+)
+def test_failed_calls_carry_the_grpc_status(
+    kubelet: FakeKubelet, status: grpc.StatusCode, name: str
+) -> None:
+    kubelet.failure = status
+    with pytest.raises(GrpcCallError) as caught:
+        call(kubelet)
+    assert caught.value.code == name
+    assert "told to fail" in str(caught.value)
+
+
+def test_a_slow_server_is_a_deadline(kubelet: FakeKubelet) -> None:
+    kubelet.delay = 1.0
+    with pytest.raises(GrpcCallError) as caught:
+        call(kubelet, timeout=0.2)
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+
+
+def test_an_answer_over_the_limit_is_refused(kubelet: FakeKubelet) -> None:
+    kubelet.set(
+        gpu_allocations(("ns", f"pod-{n}", "main", "nvidia.com/gpu", ["x"]) for n in range(100))
+    )
+    with pytest.raises(GrpcCallError) as caught:
+        call(kubelet, limit=1000)
+    assert caught.value.code == "RESOURCE_EXHAUSTED"
+
+
+def test_no_server_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(GrpcCallError) as caught:
+        unary_call(
+            tmp_path / "absent.sock", LIST_METHOD, REQUEST, timeout=1, max_response_bytes=100
+        )
+    assert caught.value.code == "UNAVAILABLE"
+
+
+def test_a_server_that_does_not_speak_http2_fails_cleanly(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+
+    def answer_garbage() -> None:
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\xff" * 64)
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(GrpcCallError) as caught:
+            unary_call(path, LIST_METHOD, REQUEST, timeout=2, max_response_bytes=1000)
+        assert caught.value.code in {"INTERNAL", "UNAVAILABLE"}
+    finally:
+        thread.join(5)
+        server.close()
