@@ -31,28 +31,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
-from runtime import runtime_python
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
 
+from benchmarks.runtime import runtime_python, serving  # noqa: E402
 from exporter.nvml.simulator import load_fleet  # noqa: E402
 from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
 from tests.fake_kube.server import FakeKube  # noqa: E402
 from tests.fake_kubelet import FakeKubelet, gpu_allocations  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 PROMETHEUS_HEADERS = {  # what Prometheus 2.x sends (the benchmark takes the body uncompressed)
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -134,6 +137,31 @@ def attribution_node(
             document["metadata"] = {**metadata, "labels": {"revision": str(change)}}
             api.put("pods", document)
             time.sleep(max(0.0, started + change / changes - time.monotonic()))
+
+
+@contextlib.contextmanager
+def attributed_node(
+    scratch: Path, fleet_file: Path, processes: int, pods: int, changes: float
+) -> Iterator[list[str]]:
+    """The node's Kubernetes side: a procfs tree putting process n in pod n's container, and
+    `attribution_node` in a process of its own; yields the daemon flags that point at them."""
+    procfs_tree(scratch / "proc", processes)
+    context = multiprocessing.get_context("spawn")
+    ready: multiprocessing.Queue[str] = context.Queue()
+    node = context.Process(
+        target=attribution_node, args=(scratch, fleet_file, pods, changes, ready), daemon=True
+    )
+    node.start()
+    try:
+        yield [
+            f"--path.procfs={scratch / 'proc'}",
+            f"--kubeconfig={ready.get(timeout=60)}",
+            f"--kubernetes.node-name={NODE}",
+            f"--kubelet.pod-resources-socket={scratch / 'kubelet.sock'}",
+        ]
+    finally:
+        node.terminate()
+        node.join(10)
 
 
 def process_uid(n: int) -> str:
@@ -327,56 +355,33 @@ def main() -> int:
         fleet_file = args.fleet or Path(scratch) / "fleet.yaml"
         if args.fleet is None:
             fleet_file.write_text(yaml.safe_dump(fleet(args.gpus, args.processes, args.mig_gpus)))
-        attribution: list[str] = []
-        node = None
-        if args.pods:
-            procfs_tree(Path(scratch) / "proc", args.processes)
-            ready: multiprocessing.Queue[str] = multiprocessing.get_context("spawn").Queue()
-            node = multiprocessing.get_context("spawn").Process(
-                target=attribution_node,
-                args=(Path(scratch), fleet_file, args.pods, args.pod_changes, ready),
-                daemon=True,
+        with contextlib.ExitStack() as stack:
+            attribution = (
+                stack.enter_context(
+                    attributed_node(
+                        Path(scratch), fleet_file, args.processes, args.pods, args.pod_changes
+                    )
+                )
+                if args.pods
+                else []
             )
-            node.start()
-            attribution = [
-                f"--path.procfs={Path(scratch) / 'proc'}",
-                f"--kubeconfig={ready.get(timeout=60)}",
-                f"--kubernetes.node-name={NODE}",
-                f"--kubelet.pod-resources-socket={Path(scratch) / 'kubelet.sock'}",
+            command = [
+                runtime_python(),
+                "-m",
+                "exporter",
+                "serve",
+                f"--simulate={fleet_file}",
+                f"--collect.interval={args.interval}",
+                "--web.listen-address=127.0.0.1:0",
+                "--log.level=info",
+                *attribution,
             ]
-        command = [
-            runtime_python(),
-            "-m",
-            "exporter",
-            "serve",
-            f"--simulate={fleet_file}",
-            f"--collect.interval={args.interval}",
-            "--web.listen-address=127.0.0.1:0",
-            "--log.level=warn",
-            *attribution,
-        ]
-        port_file = Path(scratch) / "stderr"
-        with port_file.open("w") as stderr:
-            daemon = subprocess.Popen([*command, "--log.level=info"], stderr=stderr, cwd=ROOT)
             try:
-                port = None
-                for _ in range(200):
-                    match = re.search(r"address=127\.0\.0\.1:(\d+)", port_file.read_text())
-                    if match:
-                        port = int(match[1])
-                        break
-                    time.sleep(0.05)
-                if port is None:
-                    print(port_file.read_text(), file=sys.stderr)
-                    return 1
-                time.sleep(2.0)  # let the first cycles and imports settle
-                results = asyncio.run(measure(daemon.pid, port, quick=args.quick))
-            finally:
-                daemon.send_signal(signal.SIGTERM)
-                daemon.wait(10)
-                if node is not None:
-                    node.terminate()
-                    node.join(10)
+                daemon, port = stack.enter_context(serving(command, Path(scratch) / "stderr"))
+            except RuntimeError as error:
+                raise SystemExit(str(error)) from error
+            time.sleep(2.0)  # let the first cycles and imports settle
+            results = asyncio.run(measure(daemon.pid, port, quick=args.quick))
     latency = results["scrape_latency_ms_at_100_per_second"]
     assert isinstance(latency, dict)
     report = {

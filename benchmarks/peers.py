@@ -5,9 +5,10 @@
 
 Both exporters run the real nvidia-ml-py over the tests' fake libnvidia-ml.so.1
 (tests/fake_nvml, compiled here against the real nvml.h), one after the other, on the same
-node: 8 H100s, 8 compute processes on each, no XID/ECC events (see `node`). nvitop-exporter (PyPI `nvitop-exporter`, pinned
-below) is installed into a venv of its own under .cache/ on first use, as its dependencies
-differ from gpuscope's. For each exporter:
+node: 8 H100s, 8 compute processes on each, no XID/ECC events (see `node`). Each runs from a
+venv holding only what it needs at run time: gpuscope from benchmarks/runtime.py's,
+nvitop-exporter (PyPI `nvitop-exporter`, pinned below) from one under .cache/ made on first
+use. For each exporter:
 
 - CPU per sample: the exporter's CPU time (from /proc/<pid>/stat) over `--idle` seconds with no
   scrapes, divided by the samples its interval gives in that time;
@@ -24,7 +25,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon import PROMETHEUS_HEADERS, cpu_seconds, percentile, rss_bytes  # noqa: E402
+from benchmarks.runtime import runtime_python, stop  # noqa: E402
 from tests.fake_nvml import (  # noqa: E402
     STATE_ENV,
     FakeDevice,
@@ -182,12 +183,7 @@ def run(
             log.seek(0)
             raise SystemExit(f"{name}: {error}\n{log.read().decode(errors='replace')}") from error
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
 
 
 def main() -> int:
@@ -215,7 +211,7 @@ def main() -> int:
             "gpuscope": run(
                 "gpuscope",
                 [
-                    sys.executable,
+                    runtime_python(),
                     "-m",
                     "exporter",
                     "serve",

@@ -8,9 +8,17 @@ kubernetes-validate and with it jsonschema, about 2 MiB more per daemon).
 
 from __future__ import annotations
 
+import contextlib
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".cache" / "bench-runtime"
@@ -27,3 +35,36 @@ def runtime_python() -> str:
         check=True,
     )
     return str(python)
+
+
+@contextlib.contextmanager
+def serving(command: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Run the daemon `command` (listening on 127.0.0.1:0, logging at info or below) with its
+    stderr in `log`; yield it and the port it logged. SIGTERM at the end. A daemon that does not
+    start raises RuntimeError with its log."""
+    with log.open("w") as stderr:
+        daemon = subprocess.Popen(command, stderr=stderr, cwd=ROOT)
+        try:
+            yield daemon, _logged_port(daemon, log)
+        finally:
+            stop(daemon)
+
+
+def _logged_port(daemon: subprocess.Popen[bytes], log: Path) -> int:
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and daemon.poll() is None:
+        match = re.search(r"address=127\.0\.0\.1:(\d+)", log.read_text())
+        if match:
+            return int(match[1])
+        time.sleep(0.05)
+    raise RuntimeError(f"the daemon did not start; its log:\n{log.read_text()}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -17,10 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,15 +29,14 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.daemon import (  # noqa: E402
     Connections,
-    attribution_node,
+    attributed_node,
     cpu_seconds,
     cycles,
     fleet,
-    procfs_tree,
     rss_bytes,
 )
+from benchmarks.runtime import runtime_python, serving  # noqa: E402
 from exporter.durations import parse_duration  # noqa: E402
-from tests.fake_kube.pods import NODE  # noqa: E402
 
 MIB = 2**20
 GROWTH_LIMIT = 0.05
@@ -113,49 +108,26 @@ def main() -> int:
         scratch = Path(scratch_name)
         fleet_file = scratch / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump(fleet(args.gpus, args.processes)))
-        procfs_tree(scratch / "proc", args.processes)
-        context = multiprocessing.get_context("spawn")
-        ready: multiprocessing.Queue[str] = context.Queue()
-        node = context.Process(
-            target=attribution_node,
-            args=(scratch, fleet_file, args.pods, args.pod_changes, ready),
-            daemon=True,
-        )
-        node.start()
-        command = [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            f"--simulate={fleet_file}",
-            f"--collect.interval={args.interval}",
-            "--web.listen-address=127.0.0.1:0",
-            f"--path.procfs={scratch / 'proc'}",
-            f"--kubeconfig={ready.get(timeout=60)}",
-            f"--kubernetes.node-name={NODE}",
-            f"--kubelet.pod-resources-socket={scratch / 'kubelet.sock'}",
-        ]
         log = scratch / "stderr"
-        with log.open("w") as stderr:
-            daemon = subprocess.Popen(command, stderr=stderr, cwd=ROOT)
+        with attributed_node(
+            scratch, fleet_file, args.processes, args.pods, args.pod_changes
+        ) as attribution:
+            command = [
+                runtime_python(),
+                "-m",
+                "exporter",
+                "serve",
+                f"--simulate={fleet_file}",
+                f"--collect.interval={args.interval}",
+                "--web.listen-address=127.0.0.1:0",
+                *attribution,
+            ]
             try:
-                port = None
-                for _ in range(400):
-                    match = re.search(r"address=127\.0\.0\.1:(\d+)", log.read_text())
-                    if match:
-                        port = int(match[1])
-                        break
-                    time.sleep(0.05)
-                if port is None:
-                    print(log.read_text(), file=sys.stderr)
-                    return 1
-                time.sleep(2.0)
-                results = asyncio.run(soak(daemon.pid, port, args))
-            finally:
-                daemon.send_signal(signal.SIGTERM)
-                daemon.wait(10)
-                node.terminate()
-                node.join(10)
+                with serving(command, log) as (daemon, port):
+                    time.sleep(2.0)
+                    results = asyncio.run(soak(daemon.pid, port, args))
+            except RuntimeError as error:
+                raise SystemExit(str(error)) from error
         warnings = [
             line
             for line in log.read_text().splitlines()

@@ -38,7 +38,7 @@ from exporter.calibration.profile import (
     parse_profile_text,
 )
 from exporter.durations import DurationError, format_duration, parse_duration
-from exporter.web.config import WebConfigError, parse_web_config
+from exporter.web.config import SECTION_KEYS, WebConfigError, parse_web_config
 from tests.profiles import gpu_profile
 
 BOUNDED = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -284,24 +284,8 @@ def test_profile_texts(text: str | bytes, fmt: Any) -> None:
 # -- the web config ---------------------------------------------------------------------------
 
 WEB_KEYS = {
-    "tls_server_config": [
-        "cert",
-        "key",
-        "client_ca",
-        "cert_file",
-        "key_file",
-        "client_ca_file",
-        "client_auth_type",
-        "client_allowed_sans",
-        "min_version",
-        "max_version",
-        "cipher_suites",
-        "prefer_server_cipher_suites",
-        "curve_preferences",
-    ],
-    "http_server_config": ["http2", "headers"],
+    **{section: list(keys) for section, keys in SECTION_KEYS.items()},
     "basic_auth_users": ["alice", "bob:x", ""],
-    "rate_limit": ["interval", "burst"],
 }
 WEB_VALUE = st.one_of(
     SCALAR,

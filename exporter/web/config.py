@@ -37,6 +37,7 @@ import yaml
 from exporter.durations import DurationError, parse_duration
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
 MAX_BYTES: Final = 1024 * 1024
@@ -48,6 +49,27 @@ CLIENT_AUTH_TYPES: Final = (NO_CLIENT_CERT, VERIFY_IF_GIVEN, REQUIRE_AND_VERIFY)
 _UNVERIFIED_AUTH_TYPES: Final = frozenset(
     {"RequestClientCert", "RequireAnyClientCert", "RequireClientCert"}
 )
+SECTION_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    # The keys each section of the file may have; basic_auth_users maps any user name.
+    "tls_server_config": (
+        "cert",
+        "key",
+        "client_ca",
+        "cert_file",
+        "key_file",
+        "client_ca_file",
+        "client_auth_type",
+        "client_allowed_sans",
+        "min_version",
+        "max_version",
+        "cipher_suites",
+        "prefer_server_cipher_suites",
+        "curve_preferences",
+    ),
+    "http_server_config": ("http2", "headers"),
+    "basic_auth_users": (),
+    "rate_limit": ("interval", "burst"),
+}
 
 CIPHER_SUITES: Final = {
     # Go's (IANA) names of the TLS 1.0-1.2 suites Go offers -> OpenSSL's names.
@@ -226,11 +248,7 @@ def _boolean(value: object, where: str) -> bool:
 
 
 def _web_config(document: object, directory: Path) -> WebConfig:
-    top = _mapping(
-        document,
-        "the web config",
-        ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"),
-    )
+    top = _mapping(document, "the web config", tuple(SECTION_KEYS))
     return WebConfig(
         tls=_tls(top.get("tls_server_config"), directory),
         basic_auth_users=_users(top.get("basic_auth_users")),
@@ -291,25 +309,7 @@ def _client_auth(section: dict[str, Any], client_ca: Pem | None) -> tuple[str, t
 
 def _tls(value: object, directory: Path) -> TlsServerConfig | None:
     where = "tls_server_config"
-    section = _mapping(
-        value,
-        where,
-        (
-            "cert",
-            "key",
-            "client_ca",
-            "cert_file",
-            "key_file",
-            "client_ca_file",
-            "client_auth_type",
-            "client_allowed_sans",
-            "min_version",
-            "max_version",
-            "cipher_suites",
-            "prefer_server_cipher_suites",
-            "curve_preferences",
-        ),
-    )
+    section = _mapping(value, where, SECTION_KEYS[where])
     if not any(value is not None for value in section.values()):
         return None  # as the toolkit: an empty section means plain HTTP
     if section.get("curve_preferences") is not None:
@@ -389,7 +389,7 @@ def _users(value: object) -> tuple[tuple[str, str], ...]:
 
 def _http(value: object) -> tuple[tuple[str, str], ...]:
     where = "http_server_config"
-    section = _mapping(value, where, ("http2", "headers"))
+    section = _mapping(value, where, SECTION_KEYS[where])
     if section.get("http2") is not None:
         _boolean(section["http2"], f"{where}.http2")
     headers = _mapping(section.get("headers"), f"{where}.headers", HEADERS)
@@ -411,7 +411,7 @@ def _http(value: object) -> tuple[tuple[str, str], ...]:
 
 def _rate_limit(value: object) -> RateLimit | None:
     where = "rate_limit"
-    section = _mapping(value, where, ("interval", "burst"))
+    section = _mapping(value, where, SECTION_KEYS[where])
     interval = section.get("interval")
     if interval is None or interval == 0:
         return None  # as the toolkit: no interval (or 0) means no limit
