@@ -4,7 +4,7 @@ There is no Grafana here, so this draws what Grafana would: every panel at its g
 with its title, filled from the panel's own queries run against a real Prometheus — by default
 the live stack the tests use (simulated nodes from tests/fixtures/fleets, scraped every second
 for `--seconds`). Lines, stacked areas, stats, bar gauges, tables, state timelines, heatmaps
-and donuts are drawn in Grafana's dark theme; panels whose metrics are not exported yet say
+and donuts are drawn in Grafana's dark theme; a panel whose queries return nothing says
 "No data", as Grafana would.
 """
 
