@@ -29,7 +29,8 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 def require_tool(name: str) -> str:
     """The path of a command the test needs: a failure under CI=true, a skip elsewhere."""
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
+    beside_python = Path(sys.executable).parent  # tools pip installed into the test venv
+    path = shutil.which(name) or shutil.which(name, path=f"{beside_python}:/usr/sbin:/usr/bin")
     if path is None:
         message = f"{name} is not installed (the README's test command installs it)"
         if IN_CI:
