@@ -1,0 +1,53 @@
+{{/* Names and labels shared by every object of the chart. */}}
+
+{{- define "gpuscope.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuscope.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "gpuscope.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "gpuscope.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuscope.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuscope.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuscope.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "gpuscope.labels" -}}
+helm.sh/chart: {{ include "gpuscope.chart" . }}
+{{ include "gpuscope.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuscope
+{{- end }}
+
+{{- define "gpuscope.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpuscope.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpuscope.image" -}}
+{{- $tag := default .Chart.AppVersion .image.tag -}}
+{{- if .image.digest -}}
+{{ .image.repository }}@{{ .image.digest }}
+{{- else -}}
+{{ .image.repository }}:{{ $tag }}
+{{- end -}}
+{{- end }}
+
+{{- define "gpuscope.calibrationConfigMap" -}}
+{{- default (printf "%s-calibration" (include "gpuscope.fullname" .)) .Values.calibration.configMapName }}
+{{- end }}
