@@ -23,6 +23,12 @@ app.kubernetes.io/name: {{ include "gpuscope.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{- /* The daemon's pods only: calibration and rightsizing pods share the chart's name labels. */}}
+{{- define "gpuscope.daemonSelectorLabels" -}}
+{{ include "gpuscope.selectorLabels" . }}
+app.kubernetes.io/component: exporter
+{{- end }}
+
 {{- define "gpuscope.labels" -}}
 helm.sh/chart: {{ include "gpuscope.chart" . }}
 {{ include "gpuscope.selectorLabels" . }}
