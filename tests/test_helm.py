@@ -1,0 +1,379 @@
+"""The Helm chart and the plain manifests, rendered by a real Helm and checked offline.
+
+helm and kubectl are real binaries (scripts/install-helm); objects are validated against the
+Kubernetes OpenAPI schemas of several versions (kubernetes-validate --strict), scanned for
+security policy (checkov), and held equal to the files they are built from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, require_tool
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.slow
+CHART = ROOT / "helm" / "gpuscope"
+KUBERNETES_VERSIONS = ("1.29.0", "1.31.0", "1.33.0", "1.35.0")
+EVERY_FEATURE = (
+    "serviceMonitor.enabled=true",
+    "podMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "dashboards.enabled=true",
+    "networkPolicy.enabled=true",
+    "webConfig.enabled=true",
+    "webConfig.existingSecret=gpuscope-web-config",
+    "calibration.enabled=true",
+    "calibration.gpuProducts={NVIDIA-H100-80GB-HBM3,NVIDIA-L4}",
+    "rightsize.enabled=true",
+    "rightsize.prometheusUrl=http://prometheus-operated.monitoring.svc:9090",
+    "daemon.exportedPodLabels=^(team|app)$",
+    "daemon.extraResourceNames={example.com/gpu}",
+    "daemon.priorityClassName=system-node-critical",
+)
+VARIANTS = {"default": (), "every-feature": EVERY_FEATURE}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_tool("helm"), *args], capture_output=True, text=True, timeout=120, check=check
+    )
+
+
+@cache
+def render_text(switches: tuple[str, ...]) -> str:
+    command = ["template", "gpuscope", str(CHART), "--namespace", "gpuscope"]
+    for switch in switches:
+        command += ["--set", switch]
+    return helm(*command).stdout
+
+
+def render(switches: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(render_text(switches)) if document]
+
+
+def find(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [document for document in documents if document["kind"] == kind]
+
+
+@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
+def rendered(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    path = tmp_path / f"{request.param}.yaml"
+    path.write_text(render_text(VARIANTS[request.param]))
+    return path
+
+
+def test_helm_lint_strict() -> None:
+    for switches in VARIANTS.values():
+        arguments = [argument for switch in switches for argument in ("--set", switch)]
+        result = helm("lint", "--strict", str(CHART), *arguments, check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_rendered_objects_match_the_kubernetes_schemas(rendered: Path, version: str) -> None:
+    validate = require_tool("kubernetes-validate")
+    result = subprocess.run(
+        [validate, "--strict", "--quiet", "-k", version, str(rendered)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Only the Prometheus Operator's custom resources may lack a schema.
+    unknown = re.findall(r"Couldn't find schema for kind (\w+)", result.stdout + result.stderr)
+    assert set(unknown) <= {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def test_security_scan_finds_nothing_unexplained(rendered: Path) -> None:
+    checkov = require_tool("checkov")
+    result = subprocess.run(
+        [
+            checkov,
+            "--framework",
+            "kubernetes",
+            "-f",
+            str(rendered),
+            "--compact",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={"BC_SKIP_MAPPING": "TRUE", "PATH": "/usr/bin:/bin", "HOME": str(rendered.parent)},
+    )
+    report = json.loads(result.stdout)
+    failed = [
+        (check["check_id"], check["resource"]) for check in report["results"]["failed_checks"]
+    ]
+    assert not failed, failed
+    skipped = report["results"].get("skipped_checks", [])
+    assert skipped, "the chart's documented exceptions are in effect"
+    assert all(check["check_result"].get("suppress_comment") for check in skipped), "every skip has a reason"
+
+
+@pytest.mark.parametrize(
+    ("switch", "problem"),
+    [
+        ("daemon.collectInterval=5x", "/daemon/collectInterval"),
+        ("daemon.logLevel=verbose", "/daemon/logLevel"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("daemon.colectInterval=5s", "additional properties 'colectInterval' not allowed"),
+        ("service.port=70000", "/service/port"),
+        ("calibration.gpuProducts={NVIDIA L4}", "/calibration/gpuProducts/0"),
+        ("rightsize.prometheusUrl=prometheus:9090", "/rightsize/prometheusUrl"),
+        ("daemon.extraArgs={verbose}", "/daemon/extraArgs/0"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_them(switch: str, problem: str) -> None:
+    result = helm("template", "gpuscope", str(CHART), "--set", switch, check=False)
+    assert result.returncode != 0
+    assert problem in result.stderr
+
+
+def test_required_values_say_what_is_missing() -> None:
+    result = helm(
+        "template", "gpuscope", str(CHART), "--set", "rightsize.enabled=true", check=False
+    )
+    assert result.returncode != 0
+    assert "rightsize.prometheusUrl is required" in result.stderr
+    result = helm(
+        "template", "gpuscope", str(CHART), "--set", "webConfig.enabled=true", check=False
+    )
+    assert "webConfig.existingSecret is required" in result.stderr
+
+
+def test_every_value_is_in_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if isinstance(value, dict) and "properties" in node:
+            for key, item in value.items():
+                assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+                walk(item, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+def daemon_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (daemonset,) = find(documents, "DaemonSet")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def serve_flags() -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(re.findall(r"(--[a-z][a-z0-9.-]+)", result.stdout))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_daemonset_passes_only_flags_gpuscope_serve_has(variant: str) -> None:
+    container = daemon_container(render(VARIANTS[variant]))
+    passed = {argument.split("=", 1)[0] for argument in container["args"]}
+    assert passed <= serve_flags(), passed - serve_flags()
+
+
+def test_daemonset_defaults() -> None:
+    documents = render()
+    (daemonset,) = find(documents, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    container = daemon_container(documents)
+    affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert (
+        affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.present"
+    )
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["hostPID"] is False
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert "--path.procfs=/host/proc" in container["args"]
+    assert "--kubernetes.node-name=$(NODE_NAME)" in container["args"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "nvidia.com/gpu" not in str(container["resources"]), "the daemon requests no GPU"
+    mounts = {mount["mountPath"]: mount for mount in container["volumeMounts"]}
+    assert mounts["/host/proc"]["readOnly"] is True
+    assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
+    assert container["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/-/ready"
+    assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    (role,) = find(documents, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+
+
+def test_without_pod_resources_the_daemon_runs_as_non_root() -> None:
+    documents = render(("daemon.podResources.enabled=false",))
+    (daemonset,) = find(documents, "DaemonSet")
+    context = daemonset["spec"]["template"]["spec"]["securityContext"]
+    assert context["runAsNonRoot"] is True
+    assert context["runAsUser"] == 65532
+    container = daemon_container(documents)
+    assert not any("pod-resources" in argument for argument in container["args"])
+    assert "/var/lib/kubelet/pod-resources" not in {
+        m["mountPath"] for m in container["volumeMounts"]
+    }
+
+
+def test_service_and_monitors_select_only_the_daemon() -> None:
+    documents = render(EVERY_FEATURE)
+    (daemonset,) = find(documents, "DaemonSet")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    (service,) = find(documents, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (monitor,) = find(documents, "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    relabel = monitor["spec"]["endpoints"][0]["relabelings"][0]
+    assert relabel == {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    }
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    for job in find(documents, "Job"):
+        job_labels = job["spec"]["template"]["metadata"]["labels"]
+        assert not service["spec"]["selector"].items() <= job_labels.items(), (
+            "jobs are no endpoints"
+        )
+
+
+def test_prometheus_rule_is_the_rule_file() -> None:
+    (rule,) = find(render(EVERY_FEATURE), "PrometheusRule")
+    source = yaml.safe_load((ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml").read_text())
+    assert rule["spec"] == source
+
+
+def test_dashboard_configmaps_are_the_dashboard_files() -> None:
+    configmaps = [
+        c for c in find(render(EVERY_FEATURE), "ConfigMap") if "dashboard" in c["metadata"]["name"]
+    ]
+    files = {path.name: path.read_text() for path in (ROOT / "dashboards").glob("*.json")}
+    found = {key: value for configmap in configmaps for key, value in configmap["data"].items()}
+    assert found == files
+    assert all(c["metadata"]["labels"]["grafana_dashboard"] == "1" for c in configmaps)
+
+
+def test_calibration_jobs_are_the_deploy_job_per_product() -> None:
+    documents = render(EVERY_FEATURE)
+    jobs = find(documents, "Job")
+    source = yaml.safe_load((ROOT / "deploy" / "calibration" / "job.yaml").read_text())
+    assert sorted(
+        j["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] for j in jobs
+    ) == [
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-L4",
+    ]
+    (configmap,) = [
+        c for c in find(documents, "ConfigMap") if c["metadata"]["name"].endswith("-calibration")
+    ]
+    (daemonset,) = find(documents, "DaemonSet")
+    volumes = {v["name"]: v for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["calibration"]["configMap"]["name"] == configmap["metadata"]["name"]
+    for job in jobs:
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        (original,) = source["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == original["command"]
+        assert container["securityContext"] == original["securityContext"]
+        assert f"--configmap=gpuscope/{configmap['metadata']['name']}" in container["args"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    (role,) = [r for r in find(documents, "Role") if r["metadata"]["name"].endswith("-calibrate")]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [configmap["metadata"]["name"]],
+            "verbs": ["get", "update"],
+        }
+    ]
+
+
+def test_rightsize_cronjob_runs_the_rightsize_command() -> None:
+    (cronjob,) = find(render(EVERY_FEATURE), "CronJob")
+    (container,) = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["gpuscope", "rightsize"]
+    assert "--prometheus=http://prometheus-operated.monitoring.svc:9090" in container["args"]
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "rightsize", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    known = set(re.findall(r"(--[a-z][a-z0-9.-]+)", result.stdout))
+    assert {argument.split("=", 1)[0] for argument in container["args"]} <= known
+
+
+def load_render_script() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "render_manifests", ROOT / "scripts" / "render_manifests.py"
+    )
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plain_manifests_are_the_charts_render() -> None:
+    require_tool("helm")
+    wanted = load_render_script().manifests()
+    for path, text in wanted.items():
+        assert (ROOT / "deploy" / "kubernetes" / path).read_text() == text, (
+            f"run scripts/render_manifests.py ({path})"
+        )
+
+
+@pytest.mark.parametrize("overlay", ["base", "prometheus-operator"])
+def test_kustomize_builds_and_validates(overlay: str, tmp_path: Path) -> None:
+    kubectl = require_tool("kubectl")
+    built = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy" / "kubernetes" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    output = tmp_path / "built.yaml"
+    output.write_text(built.stdout)
+    validate = require_tool("kubernetes-validate")
+    for version in KUBERNETES_VERSIONS:
+        result = subprocess.run(
+            [validate, "--strict", "--quiet", "-k", version, str(output)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
