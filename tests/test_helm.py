@@ -124,7 +124,9 @@ def test_security_scan_finds_nothing_unexplained(rendered: Path) -> None:
     assert not failed, failed
     skipped = report["results"].get("skipped_checks", [])
     assert skipped, "the chart's documented exceptions are in effect"
-    assert all(check["check_result"].get("suppress_comment") for check in skipped), "every skip has a reason"
+    assert all(check["check_result"].get("suppress_comment") for check in skipped), (
+        "every skip has a reason"
+    )
 
 
 @pytest.mark.parametrize(
@@ -243,6 +245,30 @@ def test_without_pod_resources_the_daemon_runs_as_non_root() -> None:
     assert "/var/lib/kubelet/pod-resources" not in {
         m["mountPath"] for m in container["volumeMounts"]
     }
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+def test_web_config_secret_sets_the_flag_probes_and_monitors(scheme: str) -> None:
+    documents = render(
+        (
+            "webConfig.enabled=true",
+            "webConfig.existingSecret=gpuscope-web-config",
+            f"webConfig.scheme={scheme}",
+            "serviceMonitor.enabled=true",
+        )
+    )
+    container = daemon_container(documents)
+    assert "--web.config.file=/etc/gpuscope/web/web-config.yml" in container["args"]
+    assert {"name": "web-config", "mountPath": "/etc/gpuscope/web", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == scheme.upper()
+    (daemonset,) = find(documents, "DaemonSet")
+    volumes = daemonset["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "web-config", "secret": {"secretName": "gpuscope-web-config"}} in volumes
+    (monitor,) = find(documents, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["scheme"] == scheme
 
 
 def test_service_and_monitors_select_only_the_daemon() -> None:
