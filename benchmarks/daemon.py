@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
 
-from benchmarks.runtime import runtime_python, serving  # noqa: E402
+from benchmarks.runtime import serving  # noqa: E402
 from exporter.nvml.simulator import load_fleet  # noqa: E402
 from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
 from tests.fake_kube.server import FakeKube  # noqa: E402
@@ -365,19 +365,13 @@ def main() -> int:
                 if args.pods
                 else []
             )
-            command = [
-                runtime_python(),
-                "-m",
-                "exporter",
-                "serve",
+            flags = [
                 f"--simulate={fleet_file}",
                 f"--collect.interval={args.interval}",
-                "--web.listen-address=127.0.0.1:0",
-                "--log.level=info",
                 *attribution,
             ]
             try:
-                daemon, port = stack.enter_context(serving(command, Path(scratch) / "stderr"))
+                daemon, port = stack.enter_context(serving(flags, Path(scratch) / "stderr"))
             except RuntimeError as error:
                 raise SystemExit(str(error)) from error
             time.sleep(2.0)  # let the first cycles and imports settle

@@ -38,10 +38,19 @@ def runtime_python() -> str:
 
 
 @contextlib.contextmanager
-def serving(command: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """Run the daemon `command` (listening on 127.0.0.1:0, logging at info or below) with its
+def serving(flags: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Run `gpuscope serve` with `flags` from the runtime venv, on a free loopback port, with its
     stderr in `log`; yield it and the port it logged. SIGTERM at the end. A daemon that does not
     start raises RuntimeError with its log."""
+    command = [
+        runtime_python(),
+        "-m",
+        "exporter",
+        "serve",
+        "--web.listen-address=127.0.0.1:0",
+        "--log.level=info",
+        *flags,
+    ]
     with log.open("w") as stderr:
         daemon = subprocess.Popen(command, stderr=stderr, cwd=ROOT)
         try:

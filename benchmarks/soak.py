@@ -35,7 +35,7 @@ from benchmarks.daemon import (  # noqa: E402
     fleet,
     rss_bytes,
 )
-from benchmarks.runtime import runtime_python, serving  # noqa: E402
+from benchmarks.runtime import serving  # noqa: E402
 from exporter.durations import parse_duration  # noqa: E402
 
 MIB = 2**20
@@ -112,18 +112,13 @@ def main() -> int:
         with attributed_node(
             scratch, fleet_file, args.processes, args.pods, args.pod_changes
         ) as attribution:
-            command = [
-                runtime_python(),
-                "-m",
-                "exporter",
-                "serve",
+            flags = [
                 f"--simulate={fleet_file}",
                 f"--collect.interval={args.interval}",
-                "--web.listen-address=127.0.0.1:0",
                 *attribution,
             ]
             try:
-                with serving(command, log) as (daemon, port):
+                with serving(flags, log) as (daemon, port):
                     time.sleep(2.0)
                     results = asyncio.run(soak(daemon.pid, port, args))
             except RuntimeError as error:
