@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -115,12 +116,10 @@ async def wait_until_serving(port: int, process: subprocess.Popen[bytes]) -> byt
     for _ in range(600):
         if process.poll() is not None:
             raise RuntimeError(f"exited with status {process.returncode}")
-        try:
+        with contextlib.suppress(OSError, IndexError, ValueError):
             status, body = await scrape(port)
             if status == 200 and b"gpu" in body:
                 return body
-        except (OSError, IndexError, ValueError):
-            pass
         await asyncio.sleep(0.1)
     raise RuntimeError("never served metrics")
 

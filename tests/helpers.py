@@ -14,7 +14,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,11 +32,16 @@ def require_tool(name: str) -> str:
     beside_python = Path(sys.executable).parent  # tools pip installed into the test venv
     path = shutil.which(name) or shutil.which(name, path=f"{beside_python}:/usr/sbin:/usr/bin")
     if path is None:
-        message = f"{name} is not installed (the README's test command installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{name} is not installed (the README's test command installs it)")
     return path
+
+
+def unavailable(message: str) -> NoReturn:
+    """Something the test needs is missing: a failure under CI=true (CI must install it), a
+    skip on a developer's machine that has not run the README's test command."""
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def assert_promtool_accepts(exposition: str | bytes) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from tests.helpers import require_tool
@@ -23,7 +23,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@contextmanager
+@contextlib.contextmanager
 def running_prometheus(
     data_dir: Path, *, retention: str = "400d", ready_timeout: float = 90.0
 ) -> Iterator[str]:
@@ -54,12 +54,12 @@ def running_prometheus(
         while True:
             if process.poll() is not None:
                 raise AssertionError(f"prometheus exited with {process.returncode}")
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
+            with (
+                contextlib.suppress(urllib.error.URLError, OSError),
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2) as response,
+            ):
+                if response.status == 200:
+                    break
             if time.monotonic() > deadline:
                 raise AssertionError(f"prometheus not ready after {ready_timeout}s")
             time.sleep(0.2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -256,10 +257,8 @@ def _read_secret(flag: str, path: str) -> str:
 def _end(text: str | None) -> float:
     if text is None:
         return time.time()
-    try:
+    with contextlib.suppress(ValueError):
         return float(text)
-    except ValueError:
-        pass
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -88,8 +88,7 @@ def server_context(config: TlsServerConfig) -> ssl.SSLContext:
     ):
         if pem.path is not None:
             try:
-                with pem.path.open("rb"):
-                    pass
+                pem.path.open("rb").close()  # unreadable: say so, before OpenSSL says "not PEM"
             except OSError as error:
                 raise WebConfigError(
                     f"{_where(pem, inline_key, file_key)}: {_reason(error)}"
