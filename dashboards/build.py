@@ -1124,32 +1124,27 @@ def node_dashboard() -> Json:
     )
 
     layout.row("Interconnect")
-    layout.add(
-        9,
-        8,
-        timeseries(
-            "PCIe throughput",
-            "Bytes per second to (up) and from (down) the host.",
-            Query(f"gpu_pcie_receive_bytes_per_second{{{scope}}}", f"{gpu} rx"),
-            Query(f"gpu_pcie_transmit_bytes_per_second{{{scope}}}", f"{gpu} tx"),
-            unit="Bps",
-            minimum=None,
-            overrides=(_negative_y("/tx$/"),),
-        ),
-    )
-    layout.add(
-        9,
-        8,
-        timeseries(
+    for link, title, description in (
+        ("pcie", "PCIe throughput", "Bytes per second to (up) and from (down) the host."),
+        (
+            "nvlink",
             "NVLink throughput",
             "Bytes per second received (up) and transmitted (down) over NVLink.",
-            Query(f"gpu_nvlink_receive_bytes_per_second{{{scope}}}", f"{gpu} rx"),
-            Query(f"gpu_nvlink_transmit_bytes_per_second{{{scope}}}", f"{gpu} tx"),
-            unit="Bps",
-            minimum=None,
-            overrides=(_negative_y("/tx$/"),),
         ),
-    )
+    ):
+        layout.add(
+            9,
+            8,
+            timeseries(
+                title,
+                description,
+                Query(f"gpu_{link}_receive_bytes_per_second{{{scope}}}", f"{gpu} rx"),
+                Query(f"gpu_{link}_transmit_bytes_per_second{{{scope}}}", f"{gpu} tx"),
+                unit="Bps",
+                minimum=None,
+                overrides=(_negative_y("/tx$/"),),
+            ),
+        )
     layout.add(
         6,
         8,
