@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,120 +39,71 @@ L4 = "NVIDIA L4"
 PIECE = 54 * 3600  # promtool's 54 h block range: pieces aligned to it never overlap
 
 
+def behaviour(kind: int, n: int) -> dict[str, Any]:
+    """What workload n of kind `kind` (0-9) runs on and how busy it keeps it; `swing` varies the
+    busy ones' daily wave from workload to workload."""
+    swing = 0.02 + (n % 7) * 0.01
+    return [
+        {"model": H100},  # an idle holder
+        {"model": A100_80, "busy": Wave(0.08, swing, jitter=0.01), "memory_gib": Wave(6, 1)},
+        {"model": A100_80, "busy": Wave(0.08, swing, jitter=0.01), "memory_gib": Wave(6, 1)},
+        {
+            "model": H100,
+            "busy": Wave(0.1, swing),
+            "memory_gib": Wave(8, 1),
+            "sm": Wave(0.06, 0.01),
+            "tensor": Wave(0.03, 0.01),
+            "dram": Wave(0.05, 0.01),
+        },
+        {"kind": "Job", "model": A100_80, "busy": Wave(0.5, 0.1), "memory_gib": Wave(70, 1)},
+        {
+            "kind": "Job",
+            "model": H100,
+            "gpus_per_pod": 2,
+            "busy": Wave(0.95, 0.02),
+            "memory_gib": Wave(70, 2),
+            "sm": Wave(0.88, 0.02),
+            "tensor": Wave(0.7, 0.05),
+            "dram": Wave(0.3, 0.05),
+        },
+        {
+            "kind": "Job",
+            "model": A100_80,
+            "busy": Wave(0.35, 0.08),
+            "memory_gib": Wave(20, 1),
+            "cpu_limit": 4,
+            "cpu_usage": Wave(3.95, 0.03),
+        },
+        {
+            "model": A100_80,
+            "busy": Wave(0.15, swing),
+            "memory_gib": Wave(9, 1),
+            # workloads n and n + 10 time-slice one GPU
+            "shared_uuid": f"GPU-shared-{n // 20:04d}",
+        },
+        {"model": L4, "busy": Wave(0.55, 0.1), "memory_gib": Wave(12, 1)},
+        {
+            "model": H100,
+            "mig_profile": "3g.40gb",
+            "busy": Wave(0.2, swing),
+            "memory_gib": Wave(5, 1),
+        },
+    ][kind]
+
+
 def fleet(count: int) -> list[FakeWorkload]:
-    """`count` workloads over 20 namespaces, ten kinds of behaviour in turn."""
-    workloads = []
-    for n in range(count):
-        namespace, name, kind = f"team-{n % 20:02d}", f"w{n:04d}", n % 10
-        hours = 3.0 if n % 50 == 49 else None
-        swing = 0.02 + (n % 7) * 0.01
-        common = {"hours": hours, "labels": {"team": namespace}}
-        if kind == 0:
-            workloads.append(FakeWorkload(namespace, name, model=H100, **common))
-        elif kind in {1, 2}:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    model=A100_80,
-                    busy=Wave(0.08, swing, jitter=0.01),
-                    memory_gib=Wave(6, 1),
-                    **common,
-                )
-            )
-        elif kind == 3:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    model=H100,
-                    busy=Wave(0.1, swing),
-                    memory_gib=Wave(8, 1),
-                    sm=Wave(0.06, 0.01),
-                    tensor=Wave(0.03, 0.01),
-                    dram=Wave(0.05, 0.01),
-                    **common,
-                )
-            )
-        elif kind == 4:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    kind="Job",
-                    model=A100_80,
-                    busy=Wave(0.5, 0.1),
-                    memory_gib=Wave(70, 1),
-                    **common,
-                )
-            )
-        elif kind == 5:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    kind="Job",
-                    model=H100,
-                    gpus_per_pod=2,
-                    busy=Wave(0.95, 0.02),
-                    memory_gib=Wave(70, 2),
-                    sm=Wave(0.88, 0.02),
-                    tensor=Wave(0.7, 0.05),
-                    dram=Wave(0.3, 0.05),
-                    **common,
-                )
-            )
-        elif kind == 6:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    kind="Job",
-                    model=A100_80,
-                    busy=Wave(0.35, 0.08),
-                    memory_gib=Wave(20, 1),
-                    cpu_limit=4,
-                    cpu_usage=Wave(3.95, 0.03),
-                    **common,
-                )
-            )
-        elif kind == 7:
-            pair = f"GPU-shared-{n // 20:04d}"  # workloads n and n + 10 time-slice one GPU
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    model=A100_80,
-                    busy=Wave(0.15, swing),
-                    memory_gib=Wave(9, 1),
-                    shared_uuid=pair,
-                    **common,
-                )
-            )
-        elif kind == 8:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    model=L4,
-                    busy=Wave(0.55, 0.1),
-                    memory_gib=Wave(12, 1),
-                    **common,
-                )
-            )
-        else:
-            workloads.append(
-                FakeWorkload(
-                    namespace,
-                    name,
-                    model=H100,
-                    mig_profile="3g.40gb",
-                    busy=Wave(0.2, swing),
-                    memory_gib=Wave(5, 1),
-                    **common,
-                )
-            )
-    return workloads
+    """`count` workloads over 20 namespaces, ten kinds of behaviour in turn; one in 50 is new
+    (3 hours of history)."""
+    return [
+        FakeWorkload(
+            f"team-{n % 20:02d}",
+            f"w{n:04d}",
+            hours=3.0 if n % 50 == 49 else None,
+            labels={"team": f"team-{n % 20:02d}"},
+            **behaviour(n % 10, n),
+        )
+        for n in range(count)
+    ]
 
 
 def build(
