@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import yaml
 
-from exporter.durations import DurationError, format_duration, parse_duration
+from exporter.durations import format_duration, parse_duration_between
 
 ENV_PREFIX: Final = "GPUSCOPE_"
 
@@ -108,15 +108,7 @@ def parse_telemetry_path(value: object) -> str:
 
 def duration_between(low: float, high: float) -> Callable[[object], float]:
     def parse(value: object) -> float:
-        try:
-            seconds = parse_duration(_text(value))
-        except DurationError as error:
-            raise ValueError(str(error)) from error
-        if not low <= seconds <= high:
-            raise ValueError(
-                f"{format_duration(seconds)} is outside {format_duration(low)}..{format_duration(high)}"
-            )
-        return seconds
+        return parse_duration_between(_text(value), low, high)
 
     return parse
 

@@ -69,3 +69,13 @@ def format_duration(seconds: float) -> str:
     if milliseconds:
         parts.append(f"{milliseconds}ms")
     return "".join(parts)
+
+
+def parse_duration_between(text: str, low: float, high: float) -> float:
+    """`parse_duration`, refusing a duration outside `low`..`high` seconds."""
+    seconds = parse_duration(text)
+    if not low <= seconds <= high:
+        raise DurationError(
+            f"{format_duration(seconds)} is outside {format_duration(low)}..{format_duration(high)}"
+        )
+    return seconds

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from exporter.catalog import DTYPES
-from exporter.durations import DurationError, format_duration, parse_duration
+from exporter.durations import format_duration, parse_duration_between
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,15 +53,7 @@ def percent_between(low: float, high: float) -> Callable[[str], float]:
 
 def duration_between(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        try:
-            seconds = parse_duration(text)
-        except DurationError as error:
-            raise ValueError(str(error)) from error
-        if not low <= seconds <= high:
-            raise ValueError(
-                f"{format_duration(seconds)} is outside {format_duration(low)}..{format_duration(high)}"
-            )
-        return seconds
+        return parse_duration_between(text, low, high)
 
     return parse
 
