@@ -10,15 +10,14 @@ from pathlib import Path
 from exporter.rightsize.cli import main as rightsize
 from tests.helpers import ROOT, require_tool
 from tests.prometheus_server import running_prometheus
-from tests.rightsize_scenario import CALIBRATION, WORKLOADS
+from tests.rightsize_scenario import CALIBRATION, END, WORKLOADS
 from tests.synthetic_history import backfill, write_openmetrics
 
-END = 1_780_000_200  # the same instant the end-to-end tests use
 SCREENSHOT = ROOT / "docs" / "rightsize-report.png"
 
 
-def screenshot(page: Path, scratch: Path) -> None:
-    SCREENSHOT.parent.mkdir(exist_ok=True)
+def screenshot(page: Path, out: Path, scratch: Path) -> None:
+    """A 1400x1500 PNG of the HTML report `page`, drawn by headless Chromium."""
     subprocess.run(
         [
             require_tool("chromium"),
@@ -33,7 +32,7 @@ def screenshot(page: Path, scratch: Path) -> None:
             f"--user-data-dir={scratch / 'chromium'}",
             "--window-size=1400,1500",
             "--hide-scrollbars",
-            f"--screenshot={SCREENSHOT}",
+            f"--screenshot={out}",
             page.as_uri(),
         ],
         capture_output=True,
@@ -66,7 +65,7 @@ def main(argv: list[str]) -> int:
                 [*arguments, "--format=html", "--output=report.html", "--log.level=warn"]
             )
             if status == 0 and shoot:
-                screenshot(Path("report.html").resolve(), scratch)
+                screenshot(Path("report.html").resolve(), SCREENSHOT, scratch)
                 print(f"try-rightsize: wrote {SCREENSHOT.relative_to(ROOT)}", file=sys.stderr)
             if status == 0:
                 print("try-rightsize: wrote report.html", file=sys.stderr)

@@ -19,6 +19,9 @@ from tests.synthetic_history import FakeWorkload, Wave
 H100 = "NVIDIA H100 80GB HBM3"
 A100_80 = "NVIDIA A100-SXM4-80GB"
 A100_40 = "NVIDIA A100-SXM4-40GB"
+END = 1_780_000_200
+"""The history's last instant: 2026-05-28T20:30:00Z, on a 5-minute boundary."""
+
 CALIBRATION = {H100: ({"bf16": 800e12, "fp16": 800e12, "fp32": 55e12}, 3.0e12)}
 
 WORKLOADS = [

@@ -21,7 +21,8 @@ import yaml
 
 from tests.helpers import ROOT, require_tool
 from tests.prometheus_server import free_port, running_prometheus
-from tests.rightsize_scenario import CALIBRATION, WORKLOADS
+from tests.rightsize_demo import screenshot as draw
+from tests.rightsize_scenario import CALIBRATION, END, WORKLOADS
 from tests.synthetic_history import backfill, write_openmetrics
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-END = 1_780_000_200  # 2026-05-28T20:30:00Z, on a 5-minute boundary
 DAY = 86400
 HOURS = 730.0
 PRICES = {"H100 SXM": 6.88, "A100 80GB SXM": 3.43, "A100 40GB SXM": 2.74}
@@ -217,34 +217,13 @@ def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> No
 
 
 def test_html_report_renders_in_headless_chromium(prometheus: str, tmp_path: Path) -> None:
-    chromium = require_tool("chromium")
     page = tmp_path / "report.html"
     result = rightsize(
         "--prometheus", prometheus, f"--end={END}", "--format=html", f"--output={page}"
     )
     assert result.returncode == 0, result.stderr
     screenshot = tmp_path / "report.png"
-    subprocess.run(
-        [
-            chromium,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'chromium'}",
-            "--window-size=1400,1500",
-            "--hide-scrollbars",
-            f"--screenshot={screenshot}",
-            page.as_uri(),
-        ],
-        capture_output=True,
-        timeout=90,
-        check=True,
-    )
+    draw(page, screenshot, tmp_path)
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
