@@ -21,8 +21,10 @@ from exporter.catalog import Catalog, builtin_catalog
 from exporter.config import ServeConfig
 from exporter.metrics.exposition import accepts_gzip, negotiate
 from exporter.metrics.families import BuildInfo
+from exporter.metrics.process import own_families
 from exporter.nvml.driver import NvmlDriver
 from exporter.sampling import SamplingLoop
+from exporter.supervise import TaskHealth, supervised
 from exporter.web.security import WebSecurity
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ CATALOG: Final = web.AppKey("catalog", Catalog)
 CLUSTER: Final[web.AppKey[ClusterAccess | None]] = web.AppKey("cluster")
 ATTRIBUTOR: Final[web.AppKey[Attributor]] = web.AppKey("attributor")
 WEB: Final = web.AppKey("web", WebSecurity)
+WEB_WATCH: Final = web.AppKey("web_watch", TaskHealth)
 
 
 def init_app(
@@ -61,6 +64,7 @@ def init_app(
     app[DRIVER] = driver
     app[CATALOG] = catalog or builtin_catalog()
     app[CLUSTER] = cluster
+    app[WEB_WATCH] = TaskHealth("web_config")
     app.cleanup_ctx.append(_attribution)
     app.cleanup_ctx.append(_sampling)
     app.cleanup_ctx.append(_web_config)
@@ -81,7 +85,7 @@ async def _attribution(app: web.Application) -> AsyncIterator[None]:
         )
         yield
         return
-    # kubernetes and grpc cost ~25 MiB: imported only when there is a cluster to attribute to.
+    # The kubernetes client costs ~20 MiB: imported only when there is a cluster to attribute to.
     from exporter.attribution.attributor import Attributor  # noqa: PLC0415
 
     config = app[CONFIG]
@@ -102,27 +106,28 @@ async def _attribution(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
     sampling = SamplingLoop(
-        app[CONFIG],
+        config,
         app[DRIVER],
         build=BuildInfo(__version__),
         catalog=app[CATALOG],
         attributor=app.get(ATTRIBUTOR),
+        own_families=own_families(),
+        background=(app[WEB_WATCH],) if config.web_config_file is not None else (),
     )
     await sampling.start()
     app[SAMPLING] = sampling
-    task = asyncio.create_task(sampling.run(), name="gpuscope-sampling")
+    sampling.begin()
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
     await sampling.close()
 
 
 async def _web_config(app: web.Application) -> AsyncIterator[None]:
-    """Re-read the web config when its files change."""
+    """Re-read the web config when its files change; restarted if the watch fails."""
     security = app[WEB]
-    task = asyncio.create_task(security.watch(), name="gpuscope-web-config")
+    health = app[WEB_WATCH]
+    task = asyncio.create_task(supervised(health, security.watch), name="gpuscope-web-config")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -139,7 +144,7 @@ async def metrics(request: web.Request) -> web.Response:
     rendered = exposition.rendered(name)
     if rendered is None:  # the snapshot's first scrape in this format renders it, off the loop
         rendered = await asyncio.to_thread(exposition.render, name)
-    exposition.served.add(name)
+    exposition.mark_served(name)
     headers = {"Content-Type": rendered.content_type, "Cache-Control": "no-store"}
     if accepts_gzip(request.headers.get("Accept-Encoding", "")):
         headers["Content-Encoding"] = "gzip"
@@ -147,14 +152,19 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=rendered.body, headers=headers)
 
 
-async def healthy(_request: web.Request) -> web.Response:
-    return web.Response(text="OK\n")
+async def healthy(request: web.Request) -> web.Response:
+    """Fails when the sampling loop is dead or wedged: the kubelet then restarts the daemon."""
+    return _probe(request.app[SAMPLING].alive())
 
 
 async def ready(request: web.Request) -> web.Response:
-    if request.app[SAMPLING].exposition is None:
-        return web.Response(status=503, text="waiting for the first sample\n")
-    return web.Response(text="OK\n")
+    """200 once a first cycle finished and while cycles keep completing."""
+    return _probe(request.app[SAMPLING].ready())
+
+
+def _probe(state: tuple[bool, str]) -> web.Response:
+    ok, reason = state
+    return web.Response(status=200 if ok else 503, text=f"{reason}\n")
 
 
 async def landing(request: web.Request) -> web.Response:
@@ -166,8 +176,8 @@ async def landing(request: web.Request) -> web.Response:
 <p>GPU metrics for Prometheus, attributed to Kubernetes pods.</p>
 <ul>
 <li><a href="{path}">{path}</a> &mdash; metrics</li>
-<li><a href="/-/healthy">/-/healthy</a> &mdash; the process is alive</li>
-<li><a href="/-/ready">/-/ready</a> &mdash; the first sample is done</li>
+<li><a href="/-/healthy">/-/healthy</a> &mdash; the sampling loop is alive</li>
+<li><a href="/-/ready">/-/ready</a> &mdash; samples are current</li>
 </ul>
 </body></html>
 """

@@ -12,6 +12,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from typing import Final
 
 _STANDARD_ATTRIBUTES: Final = frozenset(
@@ -102,6 +103,31 @@ class LogOnce:
             self._seen.add(cause)
         self._logger.log(level, message, extra=fields or {}, exc_info=exc_info)
         return True
+
+    def unexpected(
+        self,
+        cause: tuple[object, ...],
+        message: str,
+        error: BaseException,
+        *,
+        fields: dict[str, object] | None = None,
+    ) -> bool:
+        """An error nothing anticipated (a bug, or an answer gpuscope does not understand): one
+        line at error level the first time this error (type and text) is seen under `cause`, and
+        its traceback at debug level."""
+        described = f"{type(error).__name__}: {error}"
+        first = self(
+            logging.ERROR,
+            (*cause, type(error).__name__, str(error)[:200]),
+            message,
+            fields={**(fields or {}), "error": described[:500]},
+        )
+        if first and self._logger.isEnabledFor(logging.DEBUG):
+            self._logger.debug(
+                message,
+                extra={"traceback": "".join(traceback.format_exception(error)).rstrip()},
+            )
+        return first
 
     def __contains__(self, cause: tuple[object, ...]) -> bool:
         with self._lock:

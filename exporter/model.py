@@ -99,6 +99,8 @@ class GpuSample:
 
     identity: GpuIdentity
     up: bool
+    down_reason: str | None = None
+    """Why a GPU is down: `lost`, `hung`, `unopened` or `error` (see `exporter.nvml.sampler`)."""
     busy_seconds_total: float | None = None
     """Utilization integrated over time since the daemon started: the counter behind rate()."""
     utilization: float | None = None
@@ -145,7 +147,8 @@ class CollectorStatus:
 
     name: str
     success: bool
-    duration_seconds: float
+    duration_seconds: float | None
+    """None for a background task (the event thread, the web-config watch): it has no cycle."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,10 @@ class Snapshot:
     cycles_total: int = 0
     overruns_total: int = 0
     """Cycles that started late because the previous one outlasted the interval."""
+    errors_total: int = 0
+    """Unexpected errors met while sampling (a reading, a GPU or a whole cycle)."""
+    collect_interval_seconds: float | None = None
+    """The configured sampling interval, so that rules can tell a stale sample by it."""
     ceilings: tuple[Ceilings, ...] = ()
     """Per GPU model present: calibrated and datasheet figures, and price."""
     attribution: Attribution | None = None

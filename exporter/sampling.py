@@ -1,13 +1,24 @@
 """The sampling loop: on its own clock, sample every source in one worker thread, build the
 snapshot, render it, and publish the result for `/metrics` to serve.
 
-One dedicated thread does all NVML work, so NVML calls are serialised and never block the
-event loop; cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts
-the interval makes the next start late rather than piling up (counted as an overrun).
+One dedicated thread runs each cycle, so cycles are serialised and never block the event loop;
+cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts the interval
+makes the next start late rather than piling up (counted as an overrun). Within a cycle each
+GPU is read in a thread of its own (`exporter.nvml.workers`), so a GPU hung in the driver costs
+only that GPU.
 
-Two helper threads do the NVML work that blocks: one waits for XID and ECC events, one reads
-PCIe throughput on GPUs without GPM. An event re-publishes the last snapshot at once with the
-new counts, so an XID or an ECC error is visible before the next cycle.
+A cycle that raises is one bad cycle: it is logged (once per distinct error), counted in
+`gpuscope_sample_errors_total`, and the next cycle runs on schedule. `ready()` and `alive()`
+say whether cycles keep completing, for `/-/ready` and `/-/healthy`.
+
+One helper thread waits for XID and ECC events: an event re-publishes the last snapshot at once
+with the new counts, so an XID or an ECC error is visible before the next cycle.
+
+Threading rules (also in README "How gpuscope runs"): `exposition` and the timestamps of the
+last cycle are written on the event loop only; the snapshot and everything the cycle builds are
+made in the worker thread and immutable once published; an `Exposition` renders under its own
+lock, and scrapes record the formats they took by replacing an immutable set (never by changing
+one the worker may be reading).
 """
 
 from __future__ import annotations
@@ -17,21 +28,23 @@ import contextlib
 import logging
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final, Protocol
 
 from exporter.calibration.source import CeilingsSource
 from exporter.catalog import builtin_catalog
+from exporter.logs import LogOnce
 from exporter.metrics.exposition import Exposition
 from exporter.metrics.families import BuildInfo, snapshot_families
-from exporter.model import Snapshot
+from exporter.model import CollectorStatus, Snapshot
 from exporter.nvml.events import EventWatcher
-from exporter.nvml.pcie import PcieThroughputReader
 from exporter.nvml.sampler import NvmlSampler
+from exporter.supervise import DaemonExecutor
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Sequence
+
+    from prometheus_client.core import Metric
 
     from exporter.attribution.attributor import Attributor
     from exporter.catalog import Catalog
@@ -39,6 +52,32 @@ if TYPE_CHECKING:
     from exporter.nvml.driver import NvmlDriver
 
 log = logging.getLogger(__name__)
+
+CLOSE_SECONDS: Final = 3.0
+"""How long stopping waits for the cycle in flight and NVML's shutdown."""
+
+
+class Background(Protocol):
+    """Something the daemon runs beside the cycle, reported as a collector."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HealthBounds:
+    """How long without a completed cycle before the daemon stops being ready, then alive."""
+
+    ready_seconds: float
+    alive_seconds: float
+
+    @classmethod
+    def for_interval(cls, interval: float) -> HealthBounds:
+        """Not ready after 5 missed cycles (at least 10 s); not alive after 10 (at least 30 s).
+        A hung GPU never delays a cycle by more than half an interval, so it trips neither."""
+        return cls(ready_seconds=max(5 * interval, 10.0), alive_seconds=max(10 * interval, 30.0))
 
 
 class SamplingLoop:
@@ -50,25 +89,37 @@ class SamplingLoop:
         build: BuildInfo,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.monotonic,
         catalog: Catalog | None = None,
         attributor: Attributor | None = None,
+        own_families: Callable[[], Iterable[Metric]] | None = None,
+        background: Sequence[Background] = (),
+        bounds: HealthBounds | None = None,
     ) -> None:
         self._interval = config.collect_interval
         self._attributor = attributor
         self._build = build
         self._clock = clock
         self._wall = wall
-        self._executor: ThreadPoolExecutor | None = None
+        self._timer = timer
+        self._own_families = own_families
+        self._background = background
+        self.bounds = bounds or HealthBounds.for_interval(config.collect_interval)
+        self._executor: DaemonExecutor | None = None
         self._events = EventWatcher(driver, wall=wall)
         self._nvml = NvmlSampler(
             driver,
             collect_processes=config.collect_processes,
             clock=clock,
+            timer=timer,
             events=self._events,
-            pcie=PcieThroughputReader(driver, period=config.collect_interval, clock=clock),
+            interval=config.collect_interval,
         )
-        self._snapshot: Snapshot | None = None
+        self._once = LogOnce(log)
+        self._published: tuple[Snapshot, list[Metric]] | None = None
+        """The last snapshot and the daemon's own families with it (worker thread only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
         self._republishing: asyncio.Task[None] | None = None
         self._events_pending = False
         self._closing = False
@@ -77,6 +128,8 @@ class SamplingLoop:
         )
         self._cycles = 0
         self._overruns = 0
+        self._started_at: float | None = None
+        self._completed_at: float | None = None
         self.exposition: Exposition | None = None
         """The latest rendered snapshot; None until the first cycle finished."""
 
@@ -85,22 +138,59 @@ class SamplingLoop:
 
         Raises `NvmlUnavailable` when there is no NVML library at all.
         """
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-sampler")
+        self._executor = DaemonExecutor("gpuscope-sampler")
         self._loop = asyncio.get_running_loop()
         self._events.store.on_change = self._events_arrived
         await self._loop.run_in_executor(self._executor, self._nvml.start)
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The loop's task, once `begin` started it."""
+        return self._task
+
+    def begin(self) -> asyncio.Task[None]:
+        """Run the loop in a task of its own (stopped by `close`)."""
+        self._task = asyncio.create_task(self.run(), name="gpuscope-sampling")
+        self._task.add_done_callback(self._ended)
+        return self._task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            assert error is not None
+            self._once.unexpected(("loop",), "the sampling loop died; /-/healthy now fails", error)
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
+        self._started_at = self._timer()
         next_start = self._clock()
         while True:
-            self.exposition = await loop.run_in_executor(self._executor, self.cycle)
+            try:
+                self.exposition = await loop.run_in_executor(self._executor, self.cycle)
+                self._completed_at = self._timer()
+            except Exception as error:  # noqa: BLE001 - one bad cycle, not the end of sampling
+                await self._cycle_failed(error)
             next_start += self._interval
             now = self._clock()
             if now > next_start:
                 self._overruns += 1
                 next_start += math.ceil((now - next_start) / self._interval) * self._interval
             await asyncio.sleep(next_start - now)
+
+    async def _cycle_failed(self, error: Exception) -> None:
+        self._nvml.count_error()
+        self._once.unexpected(
+            ("cycle",),
+            "sampling cycle failed; the next one runs on schedule",
+            error,
+        )
+        # The last snapshot again, with the error counted (its timestamp stays as old as it is).
+        with contextlib.suppress(Exception):
+            republished = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._republished
+            )
+            if republished is not None:
+                self.exposition = republished
 
     def cycle(self) -> Exposition:
         """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
@@ -118,14 +208,43 @@ class SamplingLoop:
                 nvml_status,
                 *((calibration_status,) if calibration_status is not None else ()),
                 *attribution_statuses,
+                CollectorStatus("events", self._events.healthy, None),
+                *(CollectorStatus(task.name, task.healthy, None) for task in self._background),
             ),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
+            errors_total=self._nvml.errors_total,
+            collect_interval_seconds=self._interval,
             ceilings=ceilings,
             attribution=attribution,
         )
-        self._snapshot = snapshot
-        return self._expose(snapshot)
+        own = list(self._own_families()) if self._own_families is not None else []
+        self._published = (snapshot, own)
+        return self._expose(snapshot, own)
+
+    # -- health --------------------------------------------------------------------------------
+
+    def ready(self) -> tuple[bool, str]:
+        """Whether a first cycle finished and cycles keep completing (`/-/ready`)."""
+        if self.exposition is None:
+            return False, "waiting for the first sample"
+        return self._current(self.bounds.ready_seconds)
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the loop runs and completes cycles, even if slowly (`/-/healthy`)."""
+        return self._current(self.bounds.alive_seconds)
+
+    def _current(self, bound: float) -> tuple[bool, str]:
+        if self._task is None or self._task.done():
+            return False, "the sampling loop is not running"
+        since = self._completed_at if self._completed_at is not None else self._started_at
+        if since is not None:
+            age = self._timer() - since
+            if age > bound:
+                return False, f"no sampling cycle finished for {age:.0f}s (limit {bound:.0f}s)"
+        return True, "OK"
+
+    # -- events --------------------------------------------------------------------------------
 
     def _events_arrived(self) -> None:
         """Called by the event thread after it recorded an event."""
@@ -144,37 +263,49 @@ class SamplingLoop:
         loop = asyncio.get_running_loop()
         while self._events_pending and self._executor is not None:
             self._events_pending = False  # events recorded from here on republish once more
-            republished = await loop.run_in_executor(self._executor, self._with_events)
+            republished = await loop.run_in_executor(self._executor, self._republished)
             if republished is not None:
                 self.exposition = republished
 
-    def _with_events(self) -> Exposition | None:
-        """The last snapshot again, with the event counts as they are now. Worker thread."""
-        snapshot = self._snapshot
-        if snapshot is None:
+    def _republished(self) -> Exposition | None:
+        """The last snapshot again, with the event counts and error count as they are now.
+        Worker thread."""
+        if self._published is None:
             return None
-        snapshot = replace(snapshot, gpus=self._nvml.overlay_events(snapshot.gpus))
-        return self._expose(snapshot)
+        snapshot, own = self._published
+        snapshot = replace(
+            snapshot,
+            gpus=self._nvml.overlay_events(snapshot.gpus),
+            errors_total=self._nvml.errors_total,
+        )
+        self._published = (snapshot, own)
+        return self._expose(snapshot, own)
 
-    def _expose(self, snapshot: Snapshot) -> Exposition:
+    def _expose(self, snapshot: Snapshot, own: list[Metric]) -> Exposition:
         """The snapshot's exposition, rendered now in the formats the previous one was scraped in:
         scrapes come at least once a cycle, so they get ready bytes. Otherwise the first scrape
         renders it (scraped every 15 s, 14 of 15 snapshots then cost nothing to render)."""
         previous = self.exposition
         return Exposition(
-            lambda: snapshot_families(snapshot, self._build),
+            lambda: [*snapshot_families(snapshot, self._build), *own],
             formats=previous.served if previous is not None else (),
         )
 
     async def close(self) -> None:
-        """Shut NVML down after any cycle in flight has finished, then stop the thread."""
+        """Stop the loop, then shut NVML down after any cycle in flight has finished."""
         self._closing = True
+        for task in (self._task, self._republishing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._events.store.on_change = None
-        if self._republishing is not None:
-            self._republishing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._republishing
         if self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.close)
+            closing = asyncio.wrap_future(self._executor.submit(self._nvml.close))
+            try:
+                await asyncio.wait_for(closing, CLOSE_SECONDS)
+            except TimeoutError:
+                # A cycle is stuck in the driver: leave NVML as it is; the thread dies with us.
+                log.warning("the sampling thread is stuck in a driver call; not shutting NVML down")
             self._executor.shutdown(wait=False)
             self._executor = None

@@ -222,5 +222,6 @@ DEMO_NODES: Final = (
     ),
     Node("sim-b", FLEETS / "broken-node.yaml"),  # NVML never initialises
     Node("sim-c", None),  # a daemon that is down
+    Node("sim-d", FLEETS / "stalled-node.yaml"),  # its sampler wedges in nvmlInit
 )
 """The stack behind the dashboard tests and the dashboard pictures."""

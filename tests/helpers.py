@@ -14,13 +14,15 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETS = Path(__file__).resolve().parent / "fixtures" / "fleets"
@@ -146,6 +148,21 @@ def running_daemon(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def eventually(
+    check: Callable[[], T | None], timeout: float, what: str, *, every: float = 0.1
+) -> T:
+    """Poll `check` until it gives a truthy value (returned), or fail after `timeout` seconds
+    naming `what`. The one way tests wait for something to happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
 
 
 def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -2,8 +2,9 @@
 
 The stack (dashboards/live.py): node sim-a runs tests/fixtures/fleets/dashboards.yaml (a busy
 trainer, a shared GPU, an idle holder, a hot L4, an MPS card with a fan, an uncorrectable ECC
-error, a GPU that falls off the bus), node sim-b a daemon whose driver never loads, node sim-c a
-target nothing listens on. Prometheus scrapes them every second with the rule file loaded. Every
+error, a GPU that falls off the bus, a reading that raises), node sim-b a daemon whose driver
+never loads, node sim-c a target nothing listens on, node sim-d a daemon whose sampler wedges in
+nvmlInit. Prometheus scrapes them every second with the rule file loaded. Every
 panel, annotation and variable query of every dashboard then runs through the HTTP API with the
 variables substituted the way Grafana would, and must return data; the alerts this fleet gives a
 reason to fire must be pending or firing, and no other alert may be.
@@ -51,12 +52,15 @@ EXPECTED_ALERTS: Final = (
     ("GpuMemoryRepairPending", {"node": "sim-a", "gpu": "0"}),
     ("GpuMemoryRepairPending", {"node": "sim-a", "gpu": "7"}),
     ("GpuUncorrectableEccErrors", {"node": "sim-a", "gpu": "7", "type": "uncorrected"}),
+    ("GpuscopeSampleErrors", {"node": "sim-a"}),
+    ("GpuDown", {"node": "sim-d", "gpu": "0", "reason": "lost"}),
+    ("GpuscopeSamplesStale", {"node": "sim-d"}),
 )
 """Alerts the stack gives a reason to fire (labels: a subset the alert must carry)."""
 
 NOT_TRIGGERED_LIVE: Final = {
     "GpuRowRemapFailed": "the simulator's row remappings never fail",
-    "GpuscopeSamplesStale": "needs a driver call that hangs; the simulator never hangs",
+    "GpuscopeRestarting": "needs a kubelet restarting a daemon whose liveness probe fails",
     "GpuscopeKubernetesWatchDown": "the stack runs without a Kubernetes API to lose",
 }
 """Alerts covered by the promtool unit tests only, and why the live stack cannot raise them."""

@@ -26,7 +26,6 @@ from exporter.model import (
 )
 from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
-from exporter.nvml.pcie import PcieThroughputReader
 from exporter.nvml.sampler import NvmlSampler
 from exporter.nvml.simulator import FleetError, SimulatedNvml
 from exporter.nvml.simulator.fleet import parse_fleet
@@ -47,7 +46,7 @@ MIG_LAYOUT = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
 
 
 def make(
-    document: dict[str, object], *, events: bool = False, pcie: bool = False
+    document: dict[str, object], *, events: bool = False, interval: float = 1.0
 ) -> tuple[NvmlSampler, ManualClock, SimulatedNvml]:
     clock = ManualClock()
     driver = SimulatedNvml(parse_fleet(document), clock=clock, wall=lambda: 1.7e9 + clock())
@@ -55,7 +54,7 @@ def make(
         driver,
         clock=clock,
         events=EventWatcher(driver, wall=lambda: 1.7e9 + clock()) if events else None,
-        pcie=PcieThroughputReader(driver, period=0.05) if pcie else None,
+        interval=interval,
     )
     sampler.start()
     return sampler, clock, driver
@@ -501,55 +500,72 @@ def test_event_store_is_thread_safe_and_counts_per_xid() -> None:
     assert len(changes) == 2000
 
 
-# -- PCIe throughput on its own thread ------------------------------------------------------
+# -- PCIe throughput, read by each GPU's worker after its answer --------------------------------
 
 
-def test_the_cycle_stays_on_time_while_pcie_throughput_is_being_read(
-    closing: list[NvmlSampler],
-) -> None:
+def test_a_pcie_read_stuck_in_the_driver_costs_only_its_gpu(closing: list[NvmlSampler]) -> None:
     sampler, clock, driver = make(
         {"gpus": [{"model": "a100-sxm4-80gb", "count": 4}], "processes": [{"pid": 1, "gpu": 0}]},
-        pcie=True,
+        interval=0.1,
     )
     closing.append(sampler)
+    sampler.hang_seconds = 1.0
     release = threading.Event()
     reading = threading.Event()
     real_read = driver.nvmlDeviceGetPcieThroughput
 
-    def stuck_read(handle: object, counter: int) -> int:
-        reading.set()
-        release.wait(30)  # a read that does not return until the test says so
+    def stuck_read(handle: Any, counter: int) -> int:
+        if handle.device.gpu.index == 0:
+            reading.set()
+            release.wait(30)  # a read that does not return until the test says so
         return real_read(handle, counter)
 
     driver.nvmlDeviceGetPcieThroughput = stuck_read  # type: ignore[method-assign]
     try:
-        assert reading.wait(10), "the PCIe thread started reading"
-        # The PCIe thread is blocked inside the driver; cycles go on regardless.
-        for _ in range(5):
-            clock.advance(1)
+        sampler.sample()
+        assert reading.wait(10), "GPU 0's worker started reading PCIe"
+        # GPU 0's worker is blocked inside the driver; the cycle waits for it at most
+        # wait_seconds, the other GPUs answer every cycle, GPU 0 keeps its last answer, then is
+        # down (hung) once its call has been out for hang_seconds.
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5:
+            clock.advance(0.1)
+            before = time.monotonic()
             gpus, status = sampler.sample()
+            assert time.monotonic() - before < sampler.wait_seconds + 0.5
             assert status.success
-            assert all(g.activity.pcie_transmit_bytes_per_second is None for g in gpus)
+            assert all(physical(gpus)[i].up for i in (1, 2, 3))
+        assert physical(gpus)[0].down_reason == "hung"
+        assert not physical(gpus)[0].up
     finally:
         release.set()
+    wait_until(lambda: physical(sampler.sample()[0])[0].up, "GPU 0 back once the read returns")
     wait_until(
-        lambda: physical(sampler.sample()[0])[0].activity.pcie_receive_bytes_per_second,
-        "PCIe figures once the reads return",
+        lambda: physical(sampler.sample()[0])[1].activity.pcie_receive_bytes_per_second is not None,
+        "PCIe figures",
     )
 
 
-def test_pcie_figures_go_stale_rather_than_linger() -> None:
-    clock = ManualClock()
-    driver = SimulatedNvml(parse_fleet({"gpus": [{"model": "l4"}]}), clock=clock)
-    driver.nvmlInit()
-    reader = PcieThroughputReader(driver, period=0.01, clock=clock)
-    reader.start()
-    reader.attach([("GPU-l4", driver.nvmlDeviceGetHandleByIndex(0))])
-    wait_until(lambda: reader.latest("GPU-l4") is not None, "a first round")
-    reader.detach()
+def test_pcie_figures_go_stale_rather_than_linger(closing: list[NvmlSampler]) -> None:
+    sampler, clock, driver = make({"gpus": [{"model": "l4"}]})
+    closing.append(sampler)
+    sampler.sample()
+    wait_until(
+        lambda: (
+            physical(sampler.sample()[0])[0].activity.pcie_transmit_bytes_per_second is not None
+        ),
+        "a first figure",
+    )
+
+    def failing(handle: object, counter: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    driver.nvmlDeviceGetPcieThroughput = failing  # type: ignore[method-assign]
+    sampler.sample()
+    time.sleep(0.2)  # a read still in its 20 ms window when the driver was swapped has finished
     clock.advance(10)
-    assert reader.latest("GPU-l4") is None
-    reader.close()
+    sampler.sample()
+    assert physical(sampler.sample()[0])[0].activity.pcie_transmit_bytes_per_second is None
 
 
 # -- fleet keys -----------------------------------------------------------------------------

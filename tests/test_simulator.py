@@ -412,4 +412,4 @@ def test_fleet_documented_in_module_docstring_parses() -> None:
     parsed = parse_fleet(yaml.safe_load(example))
     assert len(parsed.gpus) == 3
     assert parsed.gpus[2].mig is not None
-    assert len(parsed.faults) == 6
+    assert len(parsed.faults) == 8

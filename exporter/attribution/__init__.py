@@ -4,8 +4,8 @@ processes + their cgroups), and which pod and workload that is (Kubernetes API).
 Modules: `cgroups` (pure cgroup-path parser), `procfs` (process -> container), `pods` (the pod
 cache: list + watch), `owners` (pod -> workload), `podresources` (kubelet allocations), `join`
 (everything -> who holds and uses each GPU), `cluster` (API configuration and requests),
-`attributor` (one cycle of all of it). This module stays light: the `kubernetes` and `grpc`
-packages cost about 25 MiB of memory and are imported only when a cluster is configured.
+`attributor` (one cycle of all of it). This module stays light: the `kubernetes` package
+costs about 20 MiB of memory and is imported only when a cluster is configured.
 """
 
 from __future__ import annotations

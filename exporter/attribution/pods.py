@@ -26,6 +26,7 @@ from exporter.attribution.cluster import PODS_PATH
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 from exporter.logs import LogOnce
 from exporter.model import KubernetesStatus
+from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -193,14 +194,13 @@ class PodCache:
         self._once = LogOnce(log)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = SupervisedThread("gpuscope-pod-watch", self._run, on_crash=self._crashed)
         self._response: BaseHTTPResponse | None = None
         self._pods: dict[str, Pod] = {}
         self._version = 0
         self._index: tuple[int, PodIndex] = (0, EMPTY_INDEX)
         self._resource_version: str | None = None
         self._up = False
-        self._synced = False
         self._current_at: float | None = None
         """When the cache was last known current (None before the first list)."""
         self._attempt = 0
@@ -231,7 +231,6 @@ class PodCache:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpuscope-pod-watch", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
@@ -244,8 +243,7 @@ class PodCache:
                 response.shutdown()
             except OSError as error:
                 log.debug("closing the watch connection failed", extra={"error": str(error)})
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
         self._client.close()
 
     # -- the watch thread ---------------------------------------------------------------------
@@ -270,6 +268,15 @@ class PodCache:
                     break
                 delay = self._failed(error)
                 self._stopping.wait(delay)
+
+    def _crashed(self) -> None:
+        """The watch loop itself failed (not the API): the cache is stale until it restarts,
+        and starts again from a fresh list."""
+        with self._lock:
+            if self._up:
+                self._current_at = self._clock()
+            self._up = False
+        self._resource_version = None
 
     def _list(self) -> None:
         response = self._client.get(

@@ -140,10 +140,21 @@ class Exposition:
         self._families: list[Metric] | None = None
         self._rendered: dict[str, Rendered] = {}
         self._lock = threading.Lock()
-        self.served: set[str] = set()
-        """Formats a scrape took from this exposition (added on the event loop)."""
+        self._served: frozenset[str] = frozenset()
         for name in formats:
             self.render(name)
+
+    @property
+    def served(self) -> frozenset[str]:
+        """Formats a scrape took from this exposition. Immutable: the sampler's worker thread
+        iterates it while scrapes on the event loop record more (`mark_served`)."""
+        return self._served
+
+    def mark_served(self, name: str) -> None:
+        """Record that a scrape took this format. On the event loop only: it replaces the set,
+        so a reader in another thread keeps the one it has."""
+        if name not in self._served:
+            self._served = self._served | {name}
 
     @property
     def families(self) -> list[Metric]:

@@ -106,7 +106,16 @@ def gpu_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
         "GPU identity; always 1. Join on uuid for driver, CUDA and PCI details.",
         ("pci_bus_id", "driver_version", "cuda_version"),
     )
-    alive = _gauge("gpu_up", "1 while the GPU answers NVML, 0 when it is lost or cannot be opened.")
+    alive = _gauge(
+        "gpu_up", "1 while the GPU answers NVML, 0 when it is lost, hung or cannot be read."
+    )
+    down = _gauge(
+        "gpu_down_reason",
+        "1 for the reason a GPU is down (gpu_up 0): lost (the driver lost it), hung (its driver "
+        "calls have not returned), unopened (listed but cannot be opened), error (unexpected "
+        "error reading it).",
+        ("reason",),
+    )
     for sample in gpus:
         identity = sample.identity
         parent = (("parent_uuid", identity.parent_uuid),) if identity.is_mig_instance else ()
@@ -119,8 +128,11 @@ def gpu_families(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
         )
         _add(info, details, 1)
         _add(alive, labels.base, 1 if sample.up else 0)
+        if not sample.up and sample.down_reason is not None:
+            _add(down, labels.with_pairs(("reason", sample.down_reason)), 1)
     yield info
     yield alive
+    yield down
 
     yield _scalar(
         _gauge(
@@ -368,7 +380,8 @@ def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
     )
     for status in snapshot.collectors:
         success.add_metric([status.name], 1 if status.success else 0)
-        duration.add_metric([status.name], status.duration_seconds)
+        if status.duration_seconds is not None:
+            duration.add_metric([status.name], status.duration_seconds)
     yield success
     yield duration
     last = GaugeMetricFamily(
@@ -387,6 +400,21 @@ def exporter_families(snapshot: Snapshot, build: BuildInfo) -> Iterator[Metric]:
     )
     overruns.add_metric([], snapshot.overruns_total)
     yield overruns
+    errors = CounterMetricFamily(
+        "gpuscope_sample_errors",
+        "Unexpected errors met while sampling: in one reading (its series is omitted), one GPU "
+        "(gpu_down_reason error) or a whole cycle (skipped). The log says what, once per error.",
+    )
+    errors.add_metric([], snapshot.errors_total)
+    yield errors
+    interval = GaugeMetricFamily(
+        "gpuscope_collect_interval_seconds",
+        "The configured sampling interval (--collect.interval).",
+        unit="seconds",
+    )
+    if snapshot.collect_interval_seconds is not None:
+        interval.add_metric([], snapshot.collect_interval_seconds)
+    yield interval
 
 
 POD_LABELS: Final = ("namespace", "pod", "container", "workload", "workload_kind")

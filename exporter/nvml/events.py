@@ -5,7 +5,8 @@ The sampler owns NVML's initialisation, so it also owns the event set's life: af
 ECC events), and before `nvmlShutdown` it calls `detach` (take the set back from the waiting
 thread and free it). The waiting thread holds no NVML reference of its own — if it did, the
 sampler's shutdown + init would never really re-initialise the library. It survives timeouts
-(`NVMLError_Timeout` every `wait_ms`), a lost GPU and re-initialisation.
+(`NVMLError_Timeout` every `wait_ms`), a lost GPU and re-initialisation; anything unexpected
+restarts it after a backoff (`exporter.supervise`), and `healthy` says so meanwhile.
 
 What the thread learns goes into an `EventStore`, which the sampling cycle copies into each
 snapshot (`with_events`); XID counters are per daemon, so they survive re-initialisation.
@@ -23,6 +24,7 @@ import pynvml
 
 from exporter.logs import LogOnce
 from exporter.nvml.driver import error_code, error_name, handle_key, is_unavailable
+from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -145,10 +147,14 @@ class EventWatcher:
         """handle_key -> (uuid, handle) of every GPU registered in the set."""
         self._waiting = False
         self._stop = False
-        self._thread: threading.Thread | None = None
+        self._thread = SupervisedThread("gpuscope-events", self._run)
+
+    @property
+    def healthy(self) -> bool:
+        """False from an unexpected crash of the waiting thread until it is restarted."""
+        return self._thread.healthy
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="gpuscope-events", daemon=True)
         self._thread.start()
 
     def attach(self, devices: Sequence[tuple[str, Any]]) -> int:
@@ -209,9 +215,7 @@ class EventWatcher:
             self._stop = True
             self._cond.notify_all()
         self.detach()
-        if self._thread is not None:
-            self._thread.join(self._wait_ms / 1000 + 1.0)
-            self._thread = None
+        self._thread.stop(self._wait_ms / 1000 + 1.0)
 
     # -- the waiting thread ------------------------------------------------------------------
 

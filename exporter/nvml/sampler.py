@@ -1,26 +1,36 @@
 """Reads every GPU through an NVML driver and turns the answers into `GpuSample`s.
 
-Runs in the sampler's worker thread only. Each reading fails alone:
+The sampler itself (init, re-init, enumeration, assembling the cycle) runs in the sampling
+loop's worker thread; each physical GPU is read in a `GpuWorker` thread of its own, with its MIG
+instances, so that a driver call that hangs holds up that GPU only (`exporter.nvml.workers`).
+Each reading fails alone:
 - a function this GPU or driver lacks (`NotSupported`, `FunctionNotFound`) drops that series
   and is not asked again until NVML is re-initialised (logged once);
-- any other error drops the value for this cycle (logged once per cause);
-- a lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`) while the others keep
-  reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with backoff, so the
-  GPU comes back by itself.
+- any other NVML error drops the value for this cycle (logged once per cause);
+- anything else (a bug, an answer gpuscope does not understand) drops the value too, is counted
+  in `errors_total` and logged once with its traceback at debug level;
+- a lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`, reason `lost`) while the
+  others keep reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with
+  backoff, so the GPU comes back by itself;
+- a GPU whose reads do not answer within the cycle's wait shows its previous answer; once they
+  have been outstanding for `hang_seconds` it is down (reason `hung`) until they return.
 
 A GPU in MIG mode is reported as itself (power, heat, clocks, health) plus one sample per MIG
 instance (memory, processes, GPM activity); instances are enumerated every cycle, so created and
-destroyed ones appear and vanish. The event thread and the PCIe throughput thread, when given,
-share this sampler's NVML initialisation: it attaches them after each init and detaches them
-before each shutdown.
+destroyed ones appear and vanish. The event thread shares this sampler's NVML initialisation: it
+is attached after each init and detached before each shutdown. PCIe throughput, which blocks for
+a 20 ms window per direction, is read by each GPU's worker right after its answer, so it never
+delays a cycle.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pynvml
@@ -48,12 +58,13 @@ from exporter.nvml.driver import (
 from exporter.nvml.events import with_events
 from exporter.nvml.gpm import GpmReader, supports_gpm
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
+from exporter.nvml.workers import GpuWorker
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from exporter.nvml.events import EventWatcher
-    from exporter.nvml.pcie import PcieThroughputReader
+    from exporter.nvml.workers import Ticket
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +119,16 @@ THROTTLE_REASONS: Final = (
 field value nvml.h names in its place). The field values are read in one call; the violation
 status stands in per reason where a field is missing."""
 _THROTTLE_FIELDS: Final = [field_id for _, _, field_id in THROTTLE_REASONS]
-_NOT_MIG: Final = 0xFFFFFFFF
+_KIB: Final = 1024
+
+HUNG: Final = "hung"
+LOST: Final = "lost"
+UNOPENED: Final = "unopened"
+ERROR: Final = "error"
+DOWN_REASONS: Final = (LOST, HUNG, UNOPENED, ERROR)
+"""Why a GPU is reported down (`gpu_down_reason{reason}`): a lifecycle error from the driver;
+driver calls that have not returned; a GPU the driver lists but cannot open; an unexpected error
+reading it (a bug, or an answer gpuscope does not understand)."""
 
 
 class _GpuLost(Exception):
@@ -120,13 +140,27 @@ class _GpuLost(Exception):
 
 
 @dataclass(slots=True)
+class _Integrals:
+    """One physical GPU's integrated counters; they outlive re-initialisations. Written only by
+    that GPU's worker."""
+
+    busy_seconds: float = 0.0
+    last_read: float | None = None
+    """When utilization was last read (None: integrate from the next reading on)."""
+    activity_seconds: dict[str, list[float]] = field(default_factory=dict)
+    """GPU or MIG instance uuid -> integrated [sm, tensor, dram] activity."""
+
+
+@dataclass(slots=True)
 class _Device:
-    """One GPU as of the current NVML initialisation."""
+    """One GPU (or MIG instance) as of the current NVML initialisation. A physical GPU's state is
+    read and written by its worker's jobs only, and by the sampler while the worker is idle."""
 
     handle: Any
     identity: GpuIdentity
     max_clocks: Clocks
     fan_count: int
+    integrals: _Integrals = field(default_factory=_Integrals)
     unavailable: set[str] = field(default_factory=set)
     lost: bool = False
     process_timestamp_us: int = 0
@@ -137,14 +171,28 @@ class _Device:
     """How many MIG devices this GPU can hold (0 unless MIG mode is on)."""
     mig: dict[str, _Device] = field(default_factory=dict)
     """MIG instances seen in the last cycle, by UUID."""
-    health: dict[str, Any] | None = None
-    """The last throttle-time and memory-repair readings, and when they are due again."""
+    health: _Health | None = None
+    """The last throttle-time and memory-repair readings."""
     health_due: float = 0.0
+    """When they are due to be read again."""
+    pcie: tuple[float, float, float] | None = None
+    """(transmit, receive bytes/s, when measured) from the worker's last PCIe window (no GPM)."""
+    worker: GpuWorker | None = None
+    """The thread this physical GPU is read in (None for a MIG instance)."""
+    answer: tuple[tuple[GpuSample, ...], float] | None = None
+    """The last samples its worker delivered (the GPU and its MIG instances), and when."""
 
     def gpm_readers(self) -> Iterator[GpmReader]:
         for device in (self, *self.mig.values()):
             if device.gpm is not None:
                 yield device.gpm
+
+
+@dataclass(frozen=True, slots=True)
+class _Health:
+    throttle_seconds: tuple[tuple[str, float], ...]
+    remapped_rows: RemappedRows | None
+    retired_pages: RetiredPages | None
 
 
 class NvmlSampler:
@@ -156,26 +204,41 @@ class NvmlSampler:
         *,
         collect_processes: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.monotonic,
         events: EventWatcher | None = None,
-        pcie: PcieThroughputReader | None = None,
+        interval: float = 1.0,
     ) -> None:
         self._nvml = driver
         self._collect_processes = collect_processes
         self._clock = clock
+        self._timer = timer
+        """Real time, for waiting on GPU workers (`clock` may be a test's simulated time)."""
         self._events = events
-        self._pcie = pcie
-        self._activity_seconds: dict[str, list[float]] = {}
-        """uuid -> integrated [sm, tensor, dram] activity, across re-initialisations."""
+        self.wait_seconds = interval / 2
+        """How long a cycle waits for the GPUs' answers."""
+        self.hang_seconds = max(2 * interval, 2.0)
+        """Reads outstanding this long make a GPU `hung`."""
+        self._pcie_max_age = max(3 * interval, 5.0)
+        """A PCIe figure older than this is dropped rather than shown."""
         self._once = LogOnce(log)
+        self._errors = _Counter()
         self._initialized = False
         self._devices: list[_Device] = []
         self._known: dict[str, GpuIdentity] = {}
-        self._busy_seconds: dict[str, float] = {}
-        self._last_read: dict[str, float] = {}
+        self._integrals: dict[str, _Integrals] = {}
         self._lost: set[str] = set()
+        self._hung: set[str] = set()
         self._reinit_due = 0.0
         self._reinit_attempt = 0
         """Re-initialisations tried since everything last answered; 0 means none is pending."""
+
+    @property
+    def errors_total(self) -> int:
+        """Unexpected errors met while sampling since start (`gpuscope_sample_errors_total`)."""
+        return self._errors.value
+
+    def count_error(self) -> None:
+        self._errors.add()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -196,15 +259,18 @@ class NvmlSampler:
                 fields={"error": error_name(error)},
             )
             self._schedule_reinit(self._clock())
-        for helper in (self._events, self._pcie):
-            if helper is not None:
-                helper.start()
+        if self._events is not None:
+            self._events.start()
 
     def close(self) -> None:
-        """Stop the helper threads, free GPM samples and shut NVML down (bounded: well under 1 s)."""
-        for helper in (self._events, self._pcie):
-            if helper is not None:
-                helper.close()
+        """Stop the event thread and the GPU workers, free GPM samples and shut NVML down
+        (bounded: well under 2 s). With a driver call still hung, NVML is left as it is."""
+        if self._events is not None:
+            self._events.close()
+        if self._any_busy():
+            log.warning("a driver call is still hung; not shutting NVML down")
+            self._stop_workers(self._devices)
+            return
         if self._initialized:
             self._initialized = False
             self._release()
@@ -213,21 +279,39 @@ class NvmlSampler:
             except pynvml.NVMLError as error:
                 log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
 
+    def _any_busy(self) -> bool:
+        return any(
+            device.worker is not None and device.worker.busy_since is not None
+            for device in self._devices
+        )
+
     def _release(self) -> None:
-        """Everything tied to the current initialisation, before nvmlShutdown."""
-        for helper in (self._events, self._pcie):
-            if helper is not None:
-                helper.detach()
+        """Everything tied to the current initialisation, before nvmlShutdown. Only while no
+        worker is busy."""
+        if self._events is not None:
+            self._events.detach()
+        self._stop_workers(self._devices)
         for device in self._devices:
             for reader in device.gpm_readers():
                 reader.free()
 
+    @staticmethod
+    def _stop_workers(devices: Iterable[_Device]) -> None:
+        for device in devices:
+            if device.worker is not None:
+                device.worker.close()
+                device.worker = None
+
     def _attach(self) -> None:
-        """Hand the freshly opened GPUs to the helper threads."""
+        """Hand the freshly opened GPUs to the event thread, and each to a worker of its own."""
         if self._events is not None:
             self._events.attach([(d.identity.uuid, d.handle) for d in self._devices])
-        if self._pcie is not None:
-            self._pcie.attach([(d.identity.uuid, d.handle) for d in self._devices if d.gpm is None])
+        for device in self._devices:
+            device.worker = GpuWorker(
+                f"gpuscope-gpu{device.identity.index}",
+                on_error=partial(self._unexpected, device, "pcie"),
+                timer=self._timer,
+            )
 
     def _initialize(self) -> None:
         if self._initialized:
@@ -284,7 +368,8 @@ class NvmlSampler:
             graphics=self._optional_mhz(handle, pynvml.NVML_CLOCK_GRAPHICS),
         )
         fans = self._optional(lambda: self._nvml.nvmlDeviceGetNumFans(handle))
-        device = _Device(handle, identity, max_clocks, fan_count=fans or 0)
+        integrals = self._integrals.setdefault(uuid, _Integrals())
+        device = _Device(handle, identity, max_clocks, fan_count=fans or 0, integrals=integrals)
         if self._optional(lambda: supports_gpm(self._nvml, handle)):
             device.gpm = GpmReader(
                 self._nvml, lambda sample: self._nvml.nvmlGpmSampleGet(handle, sample)
@@ -315,43 +400,105 @@ class NvmlSampler:
     # -- one cycle ---------------------------------------------------------------------------
 
     def sample(self) -> tuple[tuple[GpuSample, ...], CollectorStatus]:
+        """Every GPU's samples this cycle; waits at most `wait_seconds` for the GPUs' answers."""
         started = self._clock()
         if self._reinit_attempt and started >= self._reinit_due:
-            self._reinitialize()
+            if self._any_busy():
+                # nvmlShutdown under a call still in the driver is undefined behaviour.
+                self._once(
+                    logging.WARNING,
+                    ("reinit", "busy"),
+                    "NVML re-initialisation waits for a hung driver call to return",
+                )
+            else:
+                self._once.forget(("reinit", "busy"))
+                self._reinitialize()
 
+        tickets = {
+            id(device): device.worker.submit(
+                partial(self._read_gpu, device),
+                after=partial(self._read_pcie, device) if device.gpm is None else None,
+            )
+            for device in self._devices
+            if device.worker is not None and not device.lost
+        }
+        deadline = self._timer() + self.wait_seconds
         samples: list[GpuSample] = []
         for device in self._devices:
-            if not device.lost:
-                try:
-                    gpu = self._read_device(device)
-                    instances = self._read_mig(device) if gpu.mig_mode_enabled else []
-                    samples.append(gpu)
-                    samples.extend(instances)
-                    self._report_back(device.identity)
-                    continue
-                except _GpuLost as lost:
-                    device.lost = True
-                    self._report_lost(device.identity, lost.cause)
-            samples.append(GpuSample(identity=device.identity, up=False))
+            ticket = tickets.get(id(device))
+            if ticket is not None and ticket.wait(deadline, self._timer):
+                samples.extend(self._answered(device, ticket))
+            else:
+                samples.extend(self._unanswered(device))
         opened = {device.identity.uuid for device in self._devices}
-        samples.extend(
-            GpuSample(identity=identity, up=False)
-            for key, identity in self._known.items()
-            if key not in opened
-        )
-        for sample in samples:
-            if not sample.up:
-                self._last_read.pop(sample.identity.uuid, None)
+        for key, identity in self._known.items():
+            if key not in opened:
+                samples.append(_down(identity, UNOPENED if key.startswith("index:") else LOST))
+                if key in self._integrals:
+                    self._integrals[key].last_read = None
 
         finished = self._clock()
-        if self._initialized and all(sample.up for sample in samples):
-            self._reinit_attempt = 0
-        else:
+        needs_reinit = not self._initialized or any(
+            sample.down_reason in (LOST, UNOPENED) for sample in samples
+        )
+        if needs_reinit:
             self._schedule_reinit(finished)
+        elif all(sample.up for sample in samples):
+            self._reinit_attempt = 0
         samples.sort(key=_position)
         return self.overlay_events(tuple(samples)), CollectorStatus(
             "nvml", self._initialized, finished - started
         )
+
+    def _read_gpu(self, device: _Device) -> tuple[GpuSample, ...]:
+        """One physical GPU and its MIG instances. A job in the GPU's worker."""
+        gpu = self._read_device(device)
+        if gpu.mig_mode_enabled:
+            return (gpu, *self._read_mig(device))
+        return (gpu,)
+
+    def _answered(self, device: _Device, ticket: Ticket[tuple[GpuSample, ...]]) -> list[GpuSample]:
+        identity = device.identity
+        error = ticket.error
+        if error is None and ticket.value is not None:
+            device.answer = (ticket.value, self._timer())
+            self._report_back(identity)
+            return list(ticket.value)
+        device.answer = None
+        # Down: integrate again from its next reading, not across the time it was down (the
+        # worker is idle, so the sampler may write its state).
+        device.integrals.last_read = None
+        if isinstance(error, _GpuLost):
+            device.lost = True
+            self._report_lost(identity, error.cause)
+            return [_down(identity, LOST)]
+        assert error is not None
+        self._unexpected(device, "gpu", error)
+        return [_down(identity, ERROR)]
+
+    def _unanswered(self, device: _Device) -> list[GpuSample]:
+        """A GPU that gave no answer this cycle: lost before, or its reads are outstanding."""
+        identity = device.identity
+        if device.lost:
+            return [_down(identity, LOST)]
+        worker = device.worker
+        since = worker.busy_since if worker is not None else None
+        now = self._timer()
+        outstanding = now - since if since is not None else 0.0
+        if outstanding >= self.hang_seconds or device.answer is None:
+            if identity.uuid not in self._hung and outstanding >= self.hang_seconds:
+                self._hung.add(identity.uuid)
+                log.warning(
+                    "GPU's driver calls have not returned; reporting it down until they do",
+                    extra={
+                        "gpu": identity.index,
+                        "uuid": identity.uuid,
+                        "seconds": round(outstanding, 1),
+                    },
+                )
+            return [_down(identity, HUNG)]
+        # Late, not hung: its previous answer (at most hang_seconds old) stands in.
+        return list(device.answer[0])
 
     def overlay_events(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """The samples with the event thread's latest XID counts and ECC totals."""
@@ -387,6 +534,23 @@ class NvmlSampler:
         if identity.uuid in self._lost:
             self._lost.discard(identity.uuid)
             log.info("GPU answers again", extra={"gpu": identity.index, "uuid": identity.uuid})
+        if identity.uuid in self._hung:
+            self._hung.discard(identity.uuid)
+            log.info(
+                "GPU's driver calls return again",
+                extra={"gpu": identity.index, "uuid": identity.uuid},
+            )
+
+    def _unexpected(self, device: _Device, stage: str, error: BaseException) -> None:
+        """An error nothing anticipated, at any grain: counted and logged once."""
+        self._errors.add()
+        identity = device.identity
+        self._once.unexpected(
+            ("unexpected", identity.uuid, stage),
+            "unexpected error sampling this GPU; its values are omitted while it lasts",
+            error,
+            fields={"gpu": identity.index, "uuid": identity.uuid, "stage": stage},
+        )
 
     def _read_device(self, device: _Device) -> GpuSample:
         nvml = self._nvml
@@ -437,14 +601,18 @@ class NvmlSampler:
         mig_mode = self._read(device, "mig_mode", nvml.nvmlDeviceGetMigMode, handle)
         mig_enabled = bool(mig_mode[0]) if mig_mode is not None else None
 
-        uuid = device.identity.uuid
+        integrals = device.integrals
         busy: float | None = None
         if utilization is not None:
-            previous = self._last_read.get(uuid)
-            elapsed = now - previous if previous is not None else 0.0
-            busy = self._busy_seconds.get(uuid, 0.0) + utilization * elapsed
-            self._busy_seconds[uuid] = busy
-            self._last_read[uuid] = now
+            previous = integrals.last_read
+            # Across a gap (the GPU hung or could not be read) nothing is known: integrate from now.
+            gap = now - previous if previous is not None else None
+            elapsed = gap if gap is not None and gap <= self.hang_seconds else 0.0
+            integrals.busy_seconds += utilization * elapsed
+            busy = integrals.busy_seconds
+            integrals.last_read = now
+        health = self._read_health(device, now)
+        activity, activity_seconds = self._read_activity(device, now)
 
         return GpuSample(
             identity=device.identity,
@@ -479,8 +647,13 @@ class NvmlSampler:
             processes=self._read_processes(device)
             if self._collect_processes and not mig_enabled
             else None,
-            **self._read_activity(device, now),
-            **self._read_health(device, now),
+            activity=activity,
+            sm_active_seconds_total=activity_seconds[0],
+            tensor_active_seconds_total=activity_seconds[1],
+            dram_active_seconds_total=activity_seconds[2],
+            throttle_seconds=health.throttle_seconds,
+            remapped_rows=health.remapped_rows,
+            retired_pages=health.retired_pages,
             mig_mode_enabled=mig_enabled,
         )
 
@@ -495,6 +668,7 @@ class NvmlSampler:
             return None
 
     def _reading_failed(self, device: _Device, what: str, error: Exception) -> None:
+        """Log (once) why a reading failed; raises `_GpuLost` for a lifecycle error."""
         identity = device.identity
         if is_lifecycle_error(error):
             raise _GpuLost(error) from error
@@ -520,12 +694,12 @@ class NvmlSampler:
                 fields=fields,
             )
         else:
-            self._once(
-                logging.ERROR,
-                ("field", identity.uuid, what, type(error).__name__),
+            self._errors.add()
+            self._once.unexpected(
+                ("field", identity.uuid, what),
                 "unexpected error reading NVML; its series is omitted while it fails",
-                fields=fields,
-                exc_info=error,
+                error,
+                fields={"gpu": identity.index, "uuid": identity.uuid, "reading": what},
             )
 
     def _clock_hz(self, device: _Device, what: str, clock_type: int) -> float | None:
@@ -601,48 +775,62 @@ class NvmlSampler:
 
     # -- deeper signals ----------------------------------------------------------------------
 
-    def _read_health(self, device: _Device, now: float) -> dict[str, Any]:
+    def _read_health(self, device: _Device, now: float) -> _Health:
         """Throttle time and memory repairs, read every HEALTH_PERIOD_SECONDS and reported from
         the last reading in between: cumulative counters and states that change rarely, so a
         slower clock costs them nothing and saves NVML calls on every GPU each cycle."""
         if device.health is None or now >= device.health_due:
-            device.health = {
-                "throttle_seconds": self._read_throttle(device),
-                "remapped_rows": self._read_remapped_rows(device),
-                "retired_pages": self._read_retired_pages(device),
-            }
+            device.health = _Health(
+                throttle_seconds=self._read_throttle(device),
+                remapped_rows=self._read_remapped_rows(device),
+                retired_pages=self._read_retired_pages(device),
+            )
             device.health_due = now + HEALTH_PERIOD_SECONDS
         return device.health
 
-    def _read_activity(self, device: _Device, now: float) -> dict[str, Any]:
-        """GPM activity and its integrated counters, or PCIe throughput from the reader thread."""
+    def _read_activity(
+        self, device: _Device, now: float
+    ) -> tuple[Activity, tuple[float | None, float | None, float | None]]:
+        """GPM activity and its integrated [sm, tensor, dram] counters; before Hopper, the PCIe
+        throughput the worker measured after the previous reading."""
         if device.gpm is None:
-            throughput = self._pcie.latest(device.identity.uuid) if self._pcie else None
-            if throughput is None:
-                return {}
-            transmit, receive = throughput
-            return {
-                "activity": Activity(
-                    pcie_transmit_bytes_per_second=transmit, pcie_receive_bytes_per_second=receive
-                )
-            }
+            pcie = device.pcie
+            if pcie is None or self._clock() - pcie[2] > self._pcie_max_age:
+                return Activity(), (None, None, None)
+            transmit, receive, _ = pcie
+            return Activity(
+                pcie_transmit_bytes_per_second=transmit, pcie_receive_bytes_per_second=receive
+            ), (None, None, None)
         reading = self._read(device, "gpm", device.gpm.read, now)
         if reading is None:
-            return {}
+            return Activity(), (None, None, None)
         activity = reading.activity
-        totals = self._activity_seconds.setdefault(device.identity.uuid, [0.0, 0.0, 0.0])
-        counters: dict[str, Any] = {"activity": activity}
-        for position, (ratio, name) in enumerate(
-            (
-                (activity.sm_active, "sm_active_seconds_total"),
-                (activity.tensor_active, "tensor_active_seconds_total"),
-                (activity.dram_active, "dram_active_seconds_total"),
-            )
+        totals = device.integrals.activity_seconds.setdefault(device.identity.uuid, [0.0, 0.0, 0.0])
+        counters: list[float | None] = [None, None, None]
+        for position, ratio in enumerate(
+            (activity.sm_active, activity.tensor_active, activity.dram_active)
         ):
             if ratio is not None:
                 totals[position] += ratio * reading.window_seconds
-                counters[name] = totals[position]
-        return counters
+                counters[position] = totals[position]
+        return activity, (counters[0], counters[1], counters[2])
+
+    def _read_pcie(self, device: _Device) -> None:
+        """PCIe throughput over the driver's 20 ms window per direction: the worker's follow-up
+        to a reading of a GPU without GPM, so the window never delays a cycle."""
+        handle = device.handle
+        read = self._nvml.nvmlDeviceGetPcieThroughput
+        try:
+            transmit = self._read(
+                device, "pcie_throughput", read, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES
+            )
+            receive = self._read(
+                device, "pcie_throughput", read, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES
+            )
+        except _GpuLost:
+            return  # the next reading reports it
+        if transmit is not None and receive is not None:
+            device.pcie = (transmit * _KIB, receive * _KIB, self._clock())
 
     def _read_throttle(self, device: _Device) -> tuple[tuple[str, float], ...]:
         """Cumulative seconds per throttle reason: the nanosecond field values in one call, the
@@ -735,7 +923,7 @@ class NvmlSampler:
                 seen[uuid] = instance
         for uuid, gone in parent.mig.items():
             if uuid not in seen:
-                self._activity_seconds.pop(uuid, None)  # a destroyed instance never returns
+                parent.integrals.activity_seconds.pop(uuid, None)  # destroyed: never returns
                 if gone.gpm is not None:
                     gone.gpm.free()
         parent.mig = seen
@@ -784,7 +972,14 @@ class NvmlSampler:
             parent_uuid=parent.identity.uuid,
         )
         # NVML has no per-process utilization on MIG devices: do not ask.
-        instance = _Device(handle, identity, Clocks(), 0, unavailable={"process_utilization"})
+        instance = _Device(
+            handle,
+            identity,
+            Clocks(),
+            0,
+            integrals=parent.integrals,
+            unavailable={"process_utilization"},
+        )
         if parent.gpm is not None:
             parent_handle = parent.handle
             instance.gpm = GpmReader(
@@ -797,6 +992,7 @@ class NvmlSampler:
         """What NVML gives per MIG instance: memory, processes and GPM activity; device-level
         utilization, power and heat belong to the parent GPU."""
         memory = self._read_memory(instance)
+        activity, activity_seconds = self._read_activity(instance, self._clock())
         return GpuSample(
             identity=instance.identity,
             up=True,
@@ -804,8 +1000,32 @@ class NvmlSampler:
             memory_total_bytes=memory[1],
             memory_reserved_bytes=memory[2],
             processes=self._read_processes(instance) if self._collect_processes else None,
-            **self._read_activity(instance, self._clock()),
+            activity=activity,
+            sm_active_seconds_total=activity_seconds[0],
+            tensor_active_seconds_total=activity_seconds[1],
+            dram_active_seconds_total=activity_seconds[2],
         )
+
+
+def _down(identity: GpuIdentity, reason: str) -> GpuSample:
+    return GpuSample(identity=identity, up=False, down_reason=reason)
+
+
+class _Counter:
+    """A count several threads add to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self._value += 1
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._value
 
 
 def _percent(value: int | None) -> float | None:

@@ -22,6 +22,9 @@
  * enter_any() where a MIG device handle is accepted too) so lost/unsupported/uninitialised
  * checks stay uniform.
  *
+ * A device with `hang 1` blocks every call about it (other GPUs' calls go on) until the state
+ * file clears it: a GPU fallen off the bus, as the daemon must survive it.
+ *
  * GPM, MIG and events: a device's state gives the GPM metric values any two samples yield
  * (`gpm_metric ID VALUE`), its MIG instances (`mig ...`, each with GPM values of its own) and
  * the events the driver has queued (`event SEQ TYPE DATA`). An event set delivers, per device,
@@ -132,6 +135,7 @@ struct fake_device {
     unsigned int performance_state;
     unsigned int encoder_util_percent, decoder_util_percent;
     unsigned int lost;
+    unsigned int hang; /* every call about this GPU blocks while set (a GPU off the bus) */
     struct name_list not_supported; /* exported symbol names answering NOT_SUPPORTED */
     struct process_list processes, mps_processes;
     struct sample_list samples;
@@ -374,6 +378,7 @@ static const struct field device_fields[] = {
     DEV_U32("encoder_util_percent", encoder_util_percent, 100),
     DEV_U32("decoder_util_percent", decoder_util_percent, 100),
     DEV_U32("lost", lost, 1),
+    DEV_U32("hang", hang, 1),
     DEV_U32("gpm_supported", gpm_supported, 1),
     DEV_U32("mig_mode", mig_mode, 1),
     DEV_U64("violation_power_ns", violation_power_ns),
@@ -1027,9 +1032,29 @@ static const struct fake_mig *find_mig(const struct fake_device *d, unsigned int
  * through its parent GPU and then must still name the instance it was handed out for
  * (*mig_out is then that instance, else NULL).
  */
+static FAKE_MAYBE_UNUSED nvmlReturn_t enter_any_once(nvmlDevice_t handle, const char *func,
+                                   const struct fake_device **out, const struct fake_mig **mig_out);
+
+/*
+ * A device whose state says `hang 1` blocks every call about it, without holding the library
+ * lock (calls about other GPUs go on), until the state file clears the flag.
+ */
 static FAKE_MAYBE_UNUSED nvmlReturn_t enter_any(nvmlDevice_t handle, const char *func,
                                                 const struct fake_device **out,
                                                 const struct fake_mig **mig_out)
+{
+    for (;;) {
+        nvmlReturn_t rc = enter_any_once(handle, func, out, mig_out);
+        if (rc != NVML_SUCCESS || !(*out)->hang)
+            return rc;
+        pthread_mutex_unlock(&g.lock);
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+static FAKE_MAYBE_UNUSED nvmlReturn_t enter_any_once(nvmlDevice_t handle, const char *func,
+                                   const struct fake_device **out, const struct fake_mig **mig_out)
 {
     nvmlReturn_t rc = enter_library();
     if (rc != NVML_SUCCESS)

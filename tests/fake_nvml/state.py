@@ -126,6 +126,7 @@ class FakeDevice:
     encoder_util_percent: int = 0  # video engines: read by nvitop (benchmarks/peers.py)
     decoder_util_percent: int = 0
     lost: bool = False  # every per-device call raises GPU_IS_LOST; sticky until re-init
+    hang: bool = False  # every per-device call blocks until this is cleared again
     gpm_supported: bool = False
     mig_mode: bool = False
     # nanoseconds per perf policy: nvmlDeviceGetViolationStatus and the matching field values

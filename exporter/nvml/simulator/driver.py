@@ -27,6 +27,7 @@ import pynvml
 from exporter.nvml.driver import plain_layout
 from exporter.nvml.simulator import activity
 from exporter.nvml.simulator.behaviour import demand, lag, noise, running
+from exporter.nvml.simulator.fleet import EXCEPTIONS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -329,10 +330,19 @@ class SimulatedNvml:
         self._xid: dict[int, list[Fault]] = defaultdict(list)
         self._layouts: dict[int, list[Fault]] = defaultdict(list)
         self._init_errors: list[Fault] = []
+        self._exceptions: dict[str, list[Fault]] = defaultdict(list)
+        self._hangs: dict[int, list[Fault]] = defaultdict(list)
+        self._hung_functions: dict[str, list[Fault]] = defaultdict(list)
         for fault in fleet.faults:
             match fault.kind:
                 case "error":
                     self._errors[fault.function or ""].append(fault)
+                case "exception":
+                    self._exceptions[fault.function or ""].append(fault)
+                case "hang" if fault.function is not None:
+                    self._hung_functions[fault.function].append(fault)
+                case "hang":
+                    self._hangs[fault.gpu or 0].append(fault)
                 case "gpu_lost":
                     self._lost[fault.gpu or 0].append(fault)
                 case "ecc":
@@ -359,20 +369,40 @@ class SimulatedNvml:
     # -- the checks every call makes ---------------------------------------------------------
 
     def _check(self, function: str, gpu: int | None, t: float) -> None:
+        self._hang_call(function, gpu)
         if not self._refcount:
             raise _fail(pynvml.NVML_ERROR_UNINITIALIZED)
         for fault in self._errors.get(function, ()):
             if (fault.gpu is None or fault.gpu == gpu) and fault.active(t):
                 raise _fail(fault.error)
+        for fault in self._exceptions.get(function, ()):
+            if (fault.gpu is None or fault.gpu == gpu) and fault.active(t):
+                raise EXCEPTIONS[fault.exception](f"simulated {fault.exception} in {function}")
+
+    def _hang(self, index: int) -> None:
+        """Block while a `hang` fault holds this GPU, as a call into a GPU off the bus can."""
+        while any(fault.active(self._clock()) for fault in self._hangs.get(index, ())):
+            time.sleep(_POLL_SECONDS)
+
+    def _hang_call(self, function: str, gpu: int | None) -> None:
+        """Block while a `hang` fault holds calls of this function (on this GPU)."""
+        faults = [
+            fault
+            for fault in self._hung_functions.get(function, ())
+            if fault.gpu is None or fault.gpu == gpu
+        ]
+        while any(fault.active(self._clock()) for fault in faults):
+            time.sleep(_POLL_SECONDS)
 
     def _device(self, handle: Any, function: str) -> _Device:
         if isinstance(handle, _MigHandle):
             raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on a MIG device
         if not isinstance(handle, _Handle):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        t = self._clock()
         device = handle.device
         index = device.gpu.index
+        self._hang(index)
+        t = self._clock()
         for fault in self._lost.get(index, ()):
             if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
                 raise _fail(fault.error)
@@ -395,6 +425,7 @@ class SimulatedNvml:
     # -- library and system --------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
+        self._hang_call("nvmlInit", None)
         t = self._clock()
         for fault in self._init_errors:
             if fault.active(t):
@@ -421,6 +452,7 @@ class SimulatedNvml:
         return len(self._devices)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        self._hang(index)
         t = self._clock()
         self._check("nvmlDeviceGetHandleByIndex", index, t)
         if not 0 <= index < len(self._devices):

@@ -24,13 +24,20 @@ A fleet file (every key but `gpus` optional):
       - {kind: ecc, gpu: 0, at: 1m, corrected: 3, uncorrected: 1}
       - {kind: xid, gpu: 1, at: 30s, xid: 79}
       - {kind: mig_layout, gpu: 2, at: 2m, mig: [3g.40gb, 4g.40gb]}
+      - {kind: hang, gpu: 1, at: 5m, until: 6m}
+      - {kind: exception, function: nvmlDeviceGetPowerUsage, gpu: 0, at: 20s, until: 25s}
 
 Times are durations since the simulation started. `mig_instance` places a process on an instance
 of its GPU's MIG layout (0 is the first listed); a GPU in MIG mode runs processes only there. A
 `mig_layout` fault replaces the GPU's instances at `at`: instances unchanged at their position
 stay, the others vanish and new ones appear (processes on a vanished instance stop). An `ecc`
 fault with uncorrected errors also remaps rows (A100 and newer) or retires pages (older GPUs),
-pending until a reset. An `xid` fault raises that XID critical error event once.
+pending until a reset. An `xid` fault raises that XID critical error event once. A `hang` fault
+makes every driver call about its GPU (and its MIG instances) block from `at` until `until` (or
+for good), as a GPU that fell off the bus can; with a `function`, only calls of that function
+block (on `gpu` if given): `function: nvmlInit` wedges the library as a whole. An `exception` fault makes `function` raise a
+Python exception (`exception: RuntimeError`, the default; see `EXCEPTIONS`) while it lasts, on
+`gpu` or on every GPU: what a bug or a driver answer nobody expected looks like.
 """
 
 from __future__ import annotations
@@ -51,7 +58,30 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 PATTERNS: Final = ("idle", "steady", "bursty", "sawtooth", "input_starved")
-FAULT_KINDS: Final = ("gpu_lost", "error", "init_error", "ecc", "xid", "mig_layout")
+FAULT_KINDS: Final = (
+    "gpu_lost",
+    "error",
+    "init_error",
+    "ecc",
+    "xid",
+    "mig_layout",
+    "hang",
+    "exception",
+)
+EXCEPTIONS: Final = {
+    exception.__name__: exception
+    for exception in (
+        RuntimeError,
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ZeroDivisionError,
+        OSError,
+    )
+}
+"""What an `exception` fault may raise: Python errors no NVML call is meant to raise."""
 MIG_COMPUTE_SLICES: Final = 7
 MIG_MEMORY_SLICES: Final = 8
 DEFAULT_MODEL: Final = "h100-sxm"
@@ -117,6 +147,8 @@ class Fault:
     xid: int = 0
     mig: tuple[MigProfile, ...] = ()
     """The new MIG layout of a `mig_layout` fault."""
+    exception: str = ""
+    """The Python exception an `exception` fault raises (a name in `EXCEPTIONS`)."""
 
     def active(self, t: float) -> bool:
         return self.at <= t and (self.until is None or t < self.until)
@@ -387,6 +419,7 @@ def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
             "uncorrected",
             "xid",
             "mig",
+            "exception",
         },
     )
     kind = _choice(item.get("kind"), FAULT_KINDS, "kind")
@@ -395,7 +428,9 @@ def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
     if until is not None and until <= at:
         raise ValueError("until: must come after at")
     gpu = _gpu_index(
-        item.get("gpu"), len(gpus), required=kind in {"gpu_lost", "ecc", "xid", "mig_layout"}
+        item.get("gpu"),
+        len(gpus),
+        required=kind in {"gpu_lost", "ecc", "xid", "mig_layout"},
     )
     xid = 0
     if kind == "xid":
@@ -412,12 +447,7 @@ def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
         mig = parse_mig_layout(item.get("mig"), gpus[gpu].model)
     elif "mig" in item:
         raise ValueError(f"mig: only faults of kind mig_layout give a layout, not {kind}")
-    function = item.get("function")
-    if kind == "error":
-        if function not in NVML_FUNCTIONS:
-            raise ValueError(f"function: {function!r} is not an NVML function the simulator offers")
-    elif function is not None:
-        raise ValueError(f"function: only faults of kind error name a function, not {kind}")
+    function, exception = _fault_call(kind, item, gpu)
     default_error = "gpu_is_lost" if kind == "gpu_lost" else "unknown"
     return Fault(
         kind=kind,
@@ -430,7 +460,29 @@ def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:
         uncorrected=_count(item.get("uncorrected", 0), "uncorrected"),
         xid=xid,
         mig=mig,
+        exception=exception,
     )
+
+
+def _fault_call(kind: str, item: Mapping[str, Any], gpu: int | None) -> tuple[str | None, str]:
+    """The driver function a fault acts on, and the exception it raises (`exception` faults)."""
+    function = item.get("function")
+    if kind in {"error", "exception"} or (kind == "hang" and function is not None):
+        if function not in NVML_FUNCTIONS:
+            raise ValueError(f"function: {function!r} is not an NVML function the simulator offers")
+    elif function is not None:
+        raise ValueError(
+            f"function: only faults of kind error, exception or hang name a function, not {kind}"
+        )
+    if kind == "hang" and gpu is None and function is None:
+        raise ValueError("hang: give the gpu whose calls hang, or the function that does")
+    if kind == "exception":
+        return function, _choice(
+            item.get("exception", "RuntimeError"), tuple(EXCEPTIONS), "exception"
+        )
+    if "exception" in item:
+        raise ValueError(f"exception: only faults of kind exception raise one, not {kind}")
+    return function, ""
 
 
 # -- small validators; each raises ValueError("<field>: <problem>") -----------------------------

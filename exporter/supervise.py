@@ -1,0 +1,202 @@
+"""Background work that never dies silently, nor keeps the process from stopping: a thread or
+task that raises is logged, reported unhealthy and restarted after a backoff; the sampling loop's
+worker is a daemon thread, so a call stuck in the driver cannot hold up the exit.
+
+The daemon runs a few loops beside the sampling cycle (the XID event thread, the pod watch, the
+web-config watch). Each catches the failures it expects; these wrappers catch the rest. A crash
+is logged once per distinct error (its traceback at debug level), `healthy` is False from the
+crash until the restarted loop runs again (`gpuscope_collector_success{collector}` shows it),
+and restarts back off along `BACKOFF_SECONDS`. A loop that returns has finished on purpose (it
+was asked to stop) and is not restarted.
+
+Threading rule: `healthy` is a bool written by the supervising thread or task and read by the
+sampling cycle — a single reference, never a compound update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from exporter.logs import LogOnce
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0)
+STABLE_SECONDS: Final = 60.0
+"""A loop that ran this long since its last restart starts the backoff from the beginning."""
+
+
+@dataclass(slots=True)
+class TaskHealth:
+    """A supervised task's state, as the sampling cycle reports it (a collector)."""
+
+    name: str
+    healthy: bool = True
+
+
+class _Restarts:
+    """The crash-and-restart bookkeeping both wrappers share."""
+
+    def __init__(
+        self,
+        name: str,
+        backoff: tuple[float, ...],
+        on_crash: Callable[[], None] | None,
+        timer: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.healthy = True
+        self._backoff = backoff
+        self._on_crash = on_crash
+        self._timer = timer
+        self._once = LogOnce(log)
+        self._attempt = 0
+        self._started = timer()
+
+    def crashed(self, error: BaseException) -> float:
+        """Record a crash; the answer is how long to wait before the restart."""
+        self.healthy = False
+        if self._timer() - self._started > STABLE_SECONDS:
+            self._attempt = 0
+        wait = self._backoff[min(self._attempt, len(self._backoff) - 1)]
+        self._attempt += 1
+        self._once.unexpected(
+            (self.name,),
+            "background task failed; restarting it",
+            error,
+            fields={"task": self.name, "restart_in_seconds": wait},
+        )
+        if self._on_crash is not None:
+            self._on_crash()
+        return wait
+
+    def restarting(self) -> None:
+        self._started = self._timer()
+        self.healthy = True
+
+
+class DaemonExecutor(Executor):
+    """A one-thread executor whose thread never keeps the process alive.
+
+    `ThreadPoolExecutor` joins its threads when the interpreter exits, so a job stuck in a driver
+    call would keep a stopping daemon from ever exiting; this one's thread is a daemon thread.
+    Jobs run one at a time, in order."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the executor is shut down")
+        future: Future[T] = Future()
+        self._jobs.put((future, partial(fn, *args, **kwargs)))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # noqa: FBT001, FBT002 - Executor's signature
+        self._closed = True
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        self._jobs.put(None)
+        if wait:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(call())
+            except BaseException as error:  # noqa: BLE001 - handed to whoever waits on it
+                future.set_exception(error)
+
+
+class SupervisedThread:
+    """Runs `target` in a daemon thread, again after a backoff whenever it raises."""
+
+    def __init__(
+        self,
+        name: str,
+        target: Callable[[], None],
+        *,
+        backoff: tuple[float, ...] = BACKOFF_SECONDS,
+        on_crash: Callable[[], None] | None = None,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._target = target
+        self._restarts = _Restarts(name, backoff, on_crash, timer)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def healthy(self) -> bool:
+        """False from a crash until the restarted loop runs again."""
+        return self._restarts.healthy
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop restarting; the target must be told to return by its owner. Waits `timeout`."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._target()
+            except Exception as error:  # noqa: BLE001 - whatever broke it, restart it
+                if self._stopping.wait(self._restarts.crashed(error)):
+                    return
+                self._restarts.restarting()
+                continue
+            return
+
+
+async def supervised(
+    health: TaskHealth,
+    run: Callable[[], Awaitable[None]],
+    *,
+    backoff: tuple[float, ...] = BACKOFF_SECONDS,
+    timer: Callable[[], float] = time.monotonic,
+) -> None:
+    """Await `run()` until it returns or this task is cancelled, restarting it after a backoff
+    whenever it raises; `health` says meanwhile whether it runs."""
+    restarts = _Restarts(health.name, backoff, None, timer)
+    while True:
+        try:
+            await run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever broke it, restart it
+            health.healthy = False
+            await asyncio.sleep(restarts.crashed(error))
+            restarts.restarting()
+            health.healthy = True
+            continue
+        return

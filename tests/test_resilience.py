@@ -1,0 +1,533 @@
+"""Never silently stale: the daemon survives its own faults, a hung GPU costs only that GPU, and
+its health endpoints say when sampling has stopped.
+
+Subprocess tests run `gpuscope serve` as a user does (on the simulator, or the real pynvml over
+the fake libnvidia-ml.so.1); in-process tests drive `SamplingLoop` and the app directly where a
+fault cannot be provoked from outside (a wedged or dead loop, a crash in a background thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from exporter.app import SAMPLING, WEB_WATCH, init_app
+from exporter.config import ServeConfig
+from exporter.metrics.families import BuildInfo
+from exporter.nvml.sampler import NvmlSampler
+from exporter.nvml.simulator import SimulatedNvml, default_fleet
+from exporter.nvml.simulator.fleet import parse_fleet
+from exporter.sampling import HealthBounds, SamplingLoop
+from exporter.supervise import SupervisedThread, TaskHealth, supervised
+from tests.fake_nvml import FakeDevice, FakeNvmlState
+from tests.helpers import FLEETS, ManualClock, eventually, running_daemon, series, value
+from tests.test_nvml_backend import fake_env
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from aiohttp.test_utils import TestClient
+
+    from tests.helpers import Daemon
+
+STORM_SECONDS = float(os.environ.get("GPUSCOPE_TEST_STORM_SECONDS", "60"))
+"""How long the scrape storm lasts: a minute by default (the README's soak runs ten)."""
+
+
+def cycles(daemon: Daemon) -> float:
+    return value(daemon.metrics(), "gpuscope_sample_cycles_total")
+
+
+def log_lines(daemon: Daemon, fragment: str) -> list[str]:
+    return [line for line in daemon.log_lines if fragment in line]
+
+
+# -- the race between scrapes and rendering ------------------------------------------------------
+
+
+def _scraper(
+    port: int, accept_openmetrics: bool, gzip: bool, stop: float, failures: list[str]
+) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    headers = {}
+    if accept_openmetrics:
+        headers["Accept"] = "application/openmetrics-text;version=1.0.0"
+    if gzip:
+        headers["Accept-Encoding"] = "gzip"
+    pause = random.Random(port + 2 * accept_openmetrics + gzip)
+    while time.monotonic() < stop:
+        try:
+            connection.request("GET", "/metrics", headers=headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 200:
+                failures.append(f"HTTP {response.status}")
+        except (OSError, http.client.HTTPException) as error:
+            failures.append(repr(error))
+            connection.close()
+        # Up to 1.5 intervals between scrapes: a format's first scrape of a snapshot then often
+        # lands while the next cycle renders (the race's window).
+        time.sleep(pause.uniform(0, 0.15))
+
+
+@pytest.mark.timeout(STORM_SECONDS + 90)
+def test_a_scrape_storm_in_both_formats_never_stalls_the_sampler() -> None:
+    """Four clients scrape text and OpenMetrics, with and without gzip, for a minute while the
+    sampler runs every 100 ms; cycles keep advancing and no scrape fails.
+
+    How we know it catches the race it was written for: before the fix, scrapes recorded their
+    format in a set the worker thread iterated while rendering the next snapshot; with this
+    64-GPU fleet (a render of ~4,000 series is a wide window) and these pauses, that raised
+    `RuntimeError: Set changed size during iteration` in the worker and sampling stopped for
+    good — within 5 to 40 seconds in every run tried — while scrapes kept answering 200."""
+    with running_daemon("--simulate=64", "--collect.interval=100ms") as daemon:
+        daemon.wait_ready()
+        stop = time.monotonic() + STORM_SECONDS
+        failures: list[str] = []
+        clients = [
+            threading.Thread(target=_scraper, args=(daemon.port, om, gz, stop, failures))
+            for om in (False, True)
+            for gz in (False, True)
+        ]
+        for client in clients:
+            client.start()
+        seen = cycles(daemon)
+        while time.monotonic() < stop:
+            time.sleep(2.0)
+            now = cycles(daemon)
+            assert now > seen + 5, f"sampling stalled at cycle {now:.0f}"
+            seen = now
+        for client in clients:
+            client.join(15)
+        assert daemon.get("/-/ready")[0] == 200
+        assert daemon.get("/-/healthy")[0] == 200
+    assert not failures, failures[:5]
+    assert not log_lines(daemon, "level=error"), log_lines(daemon, "level=error")
+
+
+# -- unexpected errors: a reading, a GPU, a whole cycle ---------------------------------------
+
+
+def test_a_reading_that_raises_is_logged_counted_and_sampling_goes_on(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "gpus: [{model: h100-sxm, count: 2}]\n"
+        "processes: [{pid: 7, gpu: 0, memory: 1GiB}]\n"
+        "faults:\n"
+        "  - {kind: exception, function: nvmlDeviceGetPowerUsage, gpu: 0, at: 1s, until: 4s,\n"
+        "     exception: TypeError}\n"
+    )
+    with running_daemon(
+        f"--simulate={fleet}", "--collect.interval=100ms", "--log.level=debug"
+    ) as daemon:
+        daemon.wait_ready()
+        during = eventually(
+            lambda: (
+                (text := daemon.metrics())
+                and value(text, "gpuscope_sample_errors_total") >= 3
+                and text
+            ),
+            10,
+            "errors to be counted",
+        )
+        assert not series(during, "gpu_power_watts", gpu="0"), "the failing reading is omitted"
+        assert series(during, "gpu_power_watts", gpu="1"), "the other GPU is unaffected"
+        assert value(during, "gpu_up", gpu="0") == 1, "the rest of GPU 0 is still read"
+        assert series(during, "gpu_temperature_celsius", gpu="0")
+        before = cycles(daemon)
+        after = eventually(
+            lambda: (
+                (text := daemon.metrics()) and series(text, "gpu_power_watts", gpu="0") and text
+            ),
+            10,
+            "the reading to come back once the fault ends",
+        )
+        assert value(after, "gpuscope_sample_cycles_total") > before
+        settled = value(after, "gpuscope_sample_errors_total")
+        time.sleep(0.5)
+        assert value(daemon.metrics(), "gpuscope_sample_errors_total") == settled
+    errors = log_lines(daemon, "unexpected error reading NVML")
+    assert len([line for line in errors if "level=error" in line]) == 1, "logged once"
+    assert "TypeError: simulated TypeError in nvmlDeviceGetPowerUsage" in errors[0]
+    tracebacks = [line for line in errors if "level=debug" in line]
+    assert tracebacks
+    assert "Traceback (most recent call last)" in tracebacks[0]
+
+
+def _loop(interval: float = 0.05) -> tuple[SamplingLoop, SimulatedNvml]:
+    driver = SimulatedNvml(default_fleet(2))
+    loop = SamplingLoop(
+        replace(ServeConfig(), collect_interval=interval), driver, build=BuildInfo("0")
+    )
+    return loop, driver
+
+
+async def test_a_cycle_that_raises_is_one_bad_cycle(caplog: pytest.LogCaptureFixture) -> None:
+    sampling, _ = _loop()
+    await sampling.start()
+    real_cycle = sampling.cycle
+    failing = {"left": 3}
+
+    def sometimes_failing() -> Any:
+        if failing["left"]:
+            failing["left"] -= 1
+            raise RuntimeError("Set changed size during iteration")
+        return real_cycle()
+
+    sampling.cycle = sometimes_failing  # type: ignore[method-assign]
+    task = sampling.begin()
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            exposition = sampling.exposition
+            if exposition is not None and failing["left"] == 0:
+                break
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        assert sampling.ready() == (True, "OK")
+        text = sampling.exposition.render("text").body.decode()  # type: ignore[union-attr]
+        assert "gpuscope_sample_errors_total 3.0" in text
+    finally:
+        await sampling.close()
+    failed = [r for r in caplog.records if "sampling cycle failed" in r.getMessage()]
+    assert len(failed) == 1, "once per distinct error"
+
+
+async def test_a_gpu_whose_answer_makes_no_sense_is_down_with_reason_error() -> None:
+    driver = SimulatedNvml(default_fleet(2))
+    real_memory = driver.nvmlDeviceGetMemoryInfo
+
+    def garbled(handle: Any, version: int | None = None) -> Any:
+        if handle.device.gpu.index == 1:
+            return object()  # a struct of a layout nobody expected
+        return real_memory(handle, version)
+
+    driver.nvmlDeviceGetMemoryInfo = garbled  # type: ignore[method-assign]
+    sampler = NvmlSampler(driver)
+    sampler.start()
+    try:
+        gpus, status = sampler.sample()
+    finally:
+        sampler.close()
+    by_index = {gpu.identity.index: gpu for gpu in gpus}
+    assert status.success
+    assert by_index[0].up
+    assert not by_index[1].up
+    assert by_index[1].down_reason == "error"
+    assert sampler.errors_total == 1
+
+
+# -- a GPU hung in the driver -------------------------------------------------------------------
+
+
+def _hung_node(*, hang: bool) -> FakeNvmlState:
+    return FakeNvmlState(
+        devices=[
+            FakeDevice.numbered(i, util_gpu_percent=50, hang=hang and i == 1) for i in range(3)
+        ]
+    )
+
+
+def _busy(text: str, gpu: str) -> float:
+    return value(text, "gpu_busy_seconds_total", gpu=gpu)
+
+
+@pytest.mark.timeout(90)
+def test_a_gpu_hung_in_the_real_driver_costs_only_that_gpu(
+    fake_lib_dir: Path, tmp_path: Path
+) -> None:
+    """The real pynvml over the fake driver, whose every call about GPU 1 blocks until released."""
+    state = _hung_node(hang=False).write(tmp_path / "state")
+    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
+        daemon.wait_ready()
+        eventually(lambda: _busy(daemon.metrics(), "0") > 0, 5, "busy time to accumulate")
+        _hung_node(hang=True).write(state)
+        hung_at = time.monotonic()
+        down = eventually(
+            lambda: (text := daemon.metrics()) and value(text, "gpu_up", gpu="1") == 0 and text,
+            15,
+            "the hung GPU to go down",
+        )
+        went_down = time.monotonic() - hung_at
+        assert value(down, "gpu_down_reason", gpu="1", reason="hung") == 1
+        assert not series(down, "gpu_utilization_ratio", gpu="1"), "stale values are dropped"
+        assert series(down, "gpu_info", gpu="1"), "it keeps its identity"
+        # The others keep their cadence: their counters advance, cycles complete, all scrapes answer.
+        before = down
+        time.sleep(1.0)
+        during = daemon.metrics()
+        for gpu in ("0", "2"):
+            assert value(during, "gpu_up", gpu=gpu) == 1
+            assert _busy(during, gpu) > _busy(before, gpu)
+        assert (
+            value(during, "gpuscope_sample_cycles_total")
+            >= value(before, "gpuscope_sample_cycles_total") + 5
+        )
+        assert daemon.get("/-/ready")[0] == 200
+        assert daemon.get("/-/healthy")[0] == 200
+        _hung_node(hang=False).write(state)
+        back = eventually(
+            lambda: (text := daemon.metrics()) and value(text, "gpu_up", gpu="1") == 1 and text,
+            10,
+            "the GPU to come back once its call returns",
+        )
+        assert not series(back, "gpu_down_reason")
+        assert series(back, "gpu_utilization_ratio", gpu="1")
+    assert went_down < 15
+    assert log_lines(daemon, "driver calls have not returned")
+    assert log_lines(daemon, "driver calls return again")
+
+
+@pytest.mark.timeout(60)
+def test_a_simulated_hang_shows_as_scripts_try_users_see_it(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "gpus: [{model: h100-sxm, count: 3}]\nfaults: [{kind: hang, gpu: 1, at: 1s, until: 6s}]\n"
+    )
+    with running_daemon(f"--simulate={fleet}", "--collect.interval=200ms") as daemon:
+        daemon.wait_ready()
+        down = eventually(
+            lambda: (text := daemon.metrics()) and value(text, "gpu_up", gpu="1") == 0 and text,
+            10,
+            "the simulated hang",
+        )
+        assert value(down, "gpu_down_reason", gpu="1", reason="hung") == 1
+        assert value(down, "gpu_up", gpu="0") == 1
+        eventually(lambda: value(daemon.metrics(), "gpu_up", gpu="1") == 1, 15, "the hang to end")
+
+
+def test_a_stuck_worker_holds_one_thread_and_takes_no_more_work() -> None:
+    """While a call stays stuck, cycles add no threads and no queued jobs."""
+    fleet = parse_fleet({"gpus": [{"model": "l4", "count": 2}], "faults": []})
+    driver = SimulatedNvml(fleet)
+    release = threading.Event()
+    real = driver.nvmlDeviceGetTemperature
+
+    def stuck(handle: Any, sensor: int) -> int:
+        if handle.device.gpu.index == 1:
+            release.wait(30)
+        return real(handle, sensor)
+
+    driver.nvmlDeviceGetTemperature = stuck  # type: ignore[method-assign]
+    sampler = NvmlSampler(driver, interval=0.1)
+    sampler.hang_seconds = 0.3
+    sampler.start()
+    try:
+        sampler.sample()
+        threads = threading.active_count()
+        for _ in range(20):
+            gpus, _ = sampler.sample()
+        assert threading.active_count() == threads
+        by_index = {gpu.identity.index: gpu for gpu in gpus}
+        assert by_index[0].up
+        assert by_index[1].down_reason == "hung"
+    finally:
+        release.set()
+    eventually(lambda: all(g.up for g in sampler.sample()[0]), 5, "the GPU back")
+    sampler.close()
+
+
+# -- health --------------------------------------------------------------------------------------
+
+CONFIG = replace(ServeConfig(), collect_interval=0.05)
+
+
+async def _client(aiohttp_client: Any) -> TestClient:
+    client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))
+    for _ in range(200):
+        if (await client.get("/-/ready")).status == 200:
+            return client
+        await asyncio.sleep(0.02)
+    raise AssertionError("not ready")
+
+
+async def test_a_wedged_sampling_loop_fails_ready_then_healthy(aiohttp_client: Any) -> None:
+    client = await _client(aiohttp_client)
+    sampling = client.app[SAMPLING]
+    sampling.bounds = HealthBounds(ready_seconds=0.3, alive_seconds=0.8)
+    release = threading.Event()
+    real_cycle = sampling.cycle
+
+    def wedged() -> Any:
+        release.wait(10)  # a driver call that never returns, say nvmlInit during re-init
+        return real_cycle()
+
+    sampling.cycle = wedged  # type: ignore[method-assign]
+    try:
+        await asyncio.sleep(0.5)
+        ready = await client.get("/-/ready")
+        assert ready.status == 503
+        assert "no sampling cycle finished" in await ready.text()
+        assert (await client.get("/-/healthy")).status == 200, "slow is not dead yet"
+        await asyncio.sleep(0.6)
+        healthy = await client.get("/-/healthy")
+        assert healthy.status == 503
+        assert "no sampling cycle finished" in await healthy.text()
+        assert (await client.get("/metrics")).status == 200, "the last sample is still served"
+    finally:
+        release.set()
+    await asyncio.sleep(0.3)
+    assert (await client.get("/-/healthy")).status == 200
+    assert (await client.get("/-/ready")).status == 200
+
+
+@pytest.mark.timeout(90)
+def test_a_driver_wedged_as_a_whole_fails_the_probes_and_still_stops(tmp_path: Path) -> None:
+    """nvmlInit hangs during a re-initialisation: no cycle finishes again. /-/ready fails after
+    5 intervals (at least 10 s), /-/healthy after 10 (at least 30 s) — the liveness probe then
+    restarts the daemon — and SIGTERM still stops it within 5 s."""
+    with running_daemon(
+        f"--simulate={FLEETS / 'stalled-node.yaml'}", "--collect.interval=100ms"
+    ) as daemon:
+        daemon.wait_ready()
+        stalled = eventually(
+            lambda: (text := daemon.metrics()) and value(text, "gpu_up", gpu="0") == 0 and text,
+            10,
+            "the lost GPU",
+        )
+        assert value(stalled, "gpu_down_reason", gpu="0", reason="lost") == 1
+        wedged_at = time.monotonic()
+        eventually(lambda: daemon.get("/-/ready")[0] == 503, 20, "/-/ready to fail")
+        assert daemon.get("/-/healthy")[0] == 200, "not dead yet"
+        _, _, body = eventually(
+            lambda: (answer := daemon.get("/-/healthy"))[0] == 503 and answer,
+            40,
+            "/-/healthy to fail",
+        )
+        assert time.monotonic() - wedged_at >= 25
+        assert b"no sampling cycle finished" in body
+        assert daemon.get("/metrics")[0] == 200, "the last sample is still served"
+        stopping = time.monotonic()
+        assert daemon.stop() == 0
+        assert time.monotonic() - stopping < 5
+    assert log_lines(daemon, "stuck in a driver call")
+
+
+async def test_a_dead_sampling_loop_fails_healthy(aiohttp_client: Any) -> None:
+    client = await _client(aiohttp_client)
+    sampling = client.app[SAMPLING]
+    assert sampling.task is not None
+    sampling.task.cancel()
+    await asyncio.sleep(0.05)
+    healthy = await client.get("/-/healthy")
+    assert healthy.status == 503
+    assert "not running" in await healthy.text()
+    assert (await client.get("/-/ready")).status == 503
+
+
+# -- background tasks restart ---------------------------------------------------------------------
+
+
+def test_a_crashing_thread_is_restarted_with_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    runs: list[float] = []
+    done = threading.Event()
+
+    def target() -> None:
+        runs.append(time.monotonic())
+        if len(runs) < 3:
+            raise KeyError("boom")
+        done.wait(5)
+
+    thread = SupervisedThread("test-thread", target, backoff=(0.05, 0.1))
+    thread.start()
+    eventually(lambda: len(runs) == 3, 5, "two restarts")
+    assert thread.healthy
+    assert runs[2] - runs[1] >= 0.09, "the second restart waits longer"
+    done.set()
+    thread.stop(1)
+    crashes = [r for r in caplog.records if "background task failed" in r.getMessage()]
+    assert len(crashes) == 1, "the same error is logged once"
+
+
+async def test_a_crashing_task_is_restarted_and_reported() -> None:
+    health = TaskHealth("web_config")
+    states: list[bool] = []
+    calls = {"n": 0}
+
+    async def watch() -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("inotify went away")
+        states.append(health.healthy)
+        await asyncio.sleep(10)
+
+    task = asyncio.create_task(supervised(health, watch, backoff=(0.05,)))
+    await asyncio.sleep(0.02)
+    assert not health.healthy, "unhealthy while waiting to restart"
+    await asyncio.sleep(0.1)
+    assert calls["n"] == 2
+    assert states == [True]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_background_tasks_show_as_collectors(aiohttp_client: Any, tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("http_server_config: {headers: {X-Test: yes}}\n")
+    config = replace(CONFIG, web_config_file=web_config)
+    client: TestClient = await aiohttp_client(init_app(config, SimulatedNvml(default_fleet(1))))
+    client.app[WEB_WATCH].healthy = False
+    text = None
+    for _ in range(100):
+        response = await client.get("/metrics")
+        if response.status == 200:
+            text = await response.text()
+            if 'collector="web_config"} 0.0' in text:
+                break
+        await asyncio.sleep(0.02)
+    assert text is not None
+    assert re.search(r'gpuscope_collector_success\{collector="events"\} 1\.0', text)
+    assert 'gpuscope_collector_success{collector="web_config"} 0.0' in text
+    assert 'gpuscope_collector_duration_seconds{collector="events"}' not in text
+
+
+def test_process_metrics_are_served_from_the_snapshot() -> None:
+    with running_daemon("--simulate=1", "--collect.interval=100ms") as daemon:
+        daemon.wait_ready()
+        text = daemon.metrics()
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+        "python_info",
+    ):
+        assert series(text, name), name
+    assert series(text, "python_gc_collections_total", generation="0")
+    assert value(text, "process_resident_memory_bytes") > 10 * 2**20
+
+
+def test_why_a_gpu_is_down_is_told_apart() -> None:
+    """Lost to the driver, or never opened: both are down, each with its own reason."""
+    clock = ManualClock()
+    driver = SimulatedNvml(
+        parse_fleet(
+            {
+                "gpus": [{"model": "l4", "count": 3}],
+                "faults": [
+                    {"kind": "gpu_lost", "gpu": 1, "at": "5s"},
+                    {"kind": "error", "function": "nvmlDeviceGetHandleByIndex", "gpu": 2},
+                ],
+            }
+        ),
+        clock=clock,
+    )
+    sampler = NvmlSampler(driver, clock=clock)
+    sampler.start()
+    try:
+        clock.advance(6)
+        gpus, _ = sampler.sample()
+    finally:
+        sampler.close()
+    assert [gpu.down_reason for gpu in gpus] == [None, "lost", "unopened"]
