@@ -1605,7 +1605,7 @@ def exporter_dashboard() -> Json:
         4,
         stat(
             "Failing collectors",
-            "Sources (nvml, kubernetes, podresources, cgroups, calibration) that failed in the last cycle.",
+            "Sources (nvml, kubernetes, podresources, cgroups, calibration) that failed in the last cycle, and background tasks (events, web_config) waiting to be restarted.",
             Query(f"count(gpuscope_collector_success{{{scope}}} == 0) or vector(0)"),
             thresholds=_BAD_FROM_ONE,
             sparkline=False,
@@ -1702,7 +1702,7 @@ def exporter_dashboard() -> Json:
         8,
         timeseries(
             "Sample age",
-            "Seconds since each daemon last finished a sampling cycle. It grows when a driver call hangs.",
+            "Seconds since each daemon last finished a sampling cycle. A hung GPU does not hold cycles up; a wedged sampler does, until /-/healthy fails and the kubelet restarts the daemon.",
             Query(f"time() - gpuscope_last_sample_timestamp_seconds{{{scope}}}", daemon),
             unit="s",
             thresholds=_thresholds(("green", None), ("red", 120)),
@@ -1723,6 +1723,71 @@ def exporter_dashboard() -> Json:
                 f"{daemon} overruns",
             ),
             unit="ops",
+        ),
+    )
+
+    layout.row("Faults and footprint")
+    layout.add(
+        8,
+        8,
+        timeseries(
+            "GPUs down, by reason",
+            "GPUs each daemon reports down (gpu_up 0) and why: lost to the driver, hung in a driver call, not opened, or an unexpected error reading them.",
+            Query(
+                f"sum by (node, instance, reason) (gpu_down_reason{{{scope}}})",
+                f"{daemon} {{{{reason}}}}",
+            ),
+            stepped=True,
+        ),
+    )
+    layout.add(
+        8,
+        8,
+        timeseries(
+            "Sampling errors and restarts",
+            "Unexpected errors met while sampling (the log names each once), and restarts of the daemon (a wedged sampler fails /-/healthy, and the kubelet restarts it).",
+            Query(
+                f"increase(gpuscope_sample_errors_total{{{scope}}}[$__rate_interval])",
+                f"{daemon} errors",
+            ),
+            Query(
+                f"changes(process_start_time_seconds{{{scope}}}[$__rate_interval])",
+                f"{daemon} restarts",
+            ),
+            stepped=True,
+        ),
+    )
+    layout.add(
+        8,
+        8,
+        timeseries(
+            "Resident memory",
+            "Memory each daemon holds (process_resident_memory_bytes): paid on every GPU node.",
+            Query(f"process_resident_memory_bytes{{{scope}}}", daemon),
+            unit="bytes",
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "CPU used",
+            "CPU seconds per second each daemon uses (its sampling, rendering and serving).",
+            Query(f"rate(process_cpu_seconds_total{{{scope}}}[$__rate_interval])", daemon),
+            unit="percentunit",
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "Open file descriptors",
+            "File descriptors each daemon holds, as a share of its limit (connections, NVML, sockets).",
+            Query(
+                f"process_open_fds{{{scope}}} / process_max_fds{{{scope}}}",
+                daemon,
+            ),
+            unit="percentunit",
         ),
     )
 
