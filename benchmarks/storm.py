@@ -48,7 +48,7 @@ class Client(threading.Thread):
             **({"Accept": OPENMETRICS} if openmetrics else {}),
             **({"Accept-Encoding": "gzip"} if gzip else {}),
         }
-        self._stop = stop
+        self._until = stop
         self._pause = pause
         self.latencies: list[float] = []
         self.failures: list[str] = []
@@ -56,7 +56,7 @@ class Client(threading.Thread):
     def run(self) -> None:
         pause = random.Random(self.name)
         connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=10)
-        while time.monotonic() < self._stop:
+        while time.monotonic() < self._until:
             sent = time.perf_counter()
             try:
                 connection.request("GET", "/metrics", headers=self._headers)
