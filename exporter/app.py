@@ -78,6 +78,10 @@ def init_app(
 async def _attribution(app: web.Application) -> AsyncIterator[None]:
     """The pod watch: started before sampling, stopped after it."""
     cluster = app[CLUSTER]
+    if "attribution" not in app[CONFIG].collectors:
+        log.info("pod attribution is switched off (--no-collector.attribution)")
+        yield
+        return
     if cluster is None:
         log.info(
             "no Kubernetes configuration (no --kubeconfig, no service account, no $KUBECONFIG): "

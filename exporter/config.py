@@ -51,7 +51,6 @@ class ServeConfig:
     listen_address: ListenAddress = field(default_factory=lambda: ListenAddress(None, 9455))
     telemetry_path: str = "/metrics"
     collect_interval: float = 1.0
-    collect_processes: bool = True
     simulate: str | None = None
     log_level: str = "info"
     log_format: str = "logfmt"
@@ -69,6 +68,20 @@ class ServeConfig:
     web_config_file: Path | None = None
     max_requests: int = 40
     """Concurrent requests served at once (health probes aside); 0 means no limit."""
+    collector_device: bool = True
+    collector_clocks: bool = True
+    collector_health: bool = True
+    collector_processes: bool = True
+    collector_gpm: bool = True
+    collector_mig: bool = True
+    collector_pcie: bool = True
+    collector_events: bool = True
+    collector_attribution: bool = True
+
+    @property
+    def collectors(self) -> frozenset[str]:
+        """The collectors switched on (`--[no-]collector.<name>`)."""
+        return frozenset(name for name, _ in COLLECTORS if getattr(self, f"collector_{name}"))
 
 
 # -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
@@ -222,6 +235,8 @@ class Setting:
     flag_only: bool = False
     fallback_env: str | None = None
     """A variable outside the GPUSCOPE_ namespace that, when set, replaces the default."""
+    switch: bool = False
+    """A boolean given as `--name` / `--no-name` on the command line (node_exporter's style)."""
 
     @property
     def flag(self) -> str:
@@ -233,6 +248,22 @@ class Setting:
 
 
 _DEFAULTS: Final = ServeConfig()
+
+COLLECTORS: Final = (
+    ("device", "utilization, memory, power, energy, temperature, fans, P-state"),
+    ("clocks", "current and maximum clocks, clock-event (throttle) reasons"),
+    ("health", "ECC errors, PCIe replays, throttle time, remapped rows, retired pages"),
+    (
+        "processes",
+        "per-process series (pid label); process lists are still read for pod attribution",
+    ),
+    ("gpm", "GPM profiling activity and NVLink throughput (Hopper and newer)"),
+    ("mig", "MIG mode and MIG instances as devices of their own"),
+    ("pcie", "PCIe throughput"),
+    ("events", "the thread waiting for XID and ECC events"),
+    ("attribution", "pods, allocations and workloads (with a Kubernetes cluster)"),
+)
+"""Every collector a user can switch, and what it reads (all on by default)."""
 
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
@@ -255,13 +286,6 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         duration_between(0.1, 600.0),
         "How often to sample every GPU (100ms to 10m).",
         "DURATION",
-    ),
-    Setting(
-        "collect.processes",
-        "collect_processes",
-        parse_bool,
-        "Export per-process series (pid label). Pod series are unaffected.",
-        "BOOL",
     ),
     Setting(
         "simulate",
@@ -363,6 +387,24 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "0 means no limit.",
         "N",
     ),
+    *(
+        Setting(
+            f"collector.{name}",
+            f"collector_{name}",
+            parse_bool,
+            f"Collector {name}: {what}.",
+            "BOOL",
+            switch=True,
+        )
+        for name, what in COLLECTORS
+    ),
+    Setting(
+        "collect.processes",
+        "collector_processes",
+        parse_bool,
+        "The same as --[no-]collector.processes (the name of earlier releases).",
+        "BOOL",
+    ),
 )
 
 
@@ -375,6 +417,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for setting in SETTINGS:
         default = default_value(setting)
         shown = "" if default is None else f" (default: {_describe(default)})"
+        if setting.switch:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.attribute,
+                nargs="?",
+                const="true",
+                metavar=setting.metavar,
+                default=argparse.SUPPRESS,
+                help=f"{setting.help}{shown} [env {setting.env}]",
+            )
+            parser.add_argument(
+                f"--no-{setting.name}",
+                dest=setting.attribute,
+                action="store_const",
+                const="false",
+                default=argparse.SUPPRESS,
+                help=f"Switch the {setting.name.removeprefix('collector.')} collector off.",
+            )
+            continue
         parser.add_argument(
             setting.flag,
             dest=setting.attribute,
@@ -464,5 +525,13 @@ def settings_table(settings: Sequence[Setting] = SETTINGS) -> str:
     for setting in settings:
         default = default_value(setting)
         shown = "" if default is None else f"`{_describe(default)}`"
-        rows.append(f"| `{setting.flag}` | `{setting.env}` | {shown} | {setting.help} |")
+        flag = f"--[no-]{setting.name}" if setting.switch else setting.flag
+        rows.append(f"| `{flag}` | `{setting.env}` | {shown} | {setting.help} |")
+    return "\n".join(rows)
+
+
+def collectors_table() -> str:
+    """The Markdown table of collectors for the README."""
+    rows = ["| collector | reads | switch off with |", "|---|---|---|"]
+    rows.extend(f"| `{name}` | {what} | `--no-collector.{name}` |" for name, what in COLLECTORS)
     return "\n".join(rows)

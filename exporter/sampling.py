@@ -106,10 +106,13 @@ class SamplingLoop:
         self._background = background
         self.bounds = bounds or HealthBounds.for_interval(config.collect_interval)
         self._executor: DaemonExecutor | None = None
-        self._events = EventWatcher(driver, wall=wall)
+        collectors = config.collectors
+        self._process_series = "processes" in collectors
+        self._events = EventWatcher(driver, wall=wall) if "events" in collectors else None
         self._nvml = NvmlSampler(
             driver,
-            collect_processes=config.collect_processes,
+            collectors=collectors,
+            read_processes=attributor is not None,
             clock=clock,
             timer=timer,
             events=self._events,
@@ -140,7 +143,8 @@ class SamplingLoop:
         """
         self._executor = DaemonExecutor("gpuscope-sampler")
         self._loop = asyncio.get_running_loop()
-        self._events.store.on_change = self._events_arrived
+        if self._events is not None:
+            self._events.store.on_change = self._events_arrived
         await self._loop.run_in_executor(self._executor, self._nvml.start)
 
     @property
@@ -194,7 +198,7 @@ class SamplingLoop:
 
     def cycle(self) -> Exposition:
         """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
-        gpus, nvml_status = self._nvml.sample()
+        gpus, nvml_statuses = self._nvml.sample()
         # Profiles are re-read only when their files changed: a few stat() calls per cycle.
         ceilings, calibration_status = self._ceilings.refresh(gpu.identity.model for gpu in gpus)
         attribution, attribution_statuses = (
@@ -205,16 +209,21 @@ class SamplingLoop:
             timestamp=self._wall(),
             gpus=gpus,
             collectors=(
-                nvml_status,
+                *nvml_statuses,
                 *((calibration_status,) if calibration_status is not None else ()),
                 *attribution_statuses,
-                CollectorStatus("events", self._events.healthy, None),
+                *(
+                    (CollectorStatus("events", self._events.healthy, None),)
+                    if self._events is not None
+                    else ()
+                ),
                 *(CollectorStatus(task.name, task.healthy, None) for task in self._background),
             ),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
             errors_total=self._nvml.errors_total,
             collect_interval_seconds=self._interval,
+            process_series=self._process_series,
             ceilings=ceilings,
             attribution=attribution,
         )
@@ -299,7 +308,8 @@ class SamplingLoop:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._events.store.on_change = None
+        if self._events is not None:
+            self._events.store.on_change = None
         if self._executor is not None:
             closing = asyncio.wrap_future(self._executor.submit(self._nvml.close))
             try:

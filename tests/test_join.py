@@ -17,7 +17,8 @@ from exporter.attribution.join import Join
 from exporter.attribution.podresources import DeviceAllocation
 from exporter.attribution.pods import PodIndex, pod_from_api
 from exporter.config import ServeConfig
-from exporter.model import Activity, GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
+from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
+from exporter.readings import SM_ACTIVE, UTILIZATION
 from tests.fake_kube.pods import NODE, pod
 from tests.proc_fixture import PROC, STATIC_UID, container_id, pod_uid
 
@@ -231,9 +232,11 @@ def test_a_device_used_by_one_container_alone_lends_it_the_device_activity() -> 
     )
     alone = replace(
         gpu(instance, process(101, 1, None), process(103, 1, None)),
-        activity=Activity(sm_active=0.25),
+        values={SM_ACTIVE: 0.25},
     )
-    shared = replace(gpu(GPU1, process(101, 1, None), process(102, 1, None)), utilization=0.9)
+    shared = replace(
+        gpu(GPU1, process(101, 1, None), process(102, 1, None)), values={UTILIZATION: 0.9}
+    )
     result = Join(NODE)((alone, shared), CONTAINERS, PODS, (), KUBE, now=1.0)
     rows = {(u.pod.name, u.gpu.uuid): u for u in result.usage}
     assert rows[("infer-a-7d9c8b6f5-abcde", "MIG-aaaa")].utilization == 0.25

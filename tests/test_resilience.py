@@ -215,7 +215,7 @@ async def test_a_gpu_whose_answer_makes_no_sense_is_down_with_reason_error() -> 
     sampler = NvmlSampler(driver)
     sampler.start()
     try:
-        gpus, status = sampler.sample()
+        gpus, (status, *_) = sampler.sample()
     finally:
         sampler.close()
     by_index = {gpu.identity.index: gpu for gpu in gpus}

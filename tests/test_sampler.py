@@ -8,10 +8,30 @@ from typing import TYPE_CHECKING
 import pynvml
 import pytest
 
+from exporter.nvml.device import GPU_COLLECTORS
 from exporter.nvml.driver import NvmlUnavailable
 from exporter.nvml.sampler import NvmlSampler
 from exporter.nvml.simulator import SimulatedNvml
 from exporter.nvml.simulator.fleet import parse_fleet
+from exporter.readings import (
+    BUSY,
+    CLOCK_EVENTS,
+    CLOCKS,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ENERGY,
+    MAX_CLOCKS,
+    MEMORY_RESERVED,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    PCIE_REPLAYS,
+    POWER,
+    POWER_LIMIT,
+    PSTATE,
+    TEMPERATURE,
+    UTILIZATION,
+    fan_series,
+)
 from tests.helpers import ManualClock
 
 if TYPE_CHECKING:
@@ -40,7 +60,7 @@ def test_reads_every_field() -> None:
         }
     )
     clock.advance(1)
-    gpus, status = sampler.sample()
+    gpus, (status, *_) = sampler.sample()
     assert status.name == "nvml"
     assert status.success
     (gpu,) = gpus
@@ -50,30 +70,30 @@ def test_reads_every_field() -> None:
     assert gpu.identity.pci_bus_id == "00000000:18:00.0"
     assert gpu.identity.driver_version == "570.133.20"
     assert gpu.identity.cuda_version == "12.8"
-    assert 0.45 <= (gpu.utilization or 0) <= 0.55
-    assert gpu.memory_used_bytes == 3 * 2**30
-    assert gpu.memory_total_bytes == 49140 * 2**20
-    assert gpu.memory_reserved_bytes is not None
-    assert gpu.power_watts is not None
-    assert 25 < gpu.power_watts < 300
-    assert gpu.power_limit_watts == 300
-    assert gpu.energy_joules_total is not None
-    assert gpu.energy_joules_total > 0
-    assert gpu.temperature_celsius is not None
-    assert gpu.clocks.sm == 2505e6
-    assert gpu.max_clocks.memory == 10001e6
-    assert gpu.clock_event_reasons == 0
-    assert len(gpu.fan_speeds) == 1
-    assert 0.3 <= (gpu.fan_speeds[0] or 0) <= 1.0
-    assert gpu.ecc_corrected_total == 0
-    assert gpu.ecc_uncorrected_total == 0
-    assert gpu.pcie_replays_total == 0
-    assert gpu.performance_state == 0
+    assert 0.45 <= (gpu.value(UTILIZATION) or 0) <= 0.55
+    assert gpu.value(MEMORY_USED) == 3 * 2**30
+    assert gpu.value(MEMORY_TOTAL) == 49140 * 2**20
+    assert gpu.value(MEMORY_RESERVED) is not None
+    assert gpu.value(POWER) is not None
+    assert 25 < gpu.value(POWER) < 300
+    assert gpu.value(POWER_LIMIT) == 300
+    assert gpu.value(ENERGY) is not None
+    assert gpu.value(ENERGY) > 0
+    assert gpu.value(TEMPERATURE) is not None
+    assert gpu.value(CLOCKS["sm"]) == 2505e6
+    assert gpu.value(MAX_CLOCKS["memory"]) == 10001e6
+    assert all(gpu.value(series) == 0 for series in CLOCK_EVENTS.values())
+    assert 0.3 <= (gpu.value(fan_series(0)) or 0) <= 1.0
+    assert gpu.value(fan_series(1)) is None, "one fan"
+    assert gpu.value(ECC_CORRECTED) == 0
+    assert gpu.value(ECC_UNCORRECTED) == 0
+    assert gpu.value(PCIE_REPLAYS) == 0
+    assert gpu.value(PSTATE) == 0
     assert gpu.processes is not None
     (process,) = gpu.processes
     assert process.pid == 77
     assert process.used_memory_bytes == 3 * 2**30
-    assert process.sm_utilization == pytest.approx(gpu.utilization, abs=0.011)
+    assert process.sm_utilization == pytest.approx(gpu.value(UTILIZATION), abs=0.011)
 
 
 def test_busy_seconds_integrate_utilization_over_time() -> None:
@@ -85,11 +105,11 @@ def test_busy_seconds_integrate_utilization_over_time() -> None:
     for _ in range(20):
         gpu = sampler.sample()[0][0]
         if previous is not None:
-            total += (gpu.utilization or 0) * 0.5
+            total += (gpu.value(UTILIZATION) or 0) * 0.5
         previous = gpu
         clock.advance(0.5)
     assert previous is not None
-    assert previous.busy_seconds_total == pytest.approx(total)
+    assert previous.value(BUSY) == pytest.approx(total)
     assert 4.0 < total < 6.0  # about half of 9.5 s
 
 
@@ -99,7 +119,7 @@ def test_idle_processes_report_zero_not_unknown() -> None:
     (gpu,) = sampler.sample()[0]
     assert gpu.processes is not None
     assert gpu.processes[0].sm_utilization == 0.0
-    assert gpu.utilization == 0.0
+    assert gpu.value(UTILIZATION) == 0.0
 
 
 def test_unsupported_reading_drops_only_that_value_and_is_not_asked_again(
@@ -122,10 +142,10 @@ def test_unsupported_reading_drops_only_that_value_and_is_not_asked_again(
     for _ in range(5):
         clock.advance(1)
         gpus = by_index(sampler.sample()[0])
-    assert gpus[0].power_watts is not None
-    assert gpus[1].power_watts is None
+    assert gpus[0].value(POWER) is not None
+    assert gpus[1].value(POWER) is None
     assert gpus[1].up
-    assert gpus[1].temperature_celsius is not None
+    assert gpus[1].value(TEMPERATURE) is not None
     mentions = [r for r in caplog.records if getattr(r, "reading", None) == "power"]
     assert len(mentions) == 1
 
@@ -149,7 +169,7 @@ def test_transient_error_is_retried_and_logged_once(caplog: pytest.LogCaptureFix
     temperatures = []
     for _ in range(8):
         clock.advance(1)
-        temperatures.append(sampler.sample()[0][0].temperature_celsius)
+        temperatures.append(sampler.sample()[0][0].value(TEMPERATURE))
     assert [t is None for t in temperatures] == [
         False,
         True,
@@ -189,7 +209,9 @@ def test_missing_newer_function_falls_back_to_older_one() -> None:
     )
     clock.advance(1)
     (gpu,) = sampler.sample()[0]
-    assert gpu.clock_event_reasons is not None  # from the deprecated throttle-reasons call
+    assert (
+        gpu.value(CLOCK_EVENTS["gpu_idle"]) is not None
+    )  # from the deprecated throttle-reasons call
     assert gpu.processes is not None
     assert [p.pid for p in gpu.processes] == [3]
 
@@ -208,7 +230,7 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(
     history: list[dict[int, GpuSample]] = []
     for _ in range(40):
         clock.advance(1)
-        gpus, status = sampler.sample()
+        gpus, (status, *_) = sampler.sample()
         assert status.success
         history.append(by_index(gpus))
     up = [snapshot[1].up for snapshot in history]
@@ -218,12 +240,12 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(
     assert all(snapshot[0].up and snapshot[2].up for snapshot in history), "others kept reporting"
     down = history[6][1]
     assert down.identity.uuid == history[0][1].identity.uuid, "down GPU keeps its identity"
-    assert down.utilization is None
+    assert down.value(UTILIZATION) is None
     back = history[-1][1]
     before = history[3][1]
-    assert back.busy_seconds_total is not None
-    assert before.busy_seconds_total is not None
-    assert back.busy_seconds_total > before.busy_seconds_total, "counter continues, never resets"
+    assert back.value(BUSY) is not None
+    assert before.value(BUSY) is not None
+    assert back.value(BUSY) > before.value(BUSY), "counter continues, never resets"
     messages = [r.getMessage() for r in caplog.records]
     assert any("stopped answering" in m for m in messages)
     assert any("answers again" in m for m in messages)
@@ -267,7 +289,7 @@ def test_init_failure_at_start_is_retried() -> None:
     results = []
     for _ in range(10):
         clock.advance(1)
-        gpus, status = sampler.sample()
+        gpus, (status, *_) = sampler.sample()
         results.append((status.success, [g.up for g in gpus]))
     assert results[0] == (False, [])
     assert results[-1] == (True, [True])
@@ -294,17 +316,31 @@ def test_unexpected_exception_costs_only_its_reading(caplog: pytest.LogCaptureFi
     clock.advance(1)
     (gpu,) = sampler.sample()[0]
     assert gpu.up
-    assert gpu.pcie_replays_total is None
-    assert gpu.power_watts is not None
+    assert gpu.value(PCIE_REPLAYS) is None
+    assert gpu.value(POWER) is not None
     assert any("unexpected error" in r.getMessage() for r in caplog.records)
 
 
 def test_processes_can_be_switched_off() -> None:
-    sampler, clock = make(
-        {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0}]}, collect_processes=False
-    )
+    fleet = {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0}]}
+    off = set(GPU_COLLECTORS) - {"processes"}
+    sampler, clock = make(fleet, collectors=off, read_processes=False)
     clock.advance(1)
     assert sampler.sample()[0][0].processes is None
+    # Pod attribution still needs the process lists, though no per-process series are exported.
+    sampler, clock = make(fleet, collectors=off, read_processes=True)
+    clock.advance(1)
+    assert [p.pid for p in sampler.sample()[0][0].processes or ()] == [1]
+
+
+def test_collectors_switched_off_are_not_read_and_not_reported() -> None:
+    sampler, clock = make({"gpus": [{"model": "h100-sxm"}]}, collectors={"device"})
+    clock.advance(1)
+    (gpu,), statuses = sampler.sample()
+    assert gpu.value(POWER) is not None
+    assert gpu.value(CLOCKS["sm"]) is None
+    assert gpu.value(ECC_CORRECTED) is None
+    assert [status.name for status in statuses] == ["nvml", "device"]
 
 
 def test_mps_clients_and_server_are_both_listed() -> None:

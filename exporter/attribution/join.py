@@ -23,6 +23,7 @@ from exporter.model import (
     PodUsage,
     Unattributed,
 )
+from exporter.readings import SM_ACTIVE, UTILIZATION
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -289,4 +290,5 @@ class Join:
 
 def _device_busy(gpu: GpuSample) -> float | None:
     """How busy the device was: NVML utilization, else GPM SM activity (on MIG instances)."""
-    return gpu.utilization if gpu.utilization is not None else gpu.activity.sm_active
+    utilization = gpu.value(UTILIZATION)
+    return utilization if utilization is not None else gpu.value(SM_ACTIVE)

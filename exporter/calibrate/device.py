@@ -2,7 +2,8 @@
 
 The device's state (temperature, clocks, power, clock-event reasons) comes from NVML through the
 daemon's driver boundary (`exporter.nvml.driver`), matched to torch's device by UUID, since
-`CUDA_VISIBLE_DEVICES` renumbers devices for torch but not for NVML.
+`CUDA_VISIBLE_DEVICES` renumbers devices for torch but not for NVML. The readings are the
+daemon's own declarations (`exporter.readings`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ import pynvml
 import torch
 
 from exporter.calibration.profile import Reading
-from exporter.metrics.families import CLOCK_EVENT_REASONS
 from exporter.nvml.driver import error_name
+from exporter.readings import BY_NAME, CLOCK_EVENTS, CLOCKS, POWER, TEMPERATURE, read_now
 
 if TYPE_CHECKING:
     from exporter.nvml.driver import NvmlDriver
+    from exporter.readings import Reading as ReadingDeclaration
+    from exporter.series import Series
 
 log = logging.getLogger(__name__)
 
 CPU_CACHE_ROOT: Final = Path("/sys/devices/system/cpu/cpu0/cache")
-_MHZ: Final = 1e6
 
 
 class DeviceError(Exception):
@@ -150,31 +152,27 @@ class NvmlConditions:
         return f"NVML has no GPU with UUID {self._uuid}"
 
     def read(self) -> Reading:
-        handle = self._handle
-        nvml = self._nvml
-        temperature = self._optional(
-            lambda: nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-        )
-        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        memory = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
-        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-        reasons = self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        values: dict[Series, float] = {}
+        for name in ("temperature", "sm_clock", "memory_clock", "power", "clock_events"):
+            values.update(self._optional(BY_NAME[name]))
         return Reading(
-            temperature_celsius=float(temperature) if temperature is not None else None,
-            sm_clock_hertz=sm * _MHZ if sm is not None else None,
-            memory_clock_hertz=memory * _MHZ if memory is not None else None,
-            power_watts=power / 1000.0 if power is not None else None,
+            temperature_celsius=values.get(TEMPERATURE),
+            sm_clock_hertz=values.get(CLOCKS["sm"]),
+            memory_clock_hertz=values.get(CLOCKS["memory"]),
+            power_watts=values.get(POWER),
             clock_event_reasons=tuple(
-                name for bit, name in CLOCK_EVENT_REASONS if reasons is not None and reasons & bit
+                reason for reason, series in CLOCK_EVENTS.items() if values.get(series) == 1.0
             ),
         )
 
-    def _optional(self, read: Any) -> Any:
+    def _optional(self, reading: ReadingDeclaration) -> dict[Series, float]:
         try:
-            return read()
+            return read_now(self._nvml, self._handle, reading)
         except pynvml.NVMLError as error:
-            log.debug("NVML reading failed", extra={"error": error_name(error)})
-            return None
+            log.debug(
+                "NVML reading failed", extra={"reading": reading.name, "error": error_name(error)}
+            )
+            return {}
 
     def close(self) -> None:
         try:

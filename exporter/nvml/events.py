@@ -24,6 +24,14 @@ import pynvml
 
 from exporter.logs import LogOnce
 from exporter.nvml.driver import error_code, error_name, handle_key, is_unavailable
+from exporter.readings import (
+    BY_NAME,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    LAST_XID,
+    read_now,
+    xid_series,
+)
 from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
 
     from exporter.model import GpuSample
     from exporter.nvml.driver import NvmlDriver
+    from exporter.series import Series
 
 log = logging.getLogger(__name__)
 
@@ -105,23 +114,25 @@ class EventStore:
 
 
 def with_events(sample: GpuSample, events: GpuEvents | None) -> GpuSample:
-    """The sample with what the event thread saw: XID counters, and ECC totals read after an
-    event when they are ahead of the ones sampled (counters only grow)."""
+    """The sample with what the event thread saw: XID counters (kept while the GPU is down), and
+    ECC totals read after an event when they are ahead of the ones sampled (counters only grow)."""
     if events is None:
         return sample
-    changes: dict[str, Any] = {}
+    values = dict(sample.values)
     if events.xid_counts:
-        changes["xid_errors"] = events.xid_counts
-        changes["last_xid_timestamp_seconds"] = events.last_xid_timestamp
+        for xid, count in events.xid_counts:
+            values[xid_series(xid)] = count
+        if events.last_xid_timestamp is not None:
+            values[LAST_XID] = events.last_xid_timestamp
     if sample.up:
-        for field, seen in (
-            ("ecc_corrected_total", events.ecc_corrected),
-            ("ecc_uncorrected_total", events.ecc_uncorrected),
+        for series, seen in (
+            (ECC_CORRECTED, events.ecc_corrected),
+            (ECC_UNCORRECTED, events.ecc_uncorrected),
         ):
-            sampled = getattr(sample, field)
+            sampled = sample.values.get(series)
             if seen is not None and (sampled is None or seen > sampled):
-                changes[field] = seen
-    return replace(sample, **changes) if changes else sample
+                values[series] = seen
+    return replace(sample, values=values)
 
 
 class EventWatcher:
@@ -261,17 +272,17 @@ class EventWatcher:
         if event_type & ECC_EVENTS:
             self.store.record_ecc(
                 uuid,
-                self._ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-                self._ecc_total(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+                self._ecc_total(handle, ECC_CORRECTED),
+                self._ecc_total(handle, ECC_UNCORRECTED),
             )
 
-    def _ecc_total(self, handle: Any, error_type: int) -> int | None:
+    def _ecc_total(self, handle: Any, series: Series) -> int | None:
+        reading = BY_NAME["ecc_corrected" if series is ECC_CORRECTED else "ecc_uncorrected"]
         try:
-            return int(
-                self._nvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC)
-            )
+            value = read_now(self._nvml, handle, reading).get(series)
         except pynvml.NVMLError:
             return None  # the next sampling cycle reads it anyway
+        return int(value) if value is not None else None
 
     # -- helpers -----------------------------------------------------------------------------
 

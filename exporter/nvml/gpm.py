@@ -14,48 +14,23 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.model import Activity
-from exporter.nvml.driver import plain_layout
+from exporter.readings import GPM_METRICS
+from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.nvml.driver import NvmlDriver
+    from exporter.series import Series
 
 MIN_WINDOW_SECONDS: Final = 0.1
 """GPM needs samples at least this far apart; a cycle closer to the last one reuses it later."""
 
-_PERCENT: Final = (0.01, 1.0)
-_MIB_PER_SECOND: Final = (float(2**20), float("inf"))
-
-METRICS: Final = (
-    (pynvml.NVML_GPM_METRIC_SM_UTIL, "sm_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "sm_occupancy", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "tensor_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "dram_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_FP64_UTIL, "fp64_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_FP32_UTIL, "fp32_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_FP16_UTIL, "fp16_active", _PERCENT),
-    (pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "pcie_transmit_bytes_per_second", _MIB_PER_SECOND),
-    (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "pcie_receive_bytes_per_second", _MIB_PER_SECOND),
-    (
-        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
-        "nvlink_transmit_bytes_per_second",
-        _MIB_PER_SECOND,
-    ),
-    (
-        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
-        "nvlink_receive_bytes_per_second",
-        _MIB_PER_SECOND,
-    ),
-)
-"""(GPM metric id, `Activity` field, (factor to base units, ceiling)): percentages become ratios
-capped at 1 (counters can overshoot by rounding), MiB/s become bytes/s."""
-
 
 @dataclass(frozen=True, slots=True)
 class GpmReading:
-    activity: Activity
+    values: dict[Series, float]
+    """Each metric the GPU gave, by its series (`exporter.readings.GPM_METRICS`)."""
     window_seconds: float
     """How long the two samples lay apart: what the activity ratios are averaged over."""
 
@@ -78,14 +53,14 @@ class GpmReader:
         self._spare: object | None = None
         self._request = pynvml.c_nvmlGpmMetricsGet_t()
         self._request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        self._request.numMetrics = len(METRICS)
+        self._request.numMetrics = len(GPM_METRICS)
         # Samples are set and results read through plain views of the request's memory: pynvml's
         # own struct attributes are several times slower, and this runs for every GPU each cycle.
         self._samples: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(self._request)
-        self._metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * len(METRICS)).from_buffer(
-            self._request, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
-        )
-        for slot, (metric_id, _, _) in enumerate(METRICS):
+        self._metrics: Any = (
+            plain_layout(pynvml.c_nvmlGpmMetric_t) * len(GPM_METRICS)
+        ).from_buffer(self._request, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset)
+        for slot, (metric_id, _, _, _) in enumerate(GPM_METRICS):
             self._metrics[slot].metricId = metric_id
 
     def read(self, now: float) -> GpmReading | None:
@@ -106,12 +81,12 @@ class GpmReader:
         self._samples.sample1 = previous
         self._samples.sample2 = current
         self._nvml.nvmlGpmMetricsGet(self._request)
-        values: dict[str, float] = {}
-        for slot, (_, field, (factor, ceiling)) in enumerate(METRICS):
+        values: dict[Series, float] = {}
+        for slot, (_, series, factor, ceiling) in enumerate(GPM_METRICS):
             metric = self._metrics[slot]
             if metric.nvmlReturn == pynvml.NVML_SUCCESS:
-                values[field] = min(max(float(metric.value), 0.0) * factor, ceiling)
-        return GpmReading(Activity(**values), now - previous_at)
+                values[series] = min(max(float(metric.value), 0.0) * factor, ceiling)
+        return GpmReading(values, now - previous_at)
 
     def free(self) -> None:
         """Release both sample buffers. Errors are ignored: the library may already be down."""

@@ -24,15 +24,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.nvml.driver import plain_layout
 from exporter.nvml.simulator import activity
 from exporter.nvml.simulator.behaviour import demand, lag, noise, running
 from exporter.nvml.simulator.fleet import EXCEPTIONS
+from exporter.readings import ARCHITECTURES, SIMULATED_CALLS, not_supported
+from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from exporter.catalog import MigProfile
+    from exporter.catalog import GpuModel, MigProfile
     from exporter.nvml.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
 
 _RESERVED_BYTES: Final = 523 * 2**20
@@ -49,8 +50,6 @@ _STATE_QUANTUM_SECONDS: Final = 0.01
 _PCIE_WINDOW_SECONDS: Final = 0.02
 """nvmlDeviceGetPcieThroughput counts over this window and blocks for it, as the real one does."""
 _MIG_SLOTS: Final = 7
-_MIG_MODE_ARCHITECTURES: Final = frozenset({"ampere", "hopper", "blackwell"})
-_PAGE_RETIREMENT_ARCHITECTURES: Final = frozenset({"volta", "turing"})
 _POLL_SECONDS: Final = 0.02
 """How often an event wait looks again when time is simulated by hand (a test's clock)."""
 _EVENT_TYPES: Final = int(
@@ -218,6 +217,33 @@ class _Device:
         if self.temperature >= _HW_THERMAL_CELSIUS:
             self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS] += nanoseconds
 
+    # -- what the declarations' simulated answers read (`exporter.readings.SimulatedGpu`) ------
+
+    @property
+    def model(self) -> GpuModel:
+        return self.gpu.model
+
+    @property
+    def mig_configured(self) -> bool:
+        return self.gpu.mig is not None
+
+    @property
+    def mig_active(self) -> bool:
+        return self.layout is not None
+
+    @property
+    def working(self) -> bool:
+        return bool(self.shares)
+
+    def memory(self, position: int | None) -> tuple[int, int, int]:
+        if position is not None:
+            total, used = self.instance_memory(position)
+            return total, 0, used
+        used = sum(p.memory_bytes for p in self.processes if p.pid in self.shares) + (
+            _MPS_SERVER_BYTES if self.gpu.sharing == "mps" and self.shares else 0
+        )
+        return self.gpu.model.nvml_memory_bytes, _RESERVED_BYTES, used
+
     def instance_position(self, uuid: str) -> int | None:
         return self.instance_uuids.index(uuid) if uuid in self.instance_uuids else None
 
@@ -366,6 +392,31 @@ class SimulatedNvml:
         self._gpm_tokens = itertools.count(1)
         self._field_templates: dict[tuple[int, ...], Any] = {}
 
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """The driver functions declared in `exporter.readings`, answered from their
+        declarations: the same checks as every call (faults, a lost or hung GPU, a MIG handle
+        where only a whole GPU answers), and NotSupported on an architecture older than the
+        reading's."""
+        reading = SIMULATED_CALLS.get(name)
+        if reading is None or reading.simulated is None:
+            raise AttributeError(name)
+        answer = reading.simulated
+        since = ARCHITECTURES.index(reading.since)
+
+        def call(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            if reading.mig:
+                device, position = self._target(handle, name)
+                if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+                    raise not_supported()
+                return answer(device, position, *args, **kwargs)
+            device = self._device(handle, name)
+            if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+                raise not_supported()
+            return answer(device, *args, **kwargs)
+
+        self.__dict__[name] = call  # made once: the next lookup finds it without __getattr__
+        return call
+
     # -- the checks every call makes ---------------------------------------------------------
 
     def _check(self, function: str, gpu: int | None, t: float) -> None:
@@ -487,92 +538,8 @@ class SimulatedNvml:
 
     # -- readings ------------------------------------------------------------------------------
 
-    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        device = self._device(handle, "nvmlDeviceGetUtilizationRates")
-        if device.layout is not None:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # not reported in MIG mode
-        return _struct(
-            pynvml.c_nvmlUtilization_t,
-            gpu=round(device.utilization * 100),
-            memory=round(device.memory_utilization * 100),
-        )
-
-    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        device, position = self._target(handle, "nvmlDeviceGetMemoryInfo")
-        total = device.gpu.model.nvml_memory_bytes
-        reserved = _RESERVED_BYTES
-        used = sum(p.memory_bytes for p in device.processes if p.pid in device.shares) + (
-            _MPS_SERVER_BYTES if device.gpu.sharing == "mps" and device.shares else 0
-        )
-        if position is not None:
-            (total, used), reserved = device.instance_memory(position), 0
-        free = max(total - reserved - used, 0)
-        if version:
-            if version != pynvml.nvmlMemory_v2:
-                raise _fail(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
-            return _struct(
-                pynvml.c_nvmlMemory_v2_t,
-                version=version,
-                total=total,
-                reserved=reserved,
-                free=free,
-                used=used,
-            )
-        return _struct(pynvml.c_nvmlMemory_t, total=total, free=free, used=used + reserved)
-
-    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        return round(self._device(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        device = self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")
-        return round(device.gpu.model.tdp_watts * 1000)
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        device = self._device(handle, "nvmlDeviceGetTotalEnergyConsumption")
-        return int(device.energy_millijoules)
-
-    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        device = self._device(handle, "nvmlDeviceGetTemperature")
-        if sensor != pynvml.NVML_TEMPERATURE_GPU:
-            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return round(device.temperature)
-
-    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int:
-        device = self._device(handle, "nvmlDeviceGetClockInfo")
-        return device.clock_mhz(_clock_name(clock_type))
-
-    def nvmlDeviceGetMaxClockInfo(self, handle: Any, clock_type: int) -> int:
-        device = self._device(handle, "nvmlDeviceGetMaxClockInfo")
-        return round(device.gpu.model.max_clocks_hz.get(_clock_name(clock_type), 0.0) / 1e6)
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        return self._device(handle, "nvmlDeviceGetCurrentClocksEventReasons").clock_events()
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
-        return self._device(handle, "nvmlDeviceGetCurrentClocksThrottleReasons").clock_events()
-
     def nvmlDeviceGetNumFans(self, handle: Any) -> int:
         return self._device(handle, "nvmlDeviceGetNumFans").gpu.model.fans
-
-    def nvmlDeviceGetFanSpeed_v2(self, handle: Any, fan: int) -> int:
-        device = self._device(handle, "nvmlDeviceGetFanSpeed_v2")
-        if not 0 <= fan < device.gpu.model.fans:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return round(min(max(30 + (device.temperature - 35) * 1.5, 30), 100))
-
-    def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int:
-        device = self._device(handle, "nvmlDeviceGetTotalEccErrors")
-        del counter_type  # volatile and aggregate agree: the simulated driver never reloads
-        if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED:
-            return device.ecc_corrected
-        return device.ecc_uncorrected
-
-    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
-        self._device(handle, "nvmlDeviceGetPcieReplayCounter")
-        return 0
-
-    def nvmlDeviceGetPerformanceState(self, handle: Any) -> int:
-        return 0 if self._device(handle, "nvmlDeviceGetPerformanceState").shares else 8
 
     # -- processes -----------------------------------------------------------------------------
 
@@ -676,33 +643,6 @@ class SimulatedNvml:
             violationTime=int(device.violation_ns[policy]),
         )
 
-    def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
-        device = self._device(handle, "nvmlDeviceGetRemappedRows")
-        model = device.gpu.model
-        # HBM row remapping: A100 and newer data-center GPUs, and not while MIG mode is on.
-        if model.architecture not in _MIG_MODE_ARCHITECTURES or not model.mig_profiles:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if device.layout is not None:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        remapped = device.ecc_uncorrected
-        return 0, remapped, int(remapped > 0), 0
-
-    def _retired(self, device: _Device) -> tuple[int, int]:
-        if device.gpu.model.architecture not in _PAGE_RETIREMENT_ARCHITECTURES:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return device.ecc_corrected // 2, device.ecc_uncorrected
-
-    def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> list[int]:
-        single, double = self._retired(self._device(handle, "nvmlDeviceGetRetiredPages"))
-        count = (
-            double if cause == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else single
-        )
-        return [0x7F000000 + 0x1000 * (n + 1 + cause * 0x100) for n in range(count)]
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int:
-        device = self._device(handle, "nvmlDeviceGetRetiredPagesPendingStatus")
-        return int(self._retired(device)[1] > 0)
-
     def nvmlDeviceGetPcieThroughput(self, handle: Any, counter: int) -> int:
         device = self._device(handle, "nvmlDeviceGetPcieThroughput")
         time.sleep(_PCIE_WINDOW_SECONDS)  # the real call counts bytes for 20 ms, and blocks
@@ -715,14 +655,6 @@ class SimulatedNvml:
         return round(rate / 1024)  # KB/s
 
     # -- MIG -----------------------------------------------------------------------------------
-
-    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
-        device = self._device(handle, "nvmlDeviceGetMigMode")
-        model = device.gpu.model
-        if model.architecture not in _MIG_MODE_ARCHITECTURES or not model.mig_profiles:
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        mode = int(device.gpu.mig is not None)
-        return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
         device = self._device(handle, "nvmlDeviceGetMaxMigDeviceCount")
@@ -920,14 +852,3 @@ def _token(sample: Any) -> int:
     """The number behind a simulated GPM sample pointer."""
     address: int | None = ctypes.cast(sample, ctypes.c_void_p).value
     return address or 0
-
-
-def _clock_name(clock_type: int) -> str:
-    names = {
-        pynvml.NVML_CLOCK_SM: "sm",
-        pynvml.NVML_CLOCK_MEM: "memory",
-        pynvml.NVML_CLOCK_GRAPHICS: "graphics",
-    }
-    if clock_type not in names:
-        raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    return names[clock_type]

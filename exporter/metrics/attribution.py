@@ -1,0 +1,224 @@
+"""Who holds and who uses each GPU: the pod families; nothing at all when attribution is off."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client.samples import Sample
+
+from exporter.metrics.base import add, gpu_labels, identity_pairs, new_metric
+from exporter.metrics.labels import LabelCache
+from exporter.series import Family
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from prometheus_client.core import Metric
+
+    from exporter.model import Attribution, GpuIdentity, PodIdentity
+
+POD_LABELS: Final = ("namespace", "pod", "container", "workload", "workload_kind")
+
+POD_MEMORY: Final = Family(
+    "gpu_pod_memory_used_bytes",
+    "GPU memory used by a container's processes on this GPU.",
+    unit="bytes",
+    labels=POD_LABELS,
+    doc="memory of that container's processes on the GPU (0 for a container that holds the GPU "
+    "and runs nothing)",
+    collector="attribution",
+)
+POD_UTILIZATION: Final = Family(
+    "gpu_pod_utilization_ratio",
+    "Share of the last sample period in which a container's processes ran a kernel on this "
+    "GPU (summed per-process utilization, so shared GPUs split truthfully).",
+    unit="ratio",
+    labels=POD_LABELS,
+    labels_doc="as above",
+    doc="share of the last sample period in which that container's processes ran a kernel: the "
+    "sum of their per-process utilization, so a shared GPU splits truthfully",
+    collector="attribution",
+)
+POD_BUSY: Final = Family(
+    "gpu_pod_busy_seconds",
+    "A container's utilization of this GPU integrated over time; rate() gives its average.",
+    kind="counter",
+    unit="seconds",
+    labels=POD_LABELS,
+    labels_doc="as above",
+    doc="the same, integrated over time; never goes down while the pod lives, even as its "
+    "processes come and go",
+    collector="attribution",
+)
+ALLOCATION_INFO: Final = Family(
+    "gpu_allocation_info",
+    "The kubelet allocated this GPU to this container (device plugin resource); always 1.",
+    labels=(*POD_LABELS, "resource"),
+    labels_doc="as above, `resource`",
+    doc="the kubelet allocated this GPU to that container (`resource` is the device-plugin "
+    "resource, e.g. `nvidia.com/gpu`); always 1",
+    collector="attribution",
+)
+ALLOCATION_IN_USE: Final = Family(
+    "gpu_allocation_in_use",
+    "1 when at least one process of the holding container runs on the allocated GPU, "
+    "0 when it holds the GPU idle.",
+    labels=(*POD_LABELS, "resource"),
+    labels_doc="as `gpu_allocation_info`",
+    doc="1 when at least one process of the holding container runs on the GPU, 0 when it holds "
+    "the GPU idle",
+    collector="attribution",
+)
+ALLOCATION_SHARED: Final = Family(
+    "gpu_allocation_shared",
+    "1 when the allocated GPU is shared: time-sliced replicas or more than one holder.",
+    labels=(*POD_LABELS, "resource"),
+    labels_doc="as `gpu_allocation_info`",
+    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids) or more than "
+    "one holding container",
+    collector="attribution",
+)
+POD_INFO: Final = Family(
+    "gpu_pod_info",
+    "A pod that holds or uses a GPU on this node, its workload and chosen pod labels; always 1.",
+    labels=("namespace", "pod", "workload", "workload_kind", "node"),
+    gpu=False,
+    labels_doc="no GPU labels: `namespace`, `pod`, `workload`, `workload_kind`, `node`, "
+    "`label_<name>`",
+    doc="a pod that holds or uses a GPU of this node, with the pod labels chosen by "
+    "`--kubernetes.pod-labels`; always 1",
+    collector="attribution",
+)
+UNATTRIBUTED_MEMORY: Final = Family(
+    "gpu_unattributed_memory_used_bytes",
+    "GPU memory used by processes that map to no pod (outside Kubernetes, or a pod not known yet).",
+    unit="bytes",
+    doc="memory of the GPU's processes that map to no pod",
+    collector="attribution",
+)
+UNATTRIBUTED_PROCESSES: Final = Family(
+    "gpu_unattributed_processes",
+    "Processes on the GPU that map to no pod.",
+    doc="processes on the GPU that map to no pod (outside Kubernetes, or in a pod the API has "
+    "not shown yet)",
+    collector="attribution",
+)
+WATCH_UP: Final = Family(
+    "gpuscope_kubernetes_watch_up",
+    "1 while the pod cache follows the Kubernetes API (list + watch), 0 while it cannot.",
+    gpu=False,
+    doc="1 while the pod cache follows the Kubernetes API (list + watch), 0 while it cannot "
+    "reach it",
+    collector="attribution",
+)
+CACHE_AGE: Final = Family(
+    "gpuscope_kubernetes_cache_age_seconds",
+    "How long ago the pod cache was last known to be current (0 while the watch is up).",
+    unit="seconds",
+    gpu=False,
+    doc="how long ago the pod cache was last known to be current: 0 while the watch is up, "
+    "growing while the API is away; absent before the first list",
+    collector="attribution",
+)
+PODS_CACHED: Final = Family(
+    "gpuscope_pods_cached",
+    "Pods on this node in the pod cache.",
+    gpu=False,
+    doc="pods of this node in the pod cache",
+    collector="attribution",
+)
+FAMILIES: Final = (
+    POD_MEMORY,
+    POD_UTILIZATION,
+    POD_BUSY,
+    ALLOCATION_INFO,
+    ALLOCATION_IN_USE,
+    ALLOCATION_SHARED,
+    POD_INFO,
+    UNATTRIBUTED_MEMORY,
+    UNATTRIBUTED_PROCESSES,
+    WATCH_UP,
+    CACHE_AGE,
+    PODS_CACHED,
+)
+
+
+def _row_pairs(row: tuple[GpuIdentity, PodIdentity, str]) -> list[tuple[str, str]]:
+    gpu, pod, container = row
+    return [
+        *identity_pairs(gpu),
+        ("namespace", pod.namespace),
+        ("pod", pod.name),
+        ("container", container),
+        ("workload", pod.workload),
+        ("workload_kind", pod.workload_kind),
+    ]
+
+
+_row_labels: Final[LabelCache[tuple[GpuIdentity, PodIdentity, str]]] = LabelCache(_row_pairs)
+"""One pod row's labels (GPU, pod, container), made once and shared by the row's series in every
+family and every cycle: pod rows are most of a node's series."""
+
+
+def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
+    if attribution is None:
+        return
+    memory, utilization, busy = (
+        new_metric(POD_MEMORY),
+        new_metric(POD_UTILIZATION),
+        new_metric(POD_BUSY),
+    )
+    for use in attribution.usage:
+        labels = _row_labels((use.gpu, use.pod, use.container)).base
+        if use.memory_used_bytes is not None:
+            memory.samples.append(Sample(memory.name, labels, use.memory_used_bytes))
+        if use.utilization is not None:
+            utilization.samples.append(Sample(utilization.name, labels, use.utilization))
+        if use.busy_seconds_total is not None:
+            busy.samples.append(Sample(f"{busy.name}_total", labels, use.busy_seconds_total))
+    yield from (memory, utilization, busy)
+
+    info = new_metric(ALLOCATION_INFO)
+    in_use = new_metric(ALLOCATION_IN_USE)
+    shared = new_metric(ALLOCATION_SHARED)
+    for allocation in attribution.allocations:
+        labels = _row_labels((allocation.gpu, allocation.pod, allocation.container)).with_pairs(
+            ("resource", allocation.resource)
+        )
+        info.samples.append(Sample(info.name, labels, 1))
+        if allocation.in_use is not None:
+            in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
+        shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
+    yield from (info, in_use, shared)
+
+    pod_info = new_metric(POD_INFO)
+    for pod in attribution.pods:
+        pod_labels = {
+            "namespace": pod.namespace,
+            "pod": pod.name,
+            "workload": pod.workload,
+            "workload_kind": pod.workload_kind,
+            "node": attribution.node,
+            **dict(pod.labels),
+        }
+        pod_info.samples.append(Sample(POD_INFO.name, pod_labels, 1))
+    yield pod_info
+
+    stray_memory, stray = new_metric(UNATTRIBUTED_MEMORY), new_metric(UNATTRIBUTED_PROCESSES)
+    for unattributed in attribution.unattributed:
+        labels = gpu_labels(unattributed.gpu).base
+        add(stray_memory, labels, unattributed.memory_used_bytes)
+        add(stray, labels, unattributed.processes)
+    yield from (stray_memory, stray)
+
+    kubernetes = attribution.kubernetes
+    watch_up = new_metric(WATCH_UP)
+    add(watch_up, {}, 1 if kubernetes.watch_up else 0)
+    yield watch_up
+    age = new_metric(CACHE_AGE)
+    if kubernetes.cache_age_seconds is not None:
+        add(age, {}, kubernetes.cache_age_seconds)
+    yield age
+    cached = new_metric(PODS_CACHED)
+    add(cached, {}, kubernetes.pods_cached)
+    yield cached

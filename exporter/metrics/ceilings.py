@@ -1,0 +1,125 @@
+"""What each GPU's model can do (calibrated and datasheet figures) and costs, beside the live
+series: repeated on every GPU of that model so that they join the live series on `uuid`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from exporter.metrics.base import add, gpu_labels, new_metric
+from exporter.series import Family
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from prometheus_client.core import Metric
+
+    from exporter.model import Ceilings, Snapshot
+
+CALIBRATED_FLOPS: Final = Family(
+    "gpu_calibrated_flops",
+    "Dense matmul rate this GPU model reached in gpuscope calibrate, per dtype "
+    "(operations per second; int8 counts integer operations).",
+    labels=("dtype",),
+    labels_doc="`dtype` (`fp64`, `fp32`, `tf32`, `fp16`, `bf16`, `fp8`, `int8`)",
+    doc="dense matmul rate this GPU model reached in [calibration](#calibration), operations "
+    "per second (int8: integer operations); a dtype the GPU or PyTorch cannot run is absent",
+    collector="calibration",
+)
+CALIBRATED_BANDWIDTH: Final = Family(
+    "gpu_calibrated_memory_bandwidth_bytes_per_second",
+    "Device memory bandwidth this GPU model reached in gpuscope calibrate "
+    "(the better of a streaming copy and a read-only reduction).",
+    unit="bytes_per_second",
+    doc="device memory bandwidth reached in calibration (the better of a streaming copy and a "
+    "read-only reduction)",
+    collector="calibration",
+)
+CALIBRATED_HOST_TO_DEVICE: Final = Family(
+    "gpu_calibrated_host_to_device_bytes_per_second",
+    "Host-to-device copy bandwidth from pinned memory this GPU model reached in calibration.",
+    unit="bytes_per_second",
+    doc="host-to-device copy rate from pinned memory reached in calibration",
+    collector="calibration",
+)
+CALIBRATED_DEVICE_TO_HOST: Final = Family(
+    "gpu_calibrated_device_to_host_bytes_per_second",
+    "Device-to-host copy bandwidth into pinned memory this GPU model reached in calibration.",
+    unit="bytes_per_second",
+    doc="device-to-host copy rate into pinned memory reached in calibration",
+    collector="calibration",
+)
+CALIBRATED_LAUNCH_LATENCY: Final = Family(
+    "gpu_calibrated_launch_latency_seconds",
+    "Time per launch of a tiny PyTorch kernel on this GPU model, measured in calibration.",
+    unit="seconds",
+    doc="time per launch of a tiny PyTorch kernel, measured in calibration",
+    collector="calibration",
+)
+DATASHEET_FLOPS: Final = Family(
+    "gpu_datasheet_flops",
+    "Dense peak rate of this GPU model per dtype from the catalog's datasheet figures "
+    "(operations per second).",
+    labels=("dtype",),
+    doc="the catalog's dense datasheet peak for this model, operations per second; present "
+    "without calibration",
+)
+DATASHEET_BANDWIDTH: Final = Family(
+    "gpu_datasheet_memory_bandwidth_bytes_per_second",
+    "Device memory bandwidth of this GPU model from the catalog's datasheet figures.",
+    unit="bytes_per_second",
+    doc="the catalog's datasheet memory bandwidth for this model",
+)
+PRICE: Final = Family(
+    "gpu_price_usd_per_hour",
+    "On-demand price of one GPU of this model from the catalog "
+    "(its default provider and region), in US dollars per hour.",
+    doc="on-demand price of one such GPU from the catalog (its `default_price` provider and "
+    "region, else the first price listed)",
+)
+FAMILIES: Final = (
+    CALIBRATED_FLOPS,
+    CALIBRATED_BANDWIDTH,
+    CALIBRATED_HOST_TO_DEVICE,
+    CALIBRATED_DEVICE_TO_HOST,
+    CALIBRATED_LAUNCH_LATENCY,
+    DATASHEET_FLOPS,
+    DATASHEET_BANDWIDTH,
+    PRICE,
+)
+
+_SCALARS: Final[tuple[tuple[Family, Callable[[Ceilings], float | None]], ...]] = (
+    (CALIBRATED_BANDWIDTH, lambda c: c.calibrated_memory_bandwidth),
+    (CALIBRATED_HOST_TO_DEVICE, lambda c: c.calibrated_host_to_device),
+    (CALIBRATED_DEVICE_TO_HOST, lambda c: c.calibrated_device_to_host),
+    (CALIBRATED_LAUNCH_LATENCY, lambda c: c.calibrated_launch_latency_seconds),
+)
+
+
+def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
+    by_model = {ceilings.model: ceilings for ceilings in snapshot.ceilings}
+    known = [
+        (gpu_labels(sample.identity), by_model[sample.identity.model])
+        for sample in snapshot.gpus
+        if sample.up and sample.identity.model in by_model
+    ]
+
+    def scalar(family: Family, value: Callable[[Ceilings], float | None]) -> Metric:
+        metric = new_metric(family)
+        for labels, ceilings in known:
+            number = value(ceilings)
+            if number is not None:
+                add(metric, labels.base, number)
+        return metric
+
+    calibrated, datasheet = new_metric(CALIBRATED_FLOPS), new_metric(DATASHEET_FLOPS)
+    for labels, ceilings in known:
+        for dtype, rate in ceilings.calibrated_flops:
+            add(calibrated, labels.with_pairs(("dtype", dtype)), rate)
+        for dtype, rate in ceilings.datasheet_flops:
+            add(datasheet, labels.with_pairs(("dtype", dtype)), rate)
+    yield calibrated
+    for family, value in _SCALARS:
+        yield scalar(family, value)
+    yield datasheet
+    yield scalar(DATASHEET_BANDWIDTH, lambda c: c.datasheet_memory_bandwidth)
+    yield scalar(PRICE, lambda c: c.price_usd_per_hour)

@@ -1,0 +1,278 @@
+"""Reading one GPU: the job its worker runs each cycle, and the PCIe window after it.
+
+The plain readings come from their declarations (`exporter.readings.READINGS`): one driver call
+each, converted to base units, on the GPU's own clock where the declaration asks (once per
+initialisation, or every few seconds). Around them: utilization integrated into the busy
+counter, GPM activity and its integrated counters, throttle time, the process list, and a GPU in
+MIG mode's instances. Only the collectors switched on are read (`--collector.<name>`).
+
+Everything here runs in the GPU's worker thread; `Answer` is what crosses back to the sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+
+import pynvml
+
+from exporter.model import GpuSample
+from exporter.nvml.health import read_throttle
+from exporter.nvml.mig import enumerate_instances
+from exporter.nvml.processes import read_processes
+from exporter.readings import (
+    BUSY,
+    HEALTH_PERIOD_SECONDS,
+    INTEGRATED_ACTIVITY,
+    MIG_MODE,
+    PCIE_RECEIVE,
+    PCIE_TRANSMIT,
+    READINGS,
+    UTILIZATION,
+    fan_series,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from exporter.nvml.driver import NvmlDriver
+    from exporter.nvml.reads import Device, Reads
+    from exporter.readings import Reading
+    from exporter.series import Series
+
+GPU_COLLECTORS: Final = ("device", "clocks", "health", "processes", "gpm", "mig", "pcie")
+"""Collectors read GPU by GPU (beside them: `events`, and the non-NVML sources)."""
+
+_KIB: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One GPU's job: its samples (the GPU, then its MIG instances) and what each collector's
+    readings did."""
+
+    samples: tuple[GpuSample, ...]
+    failed: frozenset[str]
+    """Collectors a reading of which failed this cycle (not: was unsupported)."""
+    seconds: tuple[tuple[str, float], ...]
+    """Time spent in each collector's readings."""
+
+
+class DeviceReader:
+    """What to read on every GPU, and how; shared by all the GPUs' workers (stateless itself)."""
+
+    def __init__(
+        self,
+        nvml: NvmlDriver,
+        reads: Reads,
+        *,
+        collectors: frozenset[str],
+        processes: bool,
+        clock: Callable[[], float],
+        interval: float,
+    ) -> None:
+        """`processes`: read process lists (for per-process series, or for pod attribution)."""
+        self._nvml = nvml
+        self._reads = reads
+        self._clock = clock
+        self._collectors = collectors
+        self._readings = tuple(r for r in READINGS if r.collector in collectors)
+        self._instance_readings = tuple(r for r in self._readings if r.mig)
+        self._processes = processes
+        self._max_gap = max(2 * interval, 2.0)
+        """Across a longer gap between readings nothing is known: counters do not integrate it."""
+        self._pcie_max_age = max(3 * interval, 5.0)
+        """A PCIe figure older than this is dropped rather than shown."""
+
+    def enabled(self, collector: str) -> bool:
+        return collector in self._collectors
+
+    # -- the job -------------------------------------------------------------------------------
+
+    def read(self, device: Device) -> Answer:
+        """One physical GPU and its MIG instances. Lifecycle errors escape as `GpuLost`."""
+        tally = device.tally
+        tally.clear()
+        now = self._clock()
+        values = self._plain(device, self._readings, now)
+        mig_enabled = values.get(MIG_MODE) == 1.0
+        self._integrate_busy(device, values, now)
+        self._activity(device, values, now)
+        if "health" in self._collectors:
+            values.update(self._periodic(device, "throttle", now, self._throttle))
+        # In MIG mode each process is listed on its instance, not twice.
+        processes = (
+            read_processes(self._nvml, self._reads, device)
+            if self._processes and not mig_enabled
+            else None
+        )
+        samples = [GpuSample(device.identity, up=True, values=values, processes=processes)]
+        if mig_enabled and "mig" in self._collectors:
+            instances = enumerate_instances(
+                self._nvml, self._reads, device, gpm="gpm" in self._collectors
+            )
+            samples.extend(self._instance(instance, now) for instance in instances.values())
+        if device.pcie_status is not None:
+            failed, seconds = device.pcie_status
+            tally.spent("pcie", seconds)
+            if failed:
+                tally.failed.add("pcie")
+        return Answer(tuple(samples), frozenset(tally.failed), tuple(tally.seconds.items()))
+
+    def _instance(self, instance: Device, now: float) -> GpuSample:
+        """What NVML gives per MIG instance: memory, processes and GPM activity; device-level
+        utilization, power and heat belong to the parent GPU."""
+        values = self._plain(instance, self._instance_readings, now)
+        self._activity(instance, values, now)
+        processes = read_processes(self._nvml, self._reads, instance) if self._processes else None
+        return GpuSample(instance.identity, up=True, values=values, processes=processes)
+
+    # -- plain readings ------------------------------------------------------------------------
+
+    def _plain(
+        self, device: Device, readings: tuple[Reading, ...], now: float
+    ) -> dict[Series, float]:
+        values: dict[Series, float] = {}
+        for reading in readings:
+            if reading.once:
+                if reading.name not in device.done_once:
+                    self._call(device, reading, device.once)
+                    if reading.name not in device.unavailable:
+                        device.done_once.add(reading.name)
+                for output in reading.outputs:
+                    value = device.once.get(output.series)
+                    if value is not None:
+                        values[output.series] = value
+            elif reading.period is not None:
+                fresh = partial(self._fresh, reading=reading)
+                values.update(self._periodic(device, reading.name, now, fresh, reading.period))
+            else:
+                self._call(device, reading, values)
+        return values
+
+    def _fresh(self, device: Device, reading: Reading) -> dict[Series, float]:
+        values: dict[Series, float] = {}
+        self._call(device, reading, values)
+        return values
+
+    def _periodic(
+        self,
+        device: Device,
+        name: str,
+        now: float,
+        read: Callable[[Device], dict[Series, float]],
+        period: float = HEALTH_PERIOD_SECONDS,
+    ) -> dict[Series, float]:
+        """Cumulative counters and states that change rarely, read every `period` and reported
+        from the last reading in between: a slower clock costs them nothing."""
+        due, last = device.periodic.get(name, (0.0, {}))
+        if now < due:
+            return last
+        fresh = read(device)
+        device.periodic[name] = (now + period, fresh)
+        return fresh
+
+    def _call(self, device: Device, reading: Reading, values: dict[Series, float]) -> None:
+        """Make the reading (or its fallback, where the GPU lacks it) and store its outputs."""
+        if reading.name in device.unavailable:
+            if reading.fallback is not None:
+                self._call(device, reading.fallback, values)
+            return
+        function = self._function(reading.call)
+        handle = device.handle
+        if reading.per_fan:
+            template = reading.outputs[0]
+            for fan in range(device.fan_count):
+                answer = self._reads.call(
+                    device,
+                    f"{reading.name}{fan}",
+                    reading.collector,
+                    function,
+                    handle,
+                    *reading.args,
+                    fan,
+                )
+                value = template.value(answer) if answer is not None else None
+                if value is not None:
+                    values[fan_series(fan)] = value
+            return
+        answer = self._reads.call(
+            device, reading.name, reading.collector, function, handle, *reading.args
+        )
+        if answer is None:
+            if reading.fallback is not None and reading.name in device.unavailable:
+                self._call(device, reading.fallback, values)
+            return
+        for output in reading.outputs:
+            value = output.value(answer)
+            if value is not None:
+                values[output.series] = value
+
+    def _function(self, name: str) -> Callable[..., Any]:
+        function: Callable[..., Any] = getattr(self._nvml, name)
+        return function
+
+    # -- derived and special readings ------------------------------------------------------------
+
+    def _integrate_busy(self, device: Device, values: dict[Series, float], now: float) -> None:
+        """Utilization integrated into the busy counter, the series behind rate()."""
+        utilization = values.get(UTILIZATION)
+        if utilization is None:
+            return
+        integrals = device.integrals
+        previous = integrals.last_read
+        # Across a gap (the GPU hung or could not be read) nothing is known: integrate from now.
+        gap = now - previous if previous is not None else None
+        elapsed = gap if gap is not None and gap <= self._max_gap else 0.0
+        integrals.busy_seconds += utilization * elapsed
+        integrals.last_read = now
+        values[BUSY] = integrals.busy_seconds
+
+    def _activity(self, device: Device, values: dict[Series, float], now: float) -> None:
+        """GPM activity and its integrated counters; before Hopper, the PCIe throughput the
+        worker measured after the previous reading."""
+        pcie = "pcie" in self._collectors
+        if device.gpm is None:
+            measured = device.pcie
+            if pcie and measured is not None and self._clock() - measured[2] <= self._pcie_max_age:
+                values[PCIE_TRANSMIT] = measured[0]
+                values[PCIE_RECEIVE] = measured[1]
+            return
+        reading = self._reads.call(device, "gpm", "gpm", device.gpm.read, now)
+        if reading is None:
+            return
+        gpm = reading.values
+        values.update(gpm)
+        if not pcie:
+            values.pop(PCIE_TRANSMIT, None)
+            values.pop(PCIE_RECEIVE, None)
+        totals = device.integrals.activity_seconds.setdefault(device.identity.uuid, [0.0, 0.0, 0.0])
+        for position, (ratio_series, counter_series) in enumerate(INTEGRATED_ACTIVITY):
+            ratio = gpm.get(ratio_series)
+            if ratio is not None:
+                totals[position] += ratio * reading.window_seconds
+                values[counter_series] = totals[position]
+
+    def _throttle(self, device: Device) -> dict[Series, float]:
+        return read_throttle(self._nvml, self._reads, device)
+
+    def read_pcie(self, device: Device) -> None:
+        """PCIe throughput over the driver's 20 ms window per direction: the worker's follow-up
+        to a reading of a GPU without GPM, so the window never delays a cycle."""
+        started = self._clock()
+        read = self._function("nvmlDeviceGetPcieThroughput")
+        handle = device.handle
+        device.tally.failed.discard("pcie")
+        try:
+            transmit = self._reads.call(
+                device, "pcie_throughput", "pcie", read, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES
+            )
+            receive = self._reads.call(
+                device, "pcie_throughput", "pcie", read, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES
+            )
+        except Exception:  # noqa: BLE001 - a lost GPU is the next reading's to report
+            transmit = receive = None
+        if transmit is not None and receive is not None:
+            device.pcie = (transmit * _KIB, receive * _KIB, self._clock())
+        device.pcie_status = ("pcie" in device.tally.failed, self._clock() - started)

@@ -1,0 +1,85 @@
+"""The processes on one GPU or MIG instance: their memory and their share of the GPU's time.
+
+Compute processes and MPS clients are listed apart by NVML (an MPS client can appear in both
+lists: it is kept once, with the larger memory figure). Per-process utilization comes from
+NVML's accounting since the last call; it is not given on MIG devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Final
+
+import pynvml
+
+from exporter.model import ProcessSample
+
+if TYPE_CHECKING:
+    from exporter.nvml.driver import NvmlDriver
+    from exporter.nvml.reads import Device, Reads
+
+COLLECTOR: Final = "processes"
+
+
+def read_processes(
+    nvml: NvmlDriver, reads: Reads, device: Device
+) -> tuple[ProcessSample, ...] | None:
+    """Every process on the device, by pid; None when the list cannot be read."""
+    handle = device.handle
+    compute = reads.call(
+        device, "processes", COLLECTOR, nvml.nvmlDeviceGetComputeRunningProcesses, handle
+    )
+    if compute is None and "processes" in device.unavailable:
+        compute = reads.call(
+            device,
+            "processes_v2",
+            COLLECTOR,
+            nvml.nvmlDeviceGetComputeRunningProcesses_v2,
+            handle,
+        )
+    if compute is None:
+        return None
+    mps = reads.call(
+        device, "mps_processes", COLLECTOR, nvml.nvmlDeviceGetMPSComputeRunningProcesses, handle
+    )
+    memory: dict[int, int | None] = {}
+    for process in itertools.chain(compute, mps or ()):
+        used = process.usedGpuMemory
+        if memory.get(process.pid) is None or (used is not None and used > memory[process.pid]):
+            memory[process.pid] = used
+    busy = _utilization(nvml, reads, device)
+    processes = []
+    for pid, used in sorted(memory.items()):
+        if busy is None:
+            processes.append(ProcessSample(pid, used, None, None))
+        else:
+            sm, mem = busy.get(pid, (0.0, 0.0))
+            processes.append(ProcessSample(pid, used, sm, mem))
+    return tuple(processes)
+
+
+def _utilization(
+    nvml: NvmlDriver, reads: Reads, device: Device
+) -> dict[int, tuple[float, float]] | None:
+    """Mean SM and memory utilization per pid since the last call; {} = nobody was busy."""
+    what = "process_utilization"
+    if what in device.unavailable:
+        return None
+    try:
+        samples = nvml.nvmlDeviceGetProcessUtilization(device.handle, device.process_timestamp_us)
+    except pynvml.NVMLError_NotFound:
+        return {}  # no process ran a kernel since the last call: idle, not an error
+    except Exception as error:  # noqa: BLE001 - each reading fails alone
+        reads.failed(device, what, COLLECTOR, error)
+        return None
+    sums: dict[int, list[float]] = {}
+    for sample in samples:
+        device.process_timestamp_us = max(device.process_timestamp_us, int(sample.timeStamp))
+        total = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
+        total[0] += sample.smUtil
+        total[1] += sample.memUtil
+        total[2] += 1
+    return {
+        pid: (min(sm / count / 100.0, 1.0), min(mem / count / 100.0, 1.0))
+        for pid, (sm, mem, count) in sums.items()
+    }

@@ -1,0 +1,199 @@
+"""One GPU's state between cycles, and how every driver call for it is made: failing alone.
+
+A `Device` is one GPU (or MIG instance) as of the current NVML initialisation; a physical GPU's
+state is touched by its worker's job only, or by the sampler while that worker is idle. `Reads`
+makes each call and sorts its failures:
+- a function this GPU or driver lacks (`NotSupported`, `FunctionNotFound`) drops that series and
+  is not asked again until NVML is re-initialised (logged once);
+- any other NVML error drops the value for this cycle (logged once per cause) and marks the
+  reading's collector failed for this cycle;
+- anything else (a bug, an answer gpuscope does not understand) drops the value too, is counted
+  and logged once with its traceback at debug level;
+- a lifecycle error (`GPU_IS_LOST`, ...) escapes as `GpuLost`: the GPU is down until NVML
+  re-initialises.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pynvml
+
+from exporter.nvml.driver import error_code, error_name, is_lifecycle_error, is_unavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from exporter.logs import LogOnce
+    from exporter.model import GpuIdentity, GpuSample
+    from exporter.nvml.gpm import GpmReader
+    from exporter.nvml.workers import GpuWorker
+    from exporter.series import Series
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class GpuLost(Exception):
+    """A lifecycle error from one GPU's handle: stop reading it this cycle."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Counter:
+    """A count several threads add to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self._value += 1
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._value
+
+
+@dataclass(slots=True)
+class Integrals:
+    """One physical GPU's integrated counters; they outlive re-initialisations."""
+
+    busy_seconds: float = 0.0
+    last_read: float | None = None
+    """When utilization was last read (None: integrate from the next reading on)."""
+    activity_seconds: dict[str, list[float]] = field(default_factory=dict)
+    """GPU or MIG instance uuid -> integrated [sm, tensor, dram] activity."""
+
+
+@dataclass(slots=True)
+class Tally:
+    """What each collector's readings did in one GPU's read this cycle."""
+
+    failed: set[str] = field(default_factory=set)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.failed.clear()
+        self.seconds.clear()
+
+    def spent(self, collector: str, seconds: float) -> None:
+        self.seconds[collector] = self.seconds.get(collector, 0.0) + seconds
+
+
+@dataclass(slots=True)
+class Device:
+    """One GPU or MIG instance as of the current NVML initialisation."""
+
+    handle: Any
+    identity: GpuIdentity
+    fan_count: int = 0
+    integrals: Integrals = field(default_factory=Integrals)
+    tally: Tally = field(default_factory=Tally)
+    """Shared by a GPU and its MIG instances: they are read in one job."""
+    unavailable: set[str] = field(default_factory=set)
+    """Readings this GPU or driver cannot give: not asked again until re-initialisation."""
+    lost: bool = False
+    once: dict[Series, float] = field(default_factory=dict)
+    """Values of the readings made once per initialisation."""
+    done_once: set[str] = field(default_factory=set)
+    periodic: dict[str, tuple[float, dict[Series, float]]] = field(default_factory=dict)
+    """Reading name -> (when it is due again, its last values), for readings on a slow clock."""
+    process_timestamp_us: int = 0
+    """Newest per-process utilization sample seen; asked for only newer ones next time."""
+    gpm: GpmReader | None = None
+    """GPM samples of this GPU or MIG instance, where the GPU has GPM."""
+    mig_slots: int = 0
+    """How many MIG devices this GPU can hold (0 unless MIG mode is on)."""
+    mig: dict[str, Device] = field(default_factory=dict)
+    """MIG instances seen in the last cycle, by UUID."""
+    pcie: tuple[float, float, float] | None = None
+    """(transmit, receive bytes/s, when measured) from the worker's last PCIe window."""
+    pcie_status: tuple[bool, float] | None = None
+    """Whether that window's reading failed, and how long it took (reported with the next job)."""
+    worker: GpuWorker | None = None
+    """The thread this physical GPU is read in (None for a MIG instance)."""
+    answer: tuple[tuple[GpuSample, ...], float] | None = None
+    """The last samples its worker delivered (the GPU and its MIG instances), and when."""
+
+    def gpm_readers(self) -> Iterator[GpmReader]:
+        for device in (self, *self.mig.values()):
+            if device.gpm is not None:
+                yield device.gpm
+
+
+class Reads:
+    """Driver calls that fail alone, shared by every GPU's worker (its state is thread-safe)."""
+
+    def __init__(
+        self, once: LogOnce, errors: Counter, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._once = once
+        self._errors = errors
+        self._clock = clock
+
+    def call(
+        self,
+        device: Device,
+        what: str,
+        collector: str,
+        function: Callable[..., T],
+        *args: Any,
+    ) -> T | None:
+        """One reading; None when this GPU cannot give it now. Lifecycle errors escape."""
+        if what in device.unavailable:
+            return None
+        started = self._clock()
+        try:
+            return function(*args)
+        except Exception as error:  # noqa: BLE001 - each reading fails alone, whatever broke it
+            self.failed(device, what, collector, error)
+            return None
+        finally:
+            device.tally.spent(collector, self._clock() - started)
+
+    def failed(self, device: Device, what: str, collector: str, error: Exception) -> None:
+        """Log (once) why a reading failed; raises `GpuLost` for a lifecycle error."""
+        identity = device.identity
+        if is_lifecycle_error(error):
+            raise GpuLost(error) from error
+        fields: dict[str, object] = {
+            "gpu": identity.index,
+            "uuid": identity.uuid,
+            "reading": what,
+            "error": error_name(error),
+        }
+        if is_unavailable(error):
+            device.unavailable.add(what)
+            self._once(
+                logging.INFO,
+                ("field", identity.uuid, what),
+                "not available on this GPU or driver; its series is omitted",
+                fields=fields,
+            )
+            return
+        device.tally.failed.add(collector)
+        if isinstance(error, pynvml.NVMLError):
+            self._once(
+                logging.WARNING,
+                ("field", identity.uuid, what, error_code(error)),
+                "NVML reading failed; its series is omitted while it fails",
+                fields=fields,
+            )
+            return
+        self._errors.add()
+        self._once.unexpected(
+            ("field", identity.uuid, what),
+            "unexpected error reading NVML; its series is omitted while it fails",
+            error,
+            fields={"gpu": identity.index, "uuid": identity.uuid, "reading": what},
+        )
