@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.model import GpuSample
+from exporter.model import GpuSample, ProcessSample
 from exporter.nvml.health import read_throttle
 from exporter.nvml.mig import enumerate_instances
 from exporter.nvml.processes import read_processes
@@ -45,6 +45,16 @@ GPU_COLLECTORS: Final = ("device", "clocks", "health", "processes", "gpm", "mig"
 """Collectors read GPU by GPU (beside them: `events`, and the non-NVML sources)."""
 
 _KIB: Final = 1024
+
+_Groups = tuple[tuple[str, tuple["Reading", ...]], ...]
+
+
+def _by_collector(readings: list[Reading]) -> _Groups:
+    """The readings grouped by collector, each group in declaration order."""
+    groups: dict[str, list[Reading]] = {}
+    for reading in readings:
+        groups.setdefault(reading.collector, []).append(reading)
+    return tuple((collector, tuple(group)) for collector, group in groups.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +87,10 @@ class DeviceReader:
         self._reads = reads
         self._clock = clock
         self._collectors = collectors
-        self._readings = tuple(r for r in READINGS if r.collector in collectors)
-        self._instance_readings = tuple(r for r in self._readings if r.mig)
+        readings = [r for r in READINGS if r.collector in collectors]
+        self._groups = _by_collector(readings)
+        """The plain readings to make, collector by collector (each group timed as one)."""
+        self._instance_groups = _by_collector([r for r in readings if r.mig])
         self._processes = processes
         self._max_gap = max(2 * interval, 2.0)
         """Across a longer gap between readings nothing is known: counters do not integrate it."""
@@ -95,23 +107,23 @@ class DeviceReader:
         tally = device.tally
         tally.clear()
         now = self._clock()
-        values = self._plain(device, self._readings, now)
+        values = self._plain(device, self._groups, now)
         mig_enabled = values.get(MIG_MODE) == 1.0
         self._integrate_busy(device, values, now)
         self._activity(device, values, now)
         if "health" in self._collectors:
+            started = self._clock()
             values.update(self._periodic(device, "throttle", now, self._throttle))
+            tally.spent("health", self._clock() - started)
         # In MIG mode each process is listed on its instance, not twice.
-        processes = (
-            read_processes(self._nvml, self._reads, device)
-            if self._processes and not mig_enabled
-            else None
-        )
+        processes = self._processes_of(device) if not mig_enabled else None
         samples = [GpuSample(device.identity, up=True, values=values, processes=processes)]
         if mig_enabled and "mig" in self._collectors:
+            started = self._clock()
             instances = enumerate_instances(
                 self._nvml, self._reads, device, gpm="gpm" in self._collectors
             )
+            tally.spent("mig", self._clock() - started)
             samples.extend(self._instance(instance, now) for instance in instances.values())
         if device.pcie_status is not None:
             failed, seconds = device.pcie_status
@@ -123,33 +135,49 @@ class DeviceReader:
     def _instance(self, instance: Device, now: float) -> GpuSample:
         """What NVML gives per MIG instance: memory, processes and GPM activity; device-level
         utilization, power and heat belong to the parent GPU."""
-        values = self._plain(instance, self._instance_readings, now)
+        values = self._plain(instance, self._instance_groups, now)
         self._activity(instance, values, now)
-        processes = read_processes(self._nvml, self._reads, instance) if self._processes else None
-        return GpuSample(instance.identity, up=True, values=values, processes=processes)
+        return GpuSample(
+            instance.identity, up=True, values=values, processes=self._processes_of(instance)
+        )
+
+    def _processes_of(self, device: Device) -> tuple[ProcessSample, ...] | None:
+        if not self._processes:
+            return None
+        started = self._clock()
+        processes = read_processes(self._nvml, self._reads, device)
+        device.tally.spent("processes", self._clock() - started)
+        return processes
 
     # -- plain readings ------------------------------------------------------------------------
 
-    def _plain(
-        self, device: Device, readings: tuple[Reading, ...], now: float
-    ) -> dict[Series, float]:
+    def _plain(self, device: Device, groups: _Groups, now: float) -> dict[Series, float]:
+        """Every plain reading, collector by collector, each collector's time counted."""
         values: dict[Series, float] = {}
-        for reading in readings:
-            if reading.once:
-                if reading.name not in device.done_once:
-                    self._call(device, reading, device.once)
-                    if reading.name not in device.unavailable:
-                        device.done_once.add(reading.name)
-                for output in reading.outputs:
-                    value = device.once.get(output.series)
-                    if value is not None:
-                        values[output.series] = value
-            elif reading.period is not None:
-                fresh = partial(self._fresh, reading=reading)
-                values.update(self._periodic(device, reading.name, now, fresh, reading.period))
-            else:
-                self._call(device, reading, values)
+        clock = self._clock
+        for collector, readings in groups:
+            started = clock()
+            for reading in readings:
+                if reading.once:
+                    self._once(device, reading, values)
+                elif reading.period is not None:
+                    fresh = partial(self._fresh, reading=reading)
+                    values.update(self._periodic(device, reading.name, now, fresh, reading.period))
+                else:
+                    self._call(device, reading, values)
+            device.tally.spent(collector, clock() - started)
         return values
+
+    def _once(self, device: Device, reading: Reading, values: dict[Series, float]) -> None:
+        """A reading made once per initialisation, and repeated from then on."""
+        if reading.name not in device.done_once:
+            self._call(device, reading, device.once)
+            if reading.name not in device.unavailable:
+                device.done_once.add(reading.name)
+        for output in reading.outputs:
+            value = device.once.get(output.series)
+            if value is not None:
+                values[output.series] = value
 
     def _fresh(self, device: Device, reading: Reading) -> dict[Series, float]:
         values: dict[Series, float] = {}
@@ -239,7 +267,9 @@ class DeviceReader:
                 values[PCIE_TRANSMIT] = measured[0]
                 values[PCIE_RECEIVE] = measured[1]
             return
+        started = self._clock()
         reading = self._reads.call(device, "gpm", "gpm", device.gpm.read, now)
+        device.tally.spent("gpm", self._clock() - started)
         if reading is None:
             return
         gpm = reading.values

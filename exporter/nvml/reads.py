@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -134,12 +133,9 @@ class Device:
 class Reads:
     """Driver calls that fail alone, shared by every GPU's worker (its state is thread-safe)."""
 
-    def __init__(
-        self, once: LogOnce, errors: Counter, *, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, once: LogOnce, errors: Counter) -> None:
         self._once = once
         self._errors = errors
-        self._clock = clock
 
     def call(
         self,
@@ -152,14 +148,11 @@ class Reads:
         """One reading; None when this GPU cannot give it now. Lifecycle errors escape."""
         if what in device.unavailable:
             return None
-        started = self._clock()
         try:
             return function(*args)
         except Exception as error:  # noqa: BLE001 - each reading fails alone, whatever broke it
             self.failed(device, what, collector, error)
             return None
-        finally:
-            device.tally.spent(collector, self._clock() - started)
 
     def failed(self, device: Device, what: str, collector: str, error: Exception) -> None:
         """Log (once) why a reading failed; raises `GpuLost` for a lifecycle error."""

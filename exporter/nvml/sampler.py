@@ -92,7 +92,7 @@ class NvmlSampler:
         self._errors = Counter()
         self._reader = DeviceReader(
             driver,
-            Reads(self._once, self._errors, clock=clock),
+            Reads(self._once, self._errors),
             collectors=frozenset(self.collectors),
             processes=read_processes or "processes" in self.collectors,
             clock=clock,

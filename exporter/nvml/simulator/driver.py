@@ -432,17 +432,17 @@ class SimulatedNvml:
 
     def _hang(self, index: int) -> None:
         """Block while a `hang` fault holds this GPU, as a call into a GPU off the bus can."""
-        while any(fault.active(self._clock()) for fault in self._hangs.get(index, ())):
+        faults = self._hangs.get(index) if self._hangs else None
+        while faults and any(fault.active(self._clock()) for fault in faults):
             time.sleep(_POLL_SECONDS)
 
     def _hang_call(self, function: str, gpu: int | None) -> None:
         """Block while a `hang` fault holds calls of this function (on this GPU)."""
-        faults = [
-            fault
-            for fault in self._hung_functions.get(function, ())
-            if fault.gpu is None or fault.gpu == gpu
-        ]
-        while any(fault.active(self._clock()) for fault in faults):
+        faults = self._hung_functions.get(function) if self._hung_functions else None
+        if not faults:
+            return
+        held = [fault for fault in faults if fault.gpu is None or fault.gpu == gpu]
+        while any(fault.active(self._clock()) for fault in held):
             time.sleep(_POLL_SECONDS)
 
     def _device(self, handle: Any, function: str) -> _Device:
