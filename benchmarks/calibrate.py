@@ -34,8 +34,8 @@ from exporter.calibration.profile import (  # noqa: E402 - after the path is set
 )
 from exporter.config import ServeConfig  # noqa: E402
 from exporter.metrics.families import BuildInfo  # noqa: E402
-from exporter.nvml.simulator import SimulatedNvml, default_fleet  # noqa: E402
 from exporter.sampling import SamplingLoop  # noqa: E402
+from exporter.simulator import SimulatedNvml, default_fleet  # noqa: E402
 from tests.profiles import gpu_profile  # noqa: E402
 
 

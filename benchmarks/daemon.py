@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
 
 from benchmarks.runtime import serving  # noqa: E402
-from exporter.nvml.simulator import load_fleet  # noqa: E402
+from exporter.simulator import load_fleet  # noqa: E402
 from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
 from tests.fake_kube.server import FakeKube  # noqa: E402
 from tests.fake_kubelet import FakeKubelet, gpu_allocations  # noqa: E402

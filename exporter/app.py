@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from exporter.attribution import ClusterAccess
     from exporter.attribution.attributor import Attributor
+    from exporter.simulator.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ SAMPLING: Final = web.AppKey("sampling", SamplingLoop)
 CATALOG: Final = web.AppKey("catalog", Catalog)
 # Typed by annotation only: their classes live in modules imported only when a cluster exists.
 CLUSTER: Final[web.AppKey[ClusterAccess | None]] = web.AppKey("cluster")
+FLEET: Final[web.AppKey[Fleet | None]] = web.AppKey("fleet")
 ATTRIBUTOR: Final[web.AppKey[Attributor]] = web.AppKey("attributor")
 WEB: Final = web.AppKey("web", WebSecurity)
 WEB_WATCH: Final = web.AppKey("web_watch", TaskHealth)
@@ -52,11 +54,13 @@ def init_app(
     *,
     catalog: Catalog | None = None,
     cluster: ClusterAccess | None = None,
+    fleet: Fleet | None = None,
     security: WebSecurity | None = None,
 ) -> web.Application:
     """The application; `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns
-    pod attribution on; `security` (from `WebSecurity.load`) applies the web config; without it
-    the endpoint is open, with `--web.max-requests` still in force."""
+    pod attribution on; without one, a simulated `fleet` with pods attributes from them;
+    `security` (from `WebSecurity.load`) applies the web config; without it the endpoint is
+    open, with `--web.max-requests` still in force."""
     security = security or WebSecurity(None, max_requests=config.max_requests)
     app = web.Application(client_max_size=64 * 1024, middlewares=[security.middleware])
     app[WEB] = security
@@ -64,6 +68,7 @@ def init_app(
     app[DRIVER] = driver
     app[CATALOG] = catalog or builtin_catalog()
     app[CLUSTER] = cluster
+    app[FLEET] = fleet
     app[WEB_WATCH] = TaskHealth("web_config")
     app.cleanup_ctx.append(_attribution)
     app.cleanup_ctx.append(_sampling)
@@ -78,33 +83,41 @@ def init_app(
 async def _attribution(app: web.Application) -> AsyncIterator[None]:
     """The pod watch: started before sampling, stopped after it."""
     cluster = app[CLUSTER]
-    if "attribution" not in app[CONFIG].collectors:
+    config = app[CONFIG]
+    fleet = app[FLEET]
+    if "attribution" not in config.collectors:
         log.info("pod attribution is switched off (--no-collector.attribution)")
         yield
         return
-    if cluster is None:
+    if cluster is not None:
+        # The kubernetes client costs ~20 MiB: imported only when there is a cluster.
+        from exporter.attribution.live import cluster_attributor  # noqa: PLC0415
+
+        attributor = cluster_attributor(config, cluster)
+        where: dict[str, object] = {
+            "node": cluster.node_name,
+            "cluster": cluster.source,
+            "procfs": str(config.procfs),
+            "pod_resources_socket": str(config.pod_resources_socket),
+        }
+    elif fleet is not None and fleet.pods:
+        # The attribution modules (protobuf among them) are imported only when used.
+        from exporter.simulator.cluster import NODE, simulated_attributor  # noqa: PLC0415
+
+        attributor = simulated_attributor(
+            fleet, node=config.node_name, pod_labels=config.pod_labels
+        )
+        where = {"node": config.node_name or NODE, "cluster": "the fleet file's pods"}
+    else:
         log.info(
             "no Kubernetes configuration (no --kubeconfig, no service account, no $KUBECONFIG): "
             "pod attribution is off"
         )
         yield
         return
-    # The kubernetes client costs ~20 MiB: imported only when there is a cluster to attribute to.
-    from exporter.attribution.attributor import Attributor  # noqa: PLC0415
-
-    config = app[CONFIG]
-    attributor = Attributor(config, cluster)
     attributor.start()
     app[ATTRIBUTOR] = attributor
-    log.info(
-        "pod attribution on",
-        extra={
-            "node": cluster.node_name,
-            "cluster": cluster.source,
-            "procfs": str(config.procfs),
-            "pod_resources_socket": str(config.pod_resources_socket),
-        },
-    )
+    log.info("pod attribution on", extra=where)
     yield
     await asyncio.to_thread(attributor.stop)
 

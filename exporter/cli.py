@@ -27,7 +27,7 @@ from exporter.calibrate import options as calibrate_options
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
-from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
+from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
 from exporter.web.server import RUNNER_LIMITS, GuardedSite
@@ -165,7 +165,14 @@ async def _serve(
 ) -> int:
     security = security or WebSecurity(None, max_requests=settings.max_requests)
     runner = web.AppRunner(
-        init_app(settings, driver, catalog=catalog, cluster=cluster, security=security),
+        init_app(
+            settings,
+            driver,
+            catalog=catalog,
+            cluster=cluster,
+            fleet=driver.fleet if isinstance(driver, SimulatedNvml) else None,
+            security=security,
+        ),
         access_log=None,
         shutdown_timeout=SHUTDOWN_SECONDS,
         **RUNNER_LIMITS,

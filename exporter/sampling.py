@@ -28,7 +28,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Protocol
 
 from exporter.calibration.source import CeilingsSource
@@ -37,6 +37,9 @@ from exporter.logs import LogOnce
 from exporter.metrics.exposition import Exposition
 from exporter.metrics.families import BuildInfo, snapshot_families
 from exporter.model import CollectorStatus, Snapshot
+
+if TYPE_CHECKING:
+    from exporter.model import Attribution, Ceilings, GpuSample
 from exporter.nvml.events import EventWatcher
 from exporter.nvml.sampler import NvmlSampler
 from exporter.supervise import DaemonExecutor
@@ -55,6 +58,61 @@ log = logging.getLogger(__name__)
 
 CLOSE_SECONDS: Final = 3.0
 """How long stopping waits for the cycle in flight and NVML's shutdown."""
+
+
+@dataclass(slots=True)
+class Cycle:
+    """What one sampling cycle has learned so far: each source adds its part, in order, and may
+    read the parts before it (attribution reads the GPUs'). Worker thread only."""
+
+    gpus: tuple[GpuSample, ...] = ()
+    ceilings: tuple[Ceilings, ...] = ()
+    attribution: Attribution | None = None
+    collectors: list[CollectorStatus] = field(default_factory=list)
+
+
+class Source(Protocol):
+    """One input of the sampling cycle (NVML, calibration ceilings, attribution, …)."""
+
+    def collect(self, cycle: Cycle) -> None: ...
+
+
+class _Nvml:
+    """The GPUs, read in threads of their own, and the event thread's health."""
+
+    def __init__(self, sampler: NvmlSampler, events: EventWatcher | None) -> None:
+        self._sampler = sampler
+        self._events = events
+
+    def collect(self, cycle: Cycle) -> None:
+        cycle.gpus, statuses = self._sampler.sample()
+        cycle.collectors.extend(statuses)
+        if self._events is not None:
+            cycle.collectors.append(CollectorStatus("events", self._events.healthy, None))
+
+
+class _Calibration:
+    """Ceilings of the GPU models present; profiles are re-read only when their files change
+    (a few stat() calls per cycle)."""
+
+    def __init__(self, ceilings: CeilingsSource) -> None:
+        self._ceilings = ceilings
+
+    def collect(self, cycle: Cycle) -> None:
+        cycle.ceilings, status = self._ceilings.refresh(gpu.identity.model for gpu in cycle.gpus)
+        if status is not None:
+            cycle.collectors.append(status)
+
+
+class _Attribution:
+    """Who holds and uses each GPU: the attributor's sources block in threads of their own."""
+
+    def __init__(self, attributor: Attributor) -> None:
+        self._attributor = attributor
+
+    def collect(self, cycle: Cycle) -> None:
+        cycle.attribution, statuses = self._attributor.attribute(cycle.gpus)
+        cycle.collectors.extend(statuses)
 
 
 class Background(Protocol):
@@ -126,9 +184,14 @@ class SamplingLoop:
         self._republishing: asyncio.Task[None] | None = None
         self._events_pending = False
         self._closing = False
-        self._ceilings = CeilingsSource(
-            catalog or builtin_catalog(), config.calibration_path, clock=clock
+        self._sources: tuple[Source, ...] = (
+            _Nvml(self._nvml, self._events),
+            _Calibration(
+                CeilingsSource(catalog or builtin_catalog(), config.calibration_path, clock=clock)
+            ),
+            *((_Attribution(attributor),) if attributor is not None else ()),
         )
+        """Everything a cycle learns comes through these, in this order."""
         self._cycles = 0
         self._overruns = 0
         self._started_at: float | None = None
@@ -198,34 +261,24 @@ class SamplingLoop:
 
     def cycle(self) -> Exposition:
         """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
-        gpus, nvml_statuses = self._nvml.sample()
-        # Profiles are re-read only when their files changed: a few stat() calls per cycle.
-        ceilings, calibration_status = self._ceilings.refresh(gpu.identity.model for gpu in gpus)
-        attribution, attribution_statuses = (
-            self._attributor.attribute(gpus) if self._attributor is not None else (None, ())
+        cycle = Cycle()
+        for source in self._sources:
+            source.collect(cycle)
+        cycle.collectors.extend(
+            CollectorStatus(task.name, task.healthy, None) for task in self._background
         )
         self._cycles += 1
         snapshot = Snapshot(
             timestamp=self._wall(),
-            gpus=gpus,
-            collectors=(
-                *nvml_statuses,
-                *((calibration_status,) if calibration_status is not None else ()),
-                *attribution_statuses,
-                *(
-                    (CollectorStatus("events", self._events.healthy, None),)
-                    if self._events is not None
-                    else ()
-                ),
-                *(CollectorStatus(task.name, task.healthy, None) for task in self._background),
-            ),
+            gpus=cycle.gpus,
+            collectors=tuple(cycle.collectors),
             cycles_total=self._cycles,
             overruns_total=self._overruns,
             errors_total=self._nvml.errors_total,
             collect_interval_seconds=self._interval,
             process_series=self._process_series,
-            ceilings=ceilings,
-            attribution=attribution,
+            ceilings=cycle.ceilings,
+            attribution=cycle.attribution,
         )
         own = list(self._own_families()) if self._own_families is not None else []
         self._published = (snapshot, own)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from dashboards.live import Node
-from exporter.nvml.simulator import load_fleet
-from exporter.nvml.simulator.activity import mig_uuid
+from exporter.simulator import load_fleet
+from exporter.simulator.activity import mig_uuid
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
 from tests.fake_kubelet import FakeKubelet, gpu_allocations

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from exporter.app import SAMPLING, init_app
 from exporter.config import ServeConfig
-from exporter.nvml.simulator import SimulatedNvml, default_fleet
+from exporter.simulator import SimulatedNvml, default_fleet
 
 if TYPE_CHECKING:
     from aiohttp.test_utils import TestClient

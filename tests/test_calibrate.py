@@ -35,7 +35,7 @@ from exporter.calibrate.run import (
 )
 from exporter.calibration.profile import Figure, Skipped, dump_profile, parse_profile_text
 from exporter.catalog import DTYPES, builtin_catalog
-from exporter.nvml.simulator import SimulatedNvml, load_fleet
+from exporter.simulator import SimulatedNvml, load_fleet
 from tests.helpers import FLEETS, ManualClock
 
 if TYPE_CHECKING:

@@ -201,7 +201,7 @@ def test_the_daemon_never_imports_pytorch(tmp_path: Path) -> None:
         import exporter.cli  # the console script's module, as `gpuscope serve` loads it
         from exporter.config import ServeConfig
         from exporter.metrics.families import BuildInfo
-        from exporter.nvml.simulator import SimulatedNvml, load_fleet
+        from exporter.simulator import SimulatedNvml, load_fleet
         from exporter.sampling import SamplingLoop
 
         async def main():

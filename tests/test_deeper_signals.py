@@ -19,8 +19,6 @@ from exporter.model import GpuIdentity, GpuSample, ProcessSample, Snapshot
 from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
 from exporter.nvml.sampler import NvmlSampler
-from exporter.nvml.simulator import FleetError, SimulatedNvml
-from exporter.nvml.simulator.fleet import parse_fleet
 from exporter.readings import (
     BUSY,
     DRAM_ACTIVE,
@@ -52,6 +50,8 @@ from exporter.readings import (
     xid_series,
 )
 from exporter.sampling import SamplingLoop
+from exporter.simulator import FleetError, SimulatedNvml
+from exporter.simulator.fleet import parse_fleet
 from tests.helpers import (
     ManualClock,
     assert_promtool_accepts,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.nvml.simulator import load_fleet
+from exporter.simulator import load_fleet
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
 from tests.fake_kubelet import FakeKubelet, gpu_allocations

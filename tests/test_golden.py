@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from exporter.config import ServeConfig
 from exporter.metrics.exposition import OPENMETRICS, TEXT, Exposition
 from exporter.metrics.families import BuildInfo
-from exporter.nvml.simulator import SimulatedNvml, load_fleet
 from exporter.sampling import SamplingLoop
+from exporter.simulator import SimulatedNvml, load_fleet
 from tests.helpers import FLEETS, ROOT, ManualClock, assert_promtool_accepts
 
 if TYPE_CHECKING:

@@ -11,11 +11,11 @@ import pytest
 from kubernetes.client import Configuration
 
 from exporter.attribution import ClusterAccess
-from exporter.attribution.attributor import Attributor
 from exporter.attribution.cgroups import ContainerRef
 from exporter.attribution.join import Join
+from exporter.attribution.live import cluster_attributor
+from exporter.attribution.pod import PodIndex, pod_from_api
 from exporter.attribution.podresources import DeviceAllocation
-from exporter.attribution.pods import PodIndex, pod_from_api
 from exporter.config import ServeConfig
 from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
 from exporter.readings import SM_ACTIVE, UTILIZATION
@@ -273,7 +273,7 @@ def test_a_failing_cycle_costs_only_the_pod_series(
 ) -> None:
     config = replace(ServeConfig(), procfs=PROC, pod_resources_socket=tmp_path / "absent.sock")
     access = ClusterAccess(Configuration(host="http://127.0.0.1:9"), NODE, "test")
-    attributor = Attributor(config, access)
+    attributor = cluster_attributor(config, access)
 
     def broken(*_args: object, **_kwargs: object) -> None:
         raise RuntimeError("a bug")

@@ -11,7 +11,8 @@ import pytest
 
 from exporter.attribution.cluster import KubernetesClient, resolve_cluster
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
-from exporter.attribution.pods import PodCache, PodFormatError, PodIndex, pod_from_api
+from exporter.attribution.pod import PodFormatError, PodIndex, pod_from_api
+from exporter.attribution.pods import PodCache
 from exporter.config import ConfigError
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube

@@ -24,9 +24,9 @@ from exporter.app import SAMPLING, WEB_WATCH, init_app
 from exporter.config import ServeConfig
 from exporter.metrics.families import BuildInfo
 from exporter.nvml.sampler import NvmlSampler
-from exporter.nvml.simulator import SimulatedNvml, default_fleet
-from exporter.nvml.simulator.fleet import parse_fleet
 from exporter.sampling import HealthBounds, SamplingLoop
+from exporter.simulator import SimulatedNvml, default_fleet
+from exporter.simulator.fleet import parse_fleet
 from exporter.supervise import SupervisedThread, TaskHealth, supervised
 from tests.fake_nvml import FakeDevice, FakeNvmlState
 from tests.helpers import FLEETS, ManualClock, eventually, running_daemon, series, value

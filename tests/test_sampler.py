@@ -11,8 +11,6 @@ import pytest
 from exporter.nvml.device import GPU_COLLECTORS
 from exporter.nvml.driver import NvmlUnavailable
 from exporter.nvml.sampler import NvmlSampler
-from exporter.nvml.simulator import SimulatedNvml
-from exporter.nvml.simulator.fleet import parse_fleet
 from exporter.readings import (
     BUSY,
     CLOCK_EVENTS,
@@ -32,6 +30,8 @@ from exporter.readings import (
     UTILIZATION,
     fan_series,
 )
+from exporter.simulator import SimulatedNvml
+from exporter.simulator.fleet import parse_fleet
 from tests.helpers import ManualClock
 
 if TYPE_CHECKING:

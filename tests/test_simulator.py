@@ -8,10 +8,10 @@ import pynvml
 import pytest
 import yaml
 
-from exporter.nvml.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
-from exporter.nvml.simulator import fleet as fleet_module
-from exporter.nvml.simulator.behaviour import demand, noise
-from exporter.nvml.simulator.fleet import SimProcess, parse_bytes, parse_fleet
+from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
+from exporter.simulator import fleet as fleet_module
+from exporter.simulator.behaviour import demand, noise
+from exporter.simulator.fleet import SimProcess, parse_bytes, parse_fleet
 from tests.helpers import FLEETS, ManualClock
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from exporter.app import init_app
 from exporter.config import ServeConfig
-from exporter.nvml.simulator import SimulatedNvml, default_fleet
+from exporter.simulator import SimulatedNvml, default_fleet
 from exporter.web.security import WebSecurity
 from exporter.web.server import RUNNER_LIMITS, Connections, GuardedSite
 from tests.helpers import daemon_command, running_daemon

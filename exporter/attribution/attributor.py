@@ -1,69 +1,94 @@
-"""`Attributor` runs the three sources once per sampling cycle, in the sampler's worker thread, and
-joins them with the cycle's GPU samples. Each source fails alone and reports itself as a
-collector (`kubernetes`, `podresources`, `cgroups`). The pod watch runs in a thread of its own,
-started and stopped with the application.
+"""`Attributor` joins the cycle's GPU samples with three sources — the pods of this node, the
+kubelet's allocations, and which container each GPU process runs in — into who holds and who
+uses each GPU. It runs once per sampling cycle, in the sampler's worker thread; each source
+fails alone and reports itself as a collector (`kubernetes`, `podresources`, `cgroups`).
+
+The sources are small protocols: on a node they are the pod watch, the kubelet's PodResources
+API and `/proc` (`exporter.attribution.live`); under `--simulate` they are the fleet file's pods
+(`exporter.simulator.cluster`). The join is the same either way. Sources that block (the pod
+watch, the kubelet's gRPC API) do so in threads of their own: the cycle only takes what they
+last learned.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.join import Join
-from exporter.attribution.podresources import PodResourcesClient
-from exporter.attribution.pods import BATCH_SECONDS, PodCache
-from exporter.attribution.procfs import ProcessContainers
 from exporter.logs import LogOnce
 from exporter.model import Attribution, CollectorStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import re
+    from collections.abc import Callable, Iterable
 
-    from exporter.attribution import ClusterAccess
-    from exporter.config import ServeConfig
-    from exporter.model import GpuSample
+    from exporter.attribution.cgroups import ContainerRef
+    from exporter.attribution.pod import PodIndex
+    from exporter.attribution.podresources import DeviceAllocation
+    from exporter.model import GpuSample, KubernetesStatus
 
 log = logging.getLogger(__name__)
+
+
+class PodSource(Protocol):
+    """The pods of this node, kept current in the background."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def view(self) -> PodIndex: ...
+    def status(self) -> KubernetesStatus: ...
+
+
+class AllocationSource(Protocol):
+    """Which container was given which device, kept current in the background."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
+        """(the allocations, or None while unknown; whether the source answers)."""
+
+
+class ProcessSource(Protocol):
+    """Which container each process runs in."""
+
+    def lookup(self, pids: Iterable[int]) -> tuple[dict[int, ContainerRef], bool]:
+        """(the container of each pid in one; whether every pid could be looked up)."""
 
 
 class Attributor:
     def __init__(
         self,
-        config: ServeConfig,
-        access: ClusterAccess,
+        node: str,
+        pods: PodSource,
+        allocations: AllocationSource,
+        processes: ProcessSource,
         *,
+        pod_labels: re.Pattern[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._node = node
+        self.pods = pods
+        self._allocations = allocations
+        self._processes = processes
+        self._join = Join(node, pod_labels=pod_labels)
         self._clock = clock
-        self.pods = PodCache(
-            KubernetesClient(access),
-            access.node_name,
-            batch_seconds=min(BATCH_SECONDS, config.collect_interval / 2),
-        )
-        self._podresources = PodResourcesClient(
-            config.pod_resources_socket,
-            resource_names=config.resource_names or (),
-            timeout=config.collect_interval / 2,
-            clock=clock,
-        )
-        self._processes = ProcessContainers(config.procfs)
-        self._join = Join(access.node_name, pod_labels=config.pod_labels)
-        self._node = access.node_name
         self._once = LogOnce(log)
 
     def start(self) -> None:
-        """Start watching pods (in a thread of its own)."""
+        """Start the sources' background work."""
         self.pods.start()
+        self._allocations.start()
 
     def stop(self) -> None:
+        self._allocations.stop()
         self.pods.stop()
 
     def attribute(
         self, gpus: tuple[GpuSample, ...]
     ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
-        """One cycle's attribution of these GPU samples. Blocking: runs in the worker thread.
+        """One cycle's attribution of these GPU samples. Runs in the worker thread.
 
         Never raises: whatever breaks here costs the pod series of this cycle, not the device
         series beside them."""
@@ -71,11 +96,10 @@ class Attributor:
         try:
             return self._attribute(gpus, started)
         except Exception as error:  # noqa: BLE001 - attribution must never stop sampling
-            self._once(
-                logging.ERROR,
-                (type(error).__name__, str(error)),
+            self._once.unexpected(
+                ("attribute",),
                 "pod attribution failed this cycle; device metrics are unaffected",
-                exc_info=error,
+                error,
             )
             failed = self._clock() - started
             empty = Attribution(self._node, (), (), (), (), self.pods.status())
@@ -90,7 +114,7 @@ class Attributor:
         index = self.pods.view()
         kubernetes = self.pods.status()
         viewed = self._clock()
-        allocations, allocations_ok = self._podresources.allocations()
+        allocations, allocations_ok = self._allocations.allocations()
         asked = self._clock()
         pids = {
             process.pid for gpu in gpus if gpu.up and gpu.processes for process in gpu.processes

@@ -7,7 +7,7 @@ exists but cannot be used is a configuration error (exit status 2).
 Requests go through the `kubernetes` client's own `ApiClient` (its TLS, authentication and token
 refresh) but skip its generated API classes and models: importing `CoreV1Api` alone costs ~22 MiB,
 and turning 200 pods into model objects costs more CPU than the whole sampling cycle. Bodies are
-read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.pods`).
+read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.pod`).
 """
 
 from __future__ import annotations

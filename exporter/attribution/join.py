@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from exporter.attribution.cgroups import ContainerRef
+    from exporter.attribution.pod import Pod, PodIndex
     from exporter.attribution.podresources import DeviceAllocation
-    from exporter.attribution.pods import Pod, PodIndex
     from exporter.model import GpuSample
 
 log = logging.getLogger(__name__)

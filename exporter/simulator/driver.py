@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.nvml.simulator import activity
-from exporter.nvml.simulator.behaviour import demand, lag, noise, running
-from exporter.nvml.simulator.fleet import EXCEPTIONS
 from exporter.readings import ARCHITECTURES, SIMULATED_CALLS, not_supported
+from exporter.simulator import activity
+from exporter.simulator.behaviour import demand, lag, noise, running
+from exporter.simulator.fleet import EXCEPTIONS
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.catalog import GpuModel, MigProfile
-    from exporter.nvml.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
+    from exporter.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
 
 _RESERVED_BYTES: Final = 523 * 2**20
 _MPS_SERVER_BYTES: Final = 310 * 2**20

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from exporter.nvml.simulator.fleet import SimProcess
+    from exporter.simulator.fleet import SimProcess
 
 _MASK: Final = (1 << 64) - 1
 

@@ -7,7 +7,7 @@ over that state, so the production sampler runs unchanged on top of it.
 
 from __future__ import annotations
 
-from exporter.nvml.simulator.driver import SimulatedNvml
-from exporter.nvml.simulator.fleet import Fleet, FleetError, default_fleet, load_fleet
+from exporter.simulator.driver import SimulatedNvml
+from exporter.simulator.fleet import Fleet, FleetError, default_fleet, load_fleet
 
 __all__ = ["Fleet", "FleetError", "SimulatedNvml", "default_fleet", "load_fleet"]

@@ -38,6 +38,15 @@ for good), as a GPU that fell off the bus can; with a `function`, only calls of 
 block (on `gpu` if given): `function: nvmlInit` wedges the library as a whole. An `exception` fault makes `function` raise a
 Python exception (`exception: RuntimeError`, the default; see `EXCEPTIONS`) while it lasts, on
 `gpu` or on every GPU: what a bug or a driver answer nobody expected looks like.
+
+`pods` put the node in a cluster (see `exporter.simulator.cluster`): each names its namespace,
+workload (`{kind: Deployment, name: chat}`), labels, containers and the devices the kubelet gave
+it; a process names its pod (`pod: serving/chat-7d9c8b6f5-x2x9k`) and container:
+
+    pods:
+      - {name: chat-7d9c8b6f5-x2x9k, namespace: serving, workload: {kind: Deployment, name: chat},
+         gpus: [1], shared: true}
+      - {name: notebook-ana, namespace: lab, gpus: [{gpu: 2, mig_instance: 1}]}
 """
 
 from __future__ import annotations
@@ -132,6 +141,47 @@ class SimProcess:
     """Share of its busy time spent on tensor cores (GPM's tensor activity)."""
     mig_instance: int | None = None
     """Position of its MIG instance in the GPU's layout; None on a GPU without MIG."""
+    pod: str | None = None
+    """The pod it runs in, `namespace/name` (a `pods` entry); None: outside Kubernetes."""
+    container: str | None = None
+    """Its container in that pod (the pod's first when not given)."""
+
+
+WORKLOAD_KINDS: Final = ("Pod", "Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob")
+"""What a simulated pod's `workload` may be (a Deployment's pods come through a ReplicaSet, a
+CronJob's through a Job, as the API shows them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimDevice:
+    """A device the kubelet allocated to a simulated pod."""
+
+    gpu: int
+    mig_instance: int | None = None
+    """Position of the MIG instance in the GPU's layout; None for the whole GPU."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimPod:
+    """A pod on the simulated node, so that attribution works as in a cluster."""
+
+    namespace: str
+    name: str
+    workload_kind: str = "Pod"
+    workload: str = ""
+    """The workload's name; the pod's own for a bare pod."""
+    labels: tuple[tuple[str, str], ...] = ()
+    containers: tuple[str, ...] = ("main",)
+    devices: tuple[SimDevice, ...] = ()
+    """Allocated to its first container, as the device plugin hands them out."""
+    resource: str | None = None
+    """The device plugin's resource; None: `nvidia.com/gpu`, or `nvidia.com/mig-<profile>`."""
+    shared: bool = False
+    """Time-sliced: the kubelet hands out a replica of each GPU (`<uuid>::N`)."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +212,8 @@ class Fleet:
     seed: int = 0
     driver_version: str = "570.133.20"
     cuda_version: int = 12080
+    pods: tuple[SimPod, ...] = ()
+    """Pods behind the processes and allocations; empty: a node without Kubernetes."""
 
 
 def parse_bytes(value: object) -> int:
@@ -225,7 +277,9 @@ def parse_fleet(document: object, *, where: str = "fleet") -> Fleet:
     if not isinstance(document, Mapping):
         raise FleetError(f"{where}: the top level must be a mapping")
     _only(
-        document, {"seed", "driver_version", "cuda_version", "gpus", "processes", "faults"}, where
+        document,
+        {"seed", "driver_version", "cuda_version", "gpus", "processes", "faults", "pods"},
+        where,
     )
     seed = _field(where, "seed", lambda: int(document.get("seed", 0)))
     gpus = _parse_gpus(document.get("gpus"), where, seed)
@@ -250,6 +304,11 @@ def parse_fleet(document: object, *, where: str = "fleet") -> Fleet:
     )
     for n, process in enumerate(processes):
         _check_placement(process, gpus[process.gpu], faults, f"{where}: processes[{n}]")
+    pods = tuple(
+        _entry(where, f"pods[{n}]", item, lambda item: _parse_pod(item, gpus))
+        for n, item in enumerate(_list(document.get("pods"), where, "pods"))
+    )
+    _check_pods(pods, processes, where)
     cuda = str(document.get("cuda_version", "12.8"))
     cuda_match = re.fullmatch(r"(\d+)\.(\d+)", cuda)
     if cuda_match is None:
@@ -261,6 +320,7 @@ def parse_fleet(document: object, *, where: str = "fleet") -> Fleet:
         seed=seed,
         driver_version=str(document.get("driver_version", "570.133.20")),
         cuda_version=int(cuda_match[1]) * 1000 + int(cuda_match[2]) * 10,
+        pods=pods,
     )
 
 
@@ -316,6 +376,8 @@ def _parse_process(item: Mapping[str, Any], gpu_count: int) -> SimProcess:
             "stop",
             "tensor_intensity",
             "mig_instance",
+            "pod",
+            "container",
         },
     )
     pid = int(item["pid"])
@@ -341,6 +403,8 @@ def _parse_process(item: Mapping[str, Any], gpu_count: int) -> SimProcess:
         stop=stop,
         tensor_intensity=_ratio(item.get("tensor_intensity", 0.5), "tensor_intensity"),
         mig_instance=_mig_instance(item.get("mig_instance")),
+        pod=_pod_key(item["pod"]) if "pod" in item else None,
+        container=_name(item["container"], "container") if "container" in item else None,
     )
 
 
@@ -403,6 +467,93 @@ def _check_placement(
             f"{where}: memory: {process.memory_bytes / 2**30:.1f} GiB does not fit a "
             f"{first[process.mig_instance].profile} instance"
         )
+
+
+_DNS_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _name(value: object, field: str) -> str:
+    text = str(value)
+    if not _DNS_NAME.fullmatch(text):
+        raise ValueError(f"{field}: {text!r} is not a Kubernetes name")
+    return text
+
+
+def _pod_key(value: object) -> str:
+    namespace, sep, name = str(value).partition("/")
+    if not sep:
+        raise ValueError(f"pod: {value!r} is not namespace/name")
+    return f"{_name(namespace, 'pod')}/{_name(name, 'pod')}"
+
+
+def _parse_pod(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> SimPod:
+    _only(
+        item,
+        {"name", "namespace", "workload", "labels", "containers", "gpus", "resource", "shared"},
+    )
+    name = _name(item["name"], "name")
+    workload = item.get("workload") or {}
+    if not isinstance(workload, Mapping):
+        raise ValueError("workload: expected {kind: ..., name: ...}")
+    _only(workload, {"kind", "name"})
+    kind = _choice(workload.get("kind", "Pod"), WORKLOAD_KINDS, "workload: kind")
+    labels = item.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise ValueError("labels: expected a mapping of label name to value")
+    containers = item.get("containers", ["main"])
+    if not isinstance(containers, list) or not containers:
+        raise ValueError("containers: expected a list of container names")
+    devices = tuple(_parse_device(device, gpus) for device in _list(item.get("gpus"), "", "gpus"))
+    resource = item.get("resource")
+    return SimPod(
+        namespace=_name(item.get("namespace", "default"), "namespace"),
+        name=name,
+        workload_kind=kind,
+        workload=_name(workload.get("name", name), "workload: name"),
+        labels=tuple(sorted((str(key), str(text)) for key, text in labels.items())),
+        containers=tuple(_name(container, "containers") for container in containers),
+        devices=devices,
+        resource=str(resource) if resource is not None else None,
+        shared=bool(item.get("shared", False)),
+    )
+
+
+def _parse_device(value: object, gpus: tuple[SimGpu, ...]) -> SimDevice:
+    """`2` (a whole GPU) or `{gpu: 4, mig_instance: 1}` (one of its MIG instances)."""
+    if isinstance(value, Mapping):
+        _only(value, {"gpu", "mig_instance"})
+        gpu = _gpu_index(value.get("gpu"), len(gpus), required=True)
+        assert gpu is not None
+        instance = _mig_instance(value.get("mig_instance"))
+        layout = gpus[gpu].mig
+        if instance is not None and (layout is None or instance >= len(layout)):
+            raise ValueError(f"gpus: GPU {gpu} has no MIG instance {instance}")
+        return SimDevice(gpu, instance)
+    gpu = _gpu_index(value, len(gpus), required=True)
+    assert gpu is not None
+    return SimDevice(gpu)
+
+
+def _check_pods(pods: tuple[SimPod, ...], processes: tuple[SimProcess, ...], where: str) -> None:
+    """Pods named once; every process's pod and container exist."""
+    by_key: dict[str, SimPod] = {}
+    for n, pod in enumerate(pods):
+        if pod.key in by_key:
+            raise FleetError(f"{where}: pods[{n}]: {pod.key} appears more than once")
+        by_key[pod.key] = pod
+    for n, process in enumerate(processes):
+        if process.pod is None:
+            if process.container is not None:
+                raise FleetError(f"{where}: processes[{n}]: container: needs a pod")
+            continue
+        owner = by_key.get(process.pod)
+        if owner is None:
+            raise FleetError(f"{where}: processes[{n}]: pod: no pod {process.pod} in pods")
+        if process.container is not None and process.container not in owner.containers:
+            raise FleetError(
+                f"{where}: processes[{n}]: container: {owner.key} has no container "
+                f"{process.container!r} (it has {', '.join(owner.containers)})"
+            )
 
 
 def _parse_fault(item: Mapping[str, Any], gpus: tuple[SimGpu, ...]) -> Fault:

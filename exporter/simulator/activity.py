@@ -18,7 +18,7 @@ import pynvml
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from exporter.nvml.simulator.fleet import SimProcess
+    from exporter.simulator.fleet import SimProcess
 
 RATIOS: Final = 7
 """The first RATIOS entries of an activity vector are shares of time (0..1); the rest bytes/s."""

@@ -1,0 +1,128 @@
+"""One pod as attribution needs it, read from the Kubernetes API's JSON; pure.
+
+`pod_from_api` keeps what attribution uses of a `v1.Pod` (its UID, name, labels, workload and
+the ids of its containers); `PodIndex` finds the running pods of a node by UID or name. The pod
+watch (`exporter.attribution.pods`) feeds them from the API server, the simulator
+(`exporter.simulator.cluster`) from a fleet file: the same parsing either way.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from exporter.attribution.owners import OwnerReference, Workload, workload_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
+"""On a static pod's mirror: the kubelet's own UID for it, the one in its cgroup path."""
+KNOWN_RUNTIMES: Final = frozenset({"containerd", "cri-o", "docker"})
+_CONTAINER_ID: Final = re.compile(r"[0-9a-f]{64}")
+_ENDED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+
+
+class PodFormatError(ValueError):
+    """A pod object without the fields every pod has; `str()` names the missing one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What attribution needs of one pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str]
+    workload: Workload
+    containers: Mapping[str, str]
+    """Container id (64 hex, as in the cgroup path) -> container name."""
+    static_uid: str | None = None
+    ended: bool = False
+    """Succeeded or Failed: its containers are gone and it attributes nothing."""
+    problems: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """(cause, detail) of container ids that cannot be matched, for the log."""
+
+
+def pod_from_api(obj: Mapping[str, Any]) -> Pod:
+    """A `Pod` from the API's JSON for one pod (`v1.Pod`). Pure."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        raise PodFormatError("no metadata")
+    uid, namespace, name = (metadata.get(key) for key in ("uid", "namespace", "name"))
+    if not (isinstance(uid, str) and uid and isinstance(namespace, str) and namespace):
+        raise PodFormatError("no metadata.uid or metadata.namespace")
+    if not (isinstance(name, str) and name):
+        raise PodFormatError("no metadata.name")
+    labels = _string_map(metadata.get("labels"))
+    annotations = _string_map(metadata.get("annotations"))
+    owners = [
+        OwnerReference(
+            str(ref.get("kind", "")), str(ref.get("name", "")), ref.get("controller") is True
+        )
+        for ref in metadata.get("ownerReferences") or ()
+        if isinstance(ref, dict) and ref.get("kind") and ref.get("name")
+    ]
+    status = obj.get("status")
+    status = status if isinstance(status, dict) else {}
+    containers: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for container in status.get(key) or ():
+            if not isinstance(container, dict):
+                continue
+            reference = container.get("containerID")
+            container_name = container.get("name")
+            if not (isinstance(reference, str) and reference and isinstance(container_name, str)):
+                continue  # not started yet
+            runtime, sep, container_id = reference.partition("://")
+            if not sep or not _CONTAINER_ID.fullmatch(container_id):
+                problems.append(("container-id", runtime if sep else reference))
+                continue
+            if runtime not in KNOWN_RUNTIMES:
+                problems.append(("runtime", runtime))
+            containers[container_id] = container_name
+    mirror = annotations.get(MIRROR_ANNOTATION)
+    return Pod(
+        uid=uid,
+        namespace=namespace,
+        name=name,
+        labels=labels,
+        workload=workload_of(name, owners, labels),
+        containers=containers,
+        static_uid=mirror or None,
+        ended=status.get("phase") in _ENDED_PHASES,
+        problems=tuple(problems),
+    )
+
+
+def _string_map(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(key): str(item) for key, item in value.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class PodIndex:
+    """The running pods of this node, found by UID (the API's or a static pod's) or by name."""
+
+    by_uid: Mapping[str, Pod]
+    by_name: Mapping[tuple[str, str], Pod]
+
+    @classmethod
+    def of(cls, pods: Iterable[Pod]) -> PodIndex:
+        by_uid: dict[str, Pod] = {}
+        by_name: dict[tuple[str, str], Pod] = {}
+        for pod in pods:
+            if pod.ended:
+                continue
+            by_uid[pod.uid] = pod
+            if pod.static_uid:
+                by_uid[pod.static_uid] = pod
+            by_name[(pod.namespace, pod.name)] = pod
+        return cls(by_uid, by_name)
+
+
+EMPTY_INDEX: Final = PodIndex({}, {})
