@@ -15,579 +15,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+from dashboards.layout import Layout, alerts_annotation, dashboard, query_variable
+from dashboards.panels import (
+    BAD_FROM_ONE,
+    GPU_HOURS,
+    Column,
+    Query,
+    bargauge,
+    dashed,
+    heatmap,
+    negative_y,
+    piechart,
+    stat,
+    state_timeline,
+    steps,
+    table,
+    timeseries,
+)
+from dashboards.queries import SLOWDOWN_REASONS, THROTTLE_REASONS, range_hours, sel
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-Json = dict[str, Any]
+    from dashboards.panels import Json
 
 DIRECTORY: Final = Path(__file__).resolve().parent
-SCHEMA_VERSION: Final = 39
-"""Grafana 10.4 / 11 dashboard schema; newer Grafana versions migrate it on load."""
-DATASOURCE: Final = {"type": "prometheus", "uid": "${datasource}"}
-TAG: Final = "gpuscope"
-
-SLOWDOWN_REASONS: Final = (
-    "hw_slowdown|sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
-)
-"""Clock-event reasons that mean the card protects itself (GpuSlowdownSustained alerts on them)."""
-THROTTLE_REASONS: Final = f"sw_power_cap|sync_boost|{SLOWDOWN_REASONS}"
-"""Clock-event reasons that hold a working GPU's clocks down (idle and settings excluded)."""
-
-GPU_HOURS: Final = "suffix: GPU-h"
-_REF_IDS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-_GRID_WIDTH: Final = 24
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    expr: str
-    legend: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One value column of a table panel: an instant query whose labels join the other columns'."""
-
-    title: str
-    expr: str
-    unit: str = "short"
-    mappings: tuple[tuple[int, str, str], ...] = ()
-    """(value, text, color) pairs shown instead of the number."""
-
-
-def sel(*matchers: str) -> str:
-    """A label selector body from matchers, skipping empty ones: sel('a="1"', '') -> 'a="1"'."""
-    return ", ".join(m for m in matchers if m)
-
-
-# -- panels ----------------------------------------------------------------------------------------
-
-
-def _targets(
-    queries: tuple[Query, ...], *, instant: bool = False, table: bool = False
-) -> list[Json]:
-    return [
-        {
-            "datasource": DATASOURCE,
-            "editorMode": "code",
-            "expr": query.expr,
-            "format": "table" if table else "time_series",
-            "instant": instant,
-            "legendFormat": query.legend or "__auto",
-            "range": not instant,
-            "refId": _REF_IDS[number],
-        }
-        for number, query in enumerate(queries)
-    ]
-
-
-def _thresholds(*steps: tuple[str, float | None]) -> Json:
-    return {
-        "mode": "absolute",
-        "steps": [{"color": color, "value": value} for color, value in steps],
-    }
-
-
-_GOOD: Final = _thresholds(("green", None))
-_HIDDEN_LEGEND: Final = {
-    "calcs": [],
-    "displayMode": "list",
-    "placement": "bottom",
-    "showLegend": False,
-}
-_BAD_FROM_ONE: Final = _thresholds(("green", None), ("red", 1))
-
-
-def _mappings(pairs: tuple[tuple[int, str, str], ...]) -> list[Json]:
-    if not pairs:
-        return []
-    return [
-        {
-            "type": "value",
-            "options": {
-                str(value): {"text": text, "color": color, "index": index}
-                for index, (value, text, color) in enumerate(pairs)
-            },
-        }
-    ]
-
-
-def _dashed(pattern: str) -> Json:
-    """An override drawing the series whose name matches `pattern` as a dashed, unfilled line."""
-    return {
-        "matcher": {"id": "byRegexp", "options": pattern},
-        "properties": [
-            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
-            {"id": "custom.fillOpacity", "value": 0},
-            {"id": "color", "value": {"mode": "fixed", "fixedColor": "text"}},
-        ],
-    }
-
-
-def _negative_y(pattern: str) -> Json:
-    return {
-        "matcher": {"id": "byRegexp", "options": pattern},
-        "properties": [{"id": "custom.transform", "value": "negative-Y"}],
-    }
-
-
-def timeseries(
-    title: str,
-    description: str,
-    *queries: Query,
-    unit: str = "short",
-    minimum: float | None = 0,
-    maximum: float | None = None,
-    stack: bool = False,
-    stepped: bool = False,
-    overrides: tuple[Json, ...] = (),
-    thresholds: Json | None = None,
-) -> Json:
-    defaults: Json = {
-        "color": {"mode": "palette-classic"},
-        "custom": {
-            "axisBorderShow": False,
-            "axisPlacement": "auto",
-            "drawStyle": "line",
-            "fillOpacity": 25 if stack else 8,
-            "gradientMode": "none",
-            "lineInterpolation": "stepAfter" if stepped else "linear",
-            "lineWidth": 1,
-            "pointSize": 4,
-            "showPoints": "never",
-            "spanNulls": False,
-            "stacking": {"group": "A", "mode": "normal" if stack else "none"},
-            "thresholdsStyle": {"mode": "line" if thresholds else "off"},
-        },
-        "thresholds": thresholds or _GOOD,
-        "unit": unit,
-    }
-    if minimum is not None:
-        defaults["min"] = minimum
-    if maximum is not None:
-        defaults["max"] = maximum
-    return {
-        "type": "timeseries",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets(queries),
-        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
-        "options": {
-            "legend": {
-                "calcs": [],
-                "displayMode": "list",
-                "placement": "bottom",
-                "showLegend": True,
-            },
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-    }
-
-
-def stat(
-    title: str,
-    description: str,
-    query: Query,
-    *,
-    unit: str = "short",
-    thresholds: Json = _GOOD,
-    decimals: int | None = None,
-    sparkline: bool = True,
-) -> Json:
-    defaults: Json = {
-        "color": {"mode": "thresholds"},
-        "mappings": [],
-        "thresholds": thresholds,
-        "unit": unit,
-    }
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    return {
-        "type": "stat",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets((query,)),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "colorMode": "value",
-            "graphMode": "area" if sparkline else "none",
-            "justifyMode": "auto",
-            "orientation": "auto",
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "percentChangeColorMode": "standard",
-            "showPercentChange": False,
-            "textMode": "auto",
-            "wideLayout": True,
-        },
-    }
-
-
-def bargauge(
-    title: str,
-    description: str,
-    query: Query,
-    *,
-    unit: str = "short",
-    maximum: float | None = None,
-    thresholds: Json = _GOOD,
-) -> Json:
-    defaults: Json = {
-        "color": {"mode": "continuous-GrYlRd" if maximum == 1 else "palette-classic"},
-        "min": 0,
-        "thresholds": thresholds,
-        "unit": unit,
-    }
-    if maximum is not None:
-        defaults["max"] = maximum
-    return {
-        "type": "bargauge",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets((query,), instant=True),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "displayMode": "gradient",
-            "legend": _HIDDEN_LEGEND,
-            "maxVizHeight": 300,
-            "minVizHeight": 16,
-            "minVizWidth": 8,
-            "namePlacement": "left",
-            "orientation": "horizontal",
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "showUnfilled": True,
-            "sizing": "auto",
-            "valueMode": "color",
-        },
-    }
-
-
-def value_field(number: int, queries: int) -> str:
-    """The name Grafana gives the value of a table-format query: "Value" when the panel has one
-    query, "Value #<refId>" when it has several."""
-    return "Value" if queries == 1 else f"Value #{_REF_IDS[number]}"
-
-
-def table(
-    title: str,
-    description: str,
-    labels: tuple[str, ...],
-    *columns: Column,
-    links: dict[str, tuple[str, str]] | None = None,
-    sort_by: str | None = None,
-) -> Json:
-    """Instant queries merged into one table on their shared labels: `labels` first, then one
-    column per query (a column with an empty title only contributes its labels)."""
-    values = {value_field(n, len(columns)): c.title for n, c in enumerate(columns) if c.title}
-    shown = [*labels, *values]
-    renames = values
-    overrides: list[Json] = []
-    for column in columns:
-        if not column.title:
-            continue
-        properties: list[Json] = [{"id": "unit", "value": column.unit}]
-        if column.mappings:
-            properties.append({"id": "mappings", "value": _mappings(column.mappings)})
-            properties.append({"id": "custom.cellOptions", "value": {"type": "color-text"}})
-        overrides.append(
-            {"matcher": {"id": "byName", "options": column.title}, "properties": properties}
-        )
-    for field, (link_title, url) in (links or {}).items():
-        overrides.append(
-            {
-                "matcher": {"id": "byName", "options": field},
-                "properties": [{"id": "links", "value": [{"title": link_title, "url": url}]}],
-            }
-        )
-    options: Json = {"cellHeight": "sm", "frameIndex": 0, "showHeader": True}
-    if sort_by is not None:
-        options["sortBy"] = [{"desc": True, "displayName": sort_by}]
-    return {
-        "type": "table",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets(tuple(Query(c.expr) for c in columns), instant=True, table=True),
-        "fieldConfig": {
-            "defaults": {
-                "custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
-                "thresholds": _GOOD,
-            },
-            "overrides": overrides,
-        },
-        "options": options,
-        "transformations": [
-            {"id": "merge", "options": {}},
-            {"id": "filterFieldsByName", "options": {"include": {"names": shown}}},
-            {
-                "id": "organize",
-                "options": {
-                    "excludeByName": {},
-                    "indexByName": {name: index for index, name in enumerate(shown)},
-                    "renameByName": renames,
-                },
-            },
-        ],
-    }
-
-
-def state_timeline(
-    title: str,
-    description: str,
-    query: Query,
-    *,
-    states: tuple[tuple[int, str, str], ...],
-    no_value: str = "",
-) -> Json:
-    defaults: Json = {
-        "color": {"mode": "thresholds"},
-        "custom": {"fillOpacity": 80, "lineWidth": 0},
-        "mappings": _mappings(states),
-        "thresholds": _GOOD,
-    }
-    if no_value:
-        defaults["noValue"] = no_value
-    return {
-        "type": "state-timeline",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets((query,)),
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {
-            "alignValue": "left",
-            "legend": _HIDDEN_LEGEND,
-            "mergeValues": True,
-            "rowHeight": 0.85,
-            "showValue": "never",
-            "tooltip": {"mode": "single", "sort": "none"},
-        },
-    }
-
-
-def heatmap(title: str, description: str, query: Query, *, unit: str) -> Json:
-    return {
-        "type": "heatmap",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets((query,)),
-        "fieldConfig": {
-            "defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False}}},
-            "overrides": [],
-        },
-        "options": {
-            "calculate": True,
-            "calculation": {
-                "yBuckets": {"mode": "size", "value": "0.1", "scale": {"type": "linear"}}
-            },
-            "cellGap": 1,
-            "color": {
-                "exponent": 0.5,
-                "fill": "dark-orange",
-                "mode": "scheme",
-                "reverse": False,
-                "scale": "exponential",
-                "scheme": "Oranges",
-                "steps": 64,
-            },
-            "exemplars": {"color": "rgba(255,0,255,0.7)"},
-            "legend": {"show": True},
-            "showValue": "never",
-            "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
-            "yAxis": {"axisPlacement": "left", "min": 0, "max": 1, "unit": unit},
-        },
-    }
-
-
-def piechart(title: str, description: str, *queries: Query) -> Json:
-    return {
-        "type": "piechart",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets(queries, instant=True),
-        "fieldConfig": {
-            "defaults": {"color": {"mode": "palette-classic"}, "unit": "short"},
-            "overrides": [],
-        },
-        "options": {
-            "displayLabels": ["name", "value"],
-            "legend": {
-                "calcs": [],
-                "displayMode": "list",
-                "placement": "right",
-                "showLegend": True,
-                "values": ["value"],
-            },
-            "orientation": "auto",
-            "pieType": "donut",
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "sort": "desc",
-            "tooltip": {"mode": "single", "sort": "none"},
-        },
-    }
-
-
-# -- layout, variables, dashboards -----------------------------------------------------------------
-
-
-class Layout:
-    """Places panels left to right in Grafana's 24-column grid, wrapping lines and numbering ids."""
-
-    def __init__(self) -> None:
-        self.panels: list[Json] = []
-        self._x = 0
-        self._y = 0
-        self._line_height = 0
-
-    def _newline(self) -> None:
-        self._y += self._line_height
-        self._x = 0
-        self._line_height = 0
-
-    def _id(self) -> int:
-        return len(self.panels) + 1
-
-    def row(self, title: str) -> None:
-        self._newline()
-        self.panels.append(
-            {
-                "type": "row",
-                "title": title,
-                "collapsed": False,
-                "id": self._id(),
-                "gridPos": {"h": 1, "w": _GRID_WIDTH, "x": 0, "y": self._y},
-                "panels": [],
-            }
-        )
-        self._y += 1
-
-    def add(self, width: int, height: int, panel: Json) -> None:
-        if self._x + width > _GRID_WIDTH:
-            self._newline()
-        self.panels.append(
-            {
-                "id": self._id(),
-                "gridPos": {"h": height, "w": width, "x": self._x, "y": self._y},
-                **panel,
-            }
-        )
-        self._x += width
-        self._line_height = max(self._line_height, height)
-
-
-def datasource_variable() -> Json:
-    return {
-        "type": "datasource",
-        "name": "datasource",
-        "label": "Data source",
-        "query": "prometheus",
-        "hide": 0,
-        "refresh": 1,
-        "regex": "",
-    }
-
-
-def query_variable(
-    name: str, label: str, selector: str, label_name: str, *, numeric: bool = False
-) -> Json:
-    """A multi-value variable over a label's values, "All" matching everything (`.*`), sorted
-    alphabetically or, for numbers such as GPU indexes, numerically."""
-    query = f"label_values({selector}, {label_name})"
-    return {
-        "type": "query",
-        "name": name,
-        "label": label,
-        "datasource": DATASOURCE,
-        "query": query,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "hide": 0,
-        "refresh": 2,
-        "regex": "",
-        "sort": 3 if numeric else 1,
-    }
-
-
-def alerts_annotation(matchers: str) -> Json:
-    """Marks on the time axis where gpuscope alerts fired (Prometheus' ALERTS series)."""
-    return {
-        "datasource": DATASOURCE,
-        "enable": True,
-        "hide": False,
-        "iconColor": "red",
-        "name": "gpuscope alerts",
-        "target": {
-            "expr": "ALERTS{" + sel('alertstate="firing"', matchers) + "}",
-            "interval": "1m",
-            "refId": "Anno",
-        },
-        "titleFormat": "{{alertname}}",
-        "textFormat": "{{severity}}: {{node}} GPU {{gpu}}",
-        "tagKeys": "severity",
-        "useValueForTime": False,
-    }
-
-
-def dashboard(
-    uid: str,
-    title: str,
-    description: str,
-    variables: list[Json],
-    layout: Layout,
-    *,
-    annotations: tuple[Json, ...] = (),
-) -> Json:
-    return {
-        "annotations": {"list": list(annotations)},
-        "description": description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "id": None,
-        "links": [
-            {
-                "asDropdown": False,
-                "icon": "external link",
-                "includeVars": False,
-                "keepTime": True,
-                "tags": [TAG],
-                "targetBlank": False,
-                "title": "gpuscope",
-                "tooltip": "",
-                "type": "dashboards",
-            }
-        ],
-        "panels": layout.panels,
-        "refresh": "30s",
-        "schemaVersion": SCHEMA_VERSION,
-        "tags": [TAG],
-        "templating": {"list": [datasource_variable(), *variables]},
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "title": title,
-        "uid": uid,
-        "version": 1,
-        "weekStart": "",
-    }
-
-
-def _range_hours(expr: str) -> str:
-    """Hours accumulated over the dashboard's range by a per-instant quantity (GPUs, $/h).
-
-    A subquery at the panel's interval, summed and scaled: right for series that exist only part
-    of the range, which avg_over_time(...) * range would overstate."""
-    return f"sum_over_time(({expr})[$__range:$__interval]) * $__interval_ms / 3600000"
 
 
 # -- the dashboards --------------------------------------------------------------------------------
@@ -626,7 +81,7 @@ def cluster_overview() -> Json:
             "GPUs down",
             "GPUs that stopped answering NVML (gpu_up 0).",
             Query(f"count(gpu_up{{{scope}}} == 0) or vector(0)"),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -670,7 +125,7 @@ def cluster_overview() -> Json:
             Query(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}) or vector(0)"),
             unit="currencyUSD",
             decimals=2,
-            thresholds=_thresholds(("green", None), ("orange", 1), ("red", 10)),
+            thresholds=steps(("green", None), ("orange", 1), ("red", 10)),
         ),
     )
 
@@ -781,7 +236,7 @@ def cluster_overview() -> Json:
             "Top namespaces by GPU-hours held",
             "Device-hours allocated over the dashboard's time range (a shared device's hours are split between its holders).",
             Query(
-                f"topk(10, {_range_hours(f'sum by (namespace) (allocation:gpu_allocation:share{{{scope}}})')})",
+                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_allocation:share{{{scope}}})')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,
@@ -794,7 +249,7 @@ def cluster_overview() -> Json:
             "Top namespaces by busy GPU-hours",
             "Hours of kernel time on allocated devices over the dashboard's time range, from the integrated counters.",
             Query(
-                f"topk(10, {_range_hours(f'sum by (namespace) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
+                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,
@@ -811,7 +266,7 @@ def cluster_overview() -> Json:
             Query(
                 f"count(time() - gpu_last_xid_timestamp_seconds{{{scope}}} < $__range_s) or vector(0)"
             ),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -822,7 +277,7 @@ def cluster_overview() -> Json:
             "Uncorrectable ECC errors",
             "Uncorrectable memory errors since each GPU's driver loaded (cleared by a GPU reset).",
             Query(f"sum(gpu_ecc_errors_total{{{uncorrected}}}) or vector(0)"),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -833,7 +288,7 @@ def cluster_overview() -> Json:
             "GPUs slowed down now",
             "GPUs whose clocks are cut by a thermal, power-brake or hardware slowdown right now.",
             Query(f"count(max by (uuid) (gpu_clock_event_active{{{slowdown}}}) == 1) or vector(0)"),
-            thresholds=_thresholds(("green", None), ("orange", 1)),
+            thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
     )
@@ -846,7 +301,7 @@ def cluster_overview() -> Json:
             Query(
                 f"count(gpu_remapped_rows_pending{{{scope}}} == 1 or gpu_retired_pages_pending{{{scope}}} == 1) or vector(0)"
             ),
-            thresholds=_thresholds(("green", None), ("orange", 1)),
+            thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
     )
@@ -1024,7 +479,7 @@ def node_dashboard() -> Json:
             Query(f"gpu_memory_used_bytes{{{scope}}}", gpu),
             Query(f"gpu_memory_total_bytes{{{scope}}}", f"{gpu} installed"),
             unit="bytes",
-            overrides=(_dashed("/installed$/"),),
+            overrides=(dashed("/installed$/"),),
         ),
     )
     layout.add(
@@ -1036,7 +491,7 @@ def node_dashboard() -> Json:
             Query(f"gpu_memory_used_bytes{{{scope}}} / gpu_memory_total_bytes{{{scope}}}", gpu),
             unit="percentunit",
             maximum=1,
-            thresholds=_thresholds(("green", None), ("orange", 0.85), ("red", 0.95)),
+            thresholds=steps(("green", None), ("orange", 0.85), ("red", 0.95)),
         ),
     )
 
@@ -1050,7 +505,7 @@ def node_dashboard() -> Json:
             Query(f"gpu_power_watts{{{scope}}}", gpu),
             Query(f"gpu_power_limit_watts{{{scope}}}", f"{gpu} limit"),
             unit="watt",
-            overrides=(_dashed("/limit$/"),),
+            overrides=(dashed("/limit$/"),),
         ),
     )
     layout.add(
@@ -1061,7 +516,7 @@ def node_dashboard() -> Json:
             "GPU core temperature. Most data-centre GPUs start slowing down around 85-90 °C.",
             Query(f"gpu_temperature_celsius{{{scope}}}", gpu),
             unit="celsius",
-            thresholds=_thresholds(("green", None), ("orange", 85), ("red", 90)),
+            thresholds=steps(("green", None), ("orange", 85), ("red", 90)),
         ),
     )
     layout.add(
@@ -1073,7 +528,7 @@ def node_dashboard() -> Json:
             Query(f"gpu_clock_hertz{{{sm_clock}}}", gpu),
             Query(f"gpu_clock_max_hertz{{{sm_clock}}}", f"{gpu} maximum"),
             unit="hertz",
-            overrides=(_dashed("/maximum$/"),),
+            overrides=(dashed("/maximum$/"),),
         ),
     )
     layout.add(
@@ -1142,7 +597,7 @@ def node_dashboard() -> Json:
                 Query(f"gpu_{link}_transmit_bytes_per_second{{{scope}}}", f"{gpu} tx"),
                 unit="Bps",
                 minimum=None,
-                overrides=(_negative_y("/tx$/"),),
+                overrides=(negative_y("/tx$/"),),
             ),
         )
     layout.add(
@@ -1312,7 +767,7 @@ def workloads_dashboard() -> Json:
         stat(
             "GPU-hours held",
             "Device-hours allocated over the dashboard's time range.",
-            Query(_range_hours(f"sum(allocation:gpu_allocation:share{{{scope}}})")),
+            Query(range_hours(f"sum(allocation:gpu_allocation:share{{{scope}}})")),
             unit=GPU_HOURS,
             decimals=1,
             sparkline=False,
@@ -1324,7 +779,7 @@ def workloads_dashboard() -> Json:
         stat(
             "Cost in range",
             "On-demand price of the devices held over the dashboard's time range.",
-            Query(_range_hours(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}})")),
+            Query(range_hours(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}})")),
             unit="currencyUSD",
             decimals=2,
             sparkline=False,
@@ -1337,7 +792,7 @@ def workloads_dashboard() -> Json:
             "Idle allocations",
             "Allocations busy under 1% over the last 5 minutes.",
             Query(f"count(allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01) or vector(0)"),
-            thresholds=_thresholds(("green", None), ("orange", 1)),
+            thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
     )
@@ -1369,14 +824,12 @@ def workloads_dashboard() -> Json:
             ),
             Column(
                 "GPU-hours held",
-                _range_hours(
-                    f"sum by ({by_workload}) (allocation:gpu_allocation:share{{{scope}}})"
-                ),
+                range_hours(f"sum by ({by_workload}) (allocation:gpu_allocation:share{{{scope}}})"),
                 unit=GPU_HOURS,
             ),
             Column(
                 "GPU-hours busy",
-                _range_hours(
+                range_hours(
                     f"sum by ({by_workload}) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})"
                 ),
                 unit=GPU_HOURS,
@@ -1432,7 +885,7 @@ def workloads_dashboard() -> Json:
             "GPU-hours held in range, by workload",
             "Device-hours allocated to each workload over the dashboard's time range.",
             Query(
-                f"sort_desc({_range_hours(f'sum by (namespace, workload) (allocation:gpu_allocation:share{{{scope}}})')})",
+                f"sort_desc({range_hours(f'sum by (namespace, workload) (allocation:gpu_allocation:share{{{scope}}})')})",
                 "{{namespace}}/{{workload}}",
             ),
             unit=GPU_HOURS,
@@ -1480,7 +933,7 @@ def workloads_dashboard() -> Json:
             ),
             unit="percentunit",
             maximum=1,
-            thresholds=_thresholds(("green", None), ("orange", 0.85), ("red", 0.95)),
+            thresholds=steps(("green", None), ("orange", 0.85), ("red", 0.95)),
         ),
     )
     layout.add(
@@ -1596,7 +1049,7 @@ def exporter_dashboard() -> Json:
             "Targets down",
             "gpuscope targets Prometheus cannot scrape (GpuscopeExporterDown).",
             Query(f"count(up{{{scope}}} == 0) or vector(0)"),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -1607,7 +1060,7 @@ def exporter_dashboard() -> Json:
             "Failing collectors",
             "Sources (nvml, kubernetes, podresources, cgroups, calibration) that failed in the last cycle, and background tasks (events, web_config) waiting to be restarted.",
             Query(f"count(gpuscope_collector_success{{{scope}}} == 0) or vector(0)"),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -1620,7 +1073,7 @@ def exporter_dashboard() -> Json:
             Query(f"max(time() - gpuscope_last_sample_timestamp_seconds{{{scope}}})"),
             unit="s",
             decimals=1,
-            thresholds=_thresholds(("green", None), ("orange", 10), ("red", 120)),
+            thresholds=steps(("green", None), ("orange", 10), ("red", 120)),
         ),
     )
     layout.add(
@@ -1631,7 +1084,7 @@ def exporter_dashboard() -> Json:
             "Sampling cycles that outlasted --collect.interval during the time range.",
             Query(f"sum(increase(gpuscope_sample_overruns_total{{{scope}}}[$__range]))"),
             decimals=0,
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -1642,7 +1095,7 @@ def exporter_dashboard() -> Json:
             "Pod watches down",
             "Daemons whose watch on the Kubernetes API is down.",
             Query(f"count(gpuscope_kubernetes_watch_up{{{scope}}} == 0) or vector(0)"),
-            thresholds=_BAD_FROM_ONE,
+            thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
     )
@@ -1705,7 +1158,7 @@ def exporter_dashboard() -> Json:
             "Seconds since each daemon last finished a sampling cycle. A hung GPU does not hold cycles up; a wedged sampler does, until /-/healthy fails and the kubelet restarts the daemon.",
             Query(f"time() - gpuscope_last_sample_timestamp_seconds{{{scope}}}", daemon),
             unit="s",
-            thresholds=_thresholds(("green", None), ("red", 120)),
+            thresholds=steps(("green", None), ("red", 120)),
         ),
     )
     layout.add(
