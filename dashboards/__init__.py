@@ -1,3 +1,4 @@
-"""gpuscope's Grafana dashboards: the generator (`build`), PromQL helpers for checking them
-(`promql`), a live stack of simulated daemons and a real Prometheus (`live`), and the picture
-renderer (`render`). The dashboards themselves are the `*.json` files beside this module."""
+"""gpuscope's Grafana dashboards: the generator (`build`, a module per dashboard on the panel layer
+in `panels`, `layout` and `queries`), PromQL helpers for checking them (`promql`), a live stack of
+simulated daemons and a real Prometheus (`live`), and the picture renderer (`render`). The
+dashboards themselves are the `*.json` files beside this module."""

@@ -26,8 +26,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
 from dashboards import promql
-from dashboards.build import value_field
 from dashboards.live import ROOT, LiveStack, Prometheus
+from dashboards.panels import value_field
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from dashboards import build, promql
+from dashboards.layout import datasource_variable
+from dashboards.panels import DATASOURCE
 from exporter.metrics.process import own_families
 from tests.helpers import ROOT, require_tool, unavailable
 from tests.test_dashboards_live import grafana_values, recorded_names
@@ -112,24 +114,24 @@ def test_structure(path: Path) -> None:
         assert panel["type"] in PANEL_TYPES
         assert panel["title"]
         assert panel["description"], f"{panel['title']}: every panel says what it shows"
-        assert panel["datasource"] == build.DATASOURCE, panel["title"]
+        assert panel["datasource"] == DATASOURCE, panel["title"]
         assert panel["targets"], f"{panel['title']} has no query"
         ref_ids = [target["refId"] for target in panel["targets"]]
         assert len(ref_ids) == len(set(ref_ids))
         for target in panel["targets"]:
-            assert target["datasource"] == build.DATASOURCE, panel["title"]
+            assert target["datasource"] == DATASOURCE, panel["title"]
             assert isinstance(target["expr"], str)
             assert target["expr"].strip(), panel["title"]
 
     for annotation in dashboard["annotations"]["list"]:
-        assert annotation["datasource"] == build.DATASOURCE
+        assert annotation["datasource"] == DATASOURCE
         assert annotation["target"]["expr"].strip()
 
     variables = promql.variables(dashboard)
-    assert variables[0] == build.datasource_variable()
+    assert variables[0] == datasource_variable()
     for variable in variables[1:]:
         assert variable["type"] == "query"
-        assert variable["datasource"] == build.DATASOURCE
+        assert variable["datasource"] == DATASOURCE
         promql.label_values(variable["query"])
 
     assert set(uids(dashboard)) == {"${datasource}", dashboard["uid"]}, (

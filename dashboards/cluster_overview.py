@@ -1,0 +1,350 @@
+"""The cluster overview dashboard (gpuscope-cluster): the fleet, allocation against use,
+what idle allocations cost, and hardware health. A node links to its node dashboard."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from dashboards.layout import Layout, alerts_annotation, dashboard, query_variable
+from dashboards.panels import (
+    BAD_FROM_ONE,
+    GPU_HOURS,
+    Column,
+    Query,
+    bargauge,
+    stat,
+    steps,
+    table,
+    timeseries,
+)
+from dashboards.queries import SLOWDOWN_REASONS, THROTTLE_REASONS, range_hours, sel
+
+if TYPE_CHECKING:
+    from dashboards.panels import Json
+
+
+NODE_DASHBOARD_LINK: Final = (
+    "/d/gpuscope-node/gpuscope-node?${datasource:queryparam}&var-node=${__value.raw}"
+)
+
+
+def make() -> Json:
+    scope = 'node=~"$node", model=~"$model"'
+    physical = sel('mig_profile=""', scope)
+    idle = (
+        "and on (namespace, pod, container, uuid) (allocation:gpu_pod_busy_seconds:rate5m < 0.01)"
+    )
+    uncorrected = sel(scope, 'type="uncorrected"')
+    slowdown = sel(scope, f'reason=~"{SLOWDOWN_REASONS}"')
+    throttled = sel(scope, f'reason=~"{THROTTLE_REASONS}"')
+    layout = Layout()
+
+    layout.row("Fleet")
+    layout.add(
+        4,
+        4,
+        stat(
+            "GPUs",
+            "Physical GPUs reporting (a MIG-split GPU counts once).",
+            Query(f"count(gpu_info{{{physical}}})"),
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "GPUs down",
+            "GPUs that stopped answering NVML (gpu_up 0).",
+            Query(f"count(gpu_up{{{scope}}} == 0) or vector(0)"),
+            thresholds=BAD_FROM_ONE,
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Allocated devices",
+            "GPUs and MIG instances the kubelet has handed to containers.",
+            Query(f"count(count by (uuid) (gpu_allocation_info{{{scope}}})) or vector(0)"),
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Utilization",
+            "Average share of time a kernel ran, across GPUs, from the integrated busy counters.",
+            Query(f"avg(rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))"),
+            unit="percentunit",
+            decimals=1,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Power draw",
+            "Board power of all GPUs.",
+            Query(f"sum(gpu_power_watts{{{scope}}})"),
+            unit="watt",
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Idle allocations cost",
+            "What the allocations that kept their GPU busy under 1% in the last 5 minutes cost per hour (on-demand price of the GPU, split between the holders of a shared one).",
+            Query(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}) or vector(0)"),
+            unit="currencyUSD",
+            decimals=2,
+            thresholds=steps(("green", None), ("orange", 1), ("red", 10)),
+        ),
+    )
+
+    layout.row("Allocation and use")
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "GPUs: answering, allocated, in use, busy",
+            "Answering: physical GPUs that answer NVML. Allocated: devices given to containers. In use: allocated devices on which a process of the holder runs. Busy: GPU-equivalents of kernel time, from the integrated counters (2 GPUs each 50% busy = 1).",
+            Query(f"count(gpu_up{{{physical}}} == 1)", "answering"),
+            Query(f"count(count by (uuid) (gpu_allocation_info{{{scope}}}))", "allocated"),
+            Query(
+                f"count(count by (uuid) (gpu_allocation_in_use{{{scope}}} == 1))",
+                "in use by the holder",
+            ),
+            Query(
+                f"sum(rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))",
+                "busy (GPU-equivalents)",
+            ),
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "Utilization by model",
+            "Average share of time a kernel ran, per GPU model, from the integrated busy counters.",
+            Query(
+                f"avg by (model) (rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))",
+                "{{model}}",
+            ),
+            unit="percentunit",
+            maximum=1,
+        ),
+    )
+    layout.add(
+        8,
+        7,
+        bargauge(
+            "GPUs by model",
+            "Physical GPUs per model.",
+            Query(f"count by (model) (gpu_info{{{physical}}})", "{{model}}"),
+        ),
+    )
+    layout.add(
+        16,
+        7,
+        table(
+            "Nodes",
+            "GPUs per node and model; utilization is the average over the dashboard's time range. Click a node for its dashboard.",
+            ("node", "model"),
+            Column("GPUs", f"count by (node, model) (gpu_info{{{physical}}})"),
+            Column(
+                "Down",
+                f"sum by (node, model) (gpu_up{{{scope}}} == bool 0)",
+                mappings=((0, "0", "green"),),
+            ),
+            Column(
+                "Utilization (range)",
+                f"avg by (node, model) (rate(gpu_busy_seconds_total{{{scope}}}[$__range]))",
+                unit="percentunit",
+            ),
+            Column("Power", f"sum by (node, model) (gpu_power_watts{{{scope}}})", unit="watt"),
+            links={"node": ("Node dashboard", NODE_DASHBOARD_LINK)},
+            sort_by="GPUs",
+        ),
+    )
+
+    layout.row("Waste and cost")
+    layout.add(
+        12,
+        8,
+        table(
+            "Idle allocations",
+            "Allocated devices their holder kept busy under 1% of the last 5 minutes, and what each costs per hour. Held idle for 4 hours, they raise GpuAllocatedButIdle.",
+            ("node", "namespace", "workload", "pod", "container", "model", "gpu"),
+            Column(
+                "Busy (5 min)",
+                f"allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01",
+                unit="percentunit",
+            ),
+            Column(
+                "Cost / hour",
+                f"allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}",
+                unit="currencyUSD",
+            ),
+            sort_by="Cost / hour",
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        bargauge(
+            "Idle allocations cost per hour, by namespace",
+            "On-demand price of the GPUs allocated but kept under 1% busy, per namespace.",
+            Query(
+                f"sort_desc(sum by (namespace) (allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}))",
+                "{{namespace}}",
+            ),
+            unit="currencyUSD",
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        bargauge(
+            "Top namespaces by GPU-hours held",
+            "Device-hours allocated over the dashboard's time range (a shared device's hours are split between its holders).",
+            Query(
+                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_allocation:share{{{scope}}})')})",
+                "{{namespace}}",
+            ),
+            unit=GPU_HOURS,
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        bargauge(
+            "Top namespaces by busy GPU-hours",
+            "Hours of kernel time on allocated devices over the dashboard's time range, from the integrated counters.",
+            Query(
+                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
+                "{{namespace}}",
+            ),
+            unit=GPU_HOURS,
+        ),
+    )
+
+    layout.row("Health")
+    layout.add(
+        6,
+        4,
+        stat(
+            "GPUs with an XID in range",
+            "GPUs whose driver reported any XID error during the dashboard's time range.",
+            Query(
+                f"count(time() - gpu_last_xid_timestamp_seconds{{{scope}}} < $__range_s) or vector(0)"
+            ),
+            thresholds=BAD_FROM_ONE,
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        6,
+        4,
+        stat(
+            "Uncorrectable ECC errors",
+            "Uncorrectable memory errors since each GPU's driver loaded (cleared by a GPU reset).",
+            Query(f"sum(gpu_ecc_errors_total{{{uncorrected}}}) or vector(0)"),
+            thresholds=BAD_FROM_ONE,
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        6,
+        4,
+        stat(
+            "GPUs slowed down now",
+            "GPUs whose clocks are cut by a thermal, power-brake or hardware slowdown right now.",
+            Query(f"count(max by (uuid) (gpu_clock_event_active{{{slowdown}}}) == 1) or vector(0)"),
+            thresholds=steps(("green", None), ("orange", 1)),
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        6,
+        4,
+        stat(
+            "Memory repairs pending",
+            "GPUs with a remapped row or retired page waiting for a GPU reset.",
+            Query(
+                f"count(gpu_remapped_rows_pending{{{scope}}} == 1 or gpu_retired_pages_pending{{{scope}}} == 1) or vector(0)"
+            ),
+            thresholds=steps(("green", None), ("orange", 1)),
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "Throttling by reason",
+            "GPUs whose clocks a reason holds down, sampled; and, where the driver reports it, the integrated time in slowdown (GPU-seconds per second: 2 means two GPUs throttled all the time).",
+            Query(
+                f"sum by (reason) (gpu_clock_event_active{{{throttled}}})", "{{reason}} (GPUs now)"
+            ),
+            Query(
+                f"sum by (reason) (rate(gpu_throttle_seconds_total{{{scope}}}[$__rate_interval]))",
+                "{{reason}} (integrated)",
+            ),
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        table(
+            "XIDs since the daemons started",
+            "XID errors per GPU and XID, and when each GPU reported its last one.",
+            ("node", "model", "gpu", "xid"),
+            Column("Count", f"sum by (node, model, gpu, xid) (gpu_xid_errors_total{{{scope}}})"),
+            Column(
+                "Last XID",
+                f"max by (node, model, gpu) (gpu_last_xid_timestamp_seconds{{{scope}}}) * 1000",
+                unit="dateTimeAsIso",
+            ),
+            sort_by="Count",
+        ),
+    )
+    layout.add(
+        24,
+        6,
+        table(
+            "Active GPU alerts",
+            "gpuscope's alerts that are pending or firing (deploy/prometheus/gpuscope.rules.yaml; runbooks in docs/runbook.md).",
+            (
+                "alertname",
+                "alertstate",
+                "severity",
+                "node",
+                "gpu",
+                "model",
+                "namespace",
+                "pod",
+                "xid",
+                "reason",
+            ),
+            Column(
+                "",
+                'sum by (alertname, alertstate, severity, node, gpu, model, namespace, pod, xid, reason) (ALERTS{alertname=~"Gpu.*", node=~"$node"})',
+            ),
+        ),
+    )
+
+    return dashboard(
+        "gpuscope-cluster",
+        "gpuscope / Cluster overview",
+        "Every GPU in the cluster: what is installed, allocated and actually used, what idle allocations cost, and hardware health.",
+        [
+            query_variable("node", "Node", "gpu_info", "node"),
+            query_variable("model", "GPU model", 'gpu_info{node=~"$node"}', "model"),
+        ],
+        layout,
+        annotations=(alerts_annotation('alertname=~"Gpu.*", node=~"$node"'),),
+    )
