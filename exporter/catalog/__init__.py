@@ -97,9 +97,6 @@ class Catalog:
     def by_key(self, key: str) -> GpuModel | None:
         return next((model for model in self.models if model.key == key), None)
 
-    def by_nvml_name(self, nvml_name: str) -> GpuModel | None:
-        return next((model for model in self.models if nvml_name in model.nvml_names), None)
-
     def find(self, name: str) -> GpuModel | None:
         """A model by catalog key, NVML name or display name, case-insensitively."""
         wanted = name.strip().lower()

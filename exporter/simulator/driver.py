@@ -674,12 +674,6 @@ class SimulatedNvml:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # not a MIG device
         return position + 1
 
-    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
-        _, position = self._target(handle, "nvmlDeviceGetComputeInstanceId")
-        if position is None:
-            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 0
-
     def nvmlDeviceGetAttributes_v2(self, handle: Any) -> Any:
         device, position = self._target(handle, "nvmlDeviceGetAttributes_v2")
         if position is None or device.layout is None:
