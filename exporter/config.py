@@ -1,35 +1,42 @@
 """The daemon's configuration: one typed, frozen object, parsed once at start.
 
-Every setting is declared once in `SETTINGS`. From that one table come the command-line flag
-(`--collect.interval`), the environment variable (`GPUSCOPE_COLLECT_INTERVAL`), the key in the
-optional YAML file (`collect: {interval: 1s}`) and the README's flag table. Precedence is
-flag > environment > file > default. Anything wrong stops the program with one line naming the
-setting (exit status 2, see `exporter.cli`).
+Every setting of `gpuscope serve` is declared once in `SETTINGS` (the machinery is
+`exporter.settings`, shared with `gpuscope rightsize` and `gpuscope calibrate`). From that one
+table come the command-line flag (`--collect.interval`), the environment variable
+(`GPUSCOPE_COLLECT_INTERVAL`), the key in the optional YAML file (`collect: {interval: 1s}`) and
+the README's flag table. Precedence is flag > environment > file > default. Anything wrong stops
+the program with one line naming the setting (exit status 2, see `exporter.cli`).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
-import yaml
+from exporter.documents import quote
+from exporter.settings import (
+    PATH_QUOTE_LIMIT,
+    ConfigError,
+    Setting,
+    SettingsTable,
+    count_between,
+    duration_between,
+    one_of,
+    parse_bool,
+    parse_existing_path,
+    parse_file,
+    parse_path,
+    parse_safe_regex,
+    text,
+)
 
-from exporter.durations import format_duration, parse_duration_between
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping
 
-ENV_PREFIX: Final = "GPUSCOPE_"
-
-
-class ConfigError(Exception):
-    """A setting that cannot be used. `str()` is a complete one-line explanation."""
-
-    def __init__(self, setting: str, problem: str) -> None:
-        super().__init__(f"invalid {setting}: {problem}")
-        self.setting = setting
+__all__ = ["COLLECTORS", "SETTINGS", "ConfigError", "ListenAddress", "ServeConfig", "load"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,25 +91,15 @@ class ServeConfig:
         return frozenset(name for name, _ in COLLECTORS if getattr(self, f"collector_{name}"))
 
 
-# -- value parsers: each takes what a flag, variable or YAML file holds, returns the typed value or
-# raises ValueError with a message that completes "invalid --x: ...".
-
-
-def _text(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a string, got {type(value).__name__}")
-    return str(value)
-
-
 def parse_listen_address(value: object) -> ListenAddress:
-    text = _text(value).strip()
+    spelled = text(value).strip()
     match = re.fullmatch(
-        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", text
+        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", spelled
     )
     if match is None:
-        raise ValueError(f"{text!r} is not host:port (e.g. :9455, 127.0.0.1:9455, [::1]:9455)")
+        raise ValueError(
+            f"{quote(spelled)} is not host:port (e.g. :9455, 127.0.0.1:9455, [::1]:9455)"
+        )
     port = int(match["port"])
     if port > 65535:
         raise ValueError(f"port {port} is out of range 0-65535")
@@ -111,69 +108,23 @@ def parse_listen_address(value: object) -> ListenAddress:
 
 
 def parse_telemetry_path(value: object) -> str:
-    path = _text(value).strip()
+    path = text(value).strip()
     if not path.startswith("/") or path == "/" or path.startswith("/-/"):
-        raise ValueError(f"{path!r} must be an absolute path other than / and /-/...")
+        raise ValueError(f"{quote(path)} must be an absolute path other than / and /-/...")
     if any(char.isspace() or char in "?#" for char in path):
-        raise ValueError(f"{path!r} must not contain spaces, ? or #")
+        raise ValueError(f"{quote(path)} must not contain spaces, ? or #")
     return path
-
-
-def duration_between(low: float, high: float) -> Callable[[object], float]:
-    def parse(value: object) -> float:
-        return parse_duration_between(_text(value), low, high)
-
-    return parse
-
-
-def parse_bool(value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = _text(value).strip().lower()
-    if text in {"true", "1", "yes", "on"}:
-        return True
-    if text in {"false", "0", "no", "off"}:
-        return False
-    raise ValueError(f"{text!r} is not a boolean (true or false)")
-
-
-def one_of(*choices: str) -> Callable[[object], str]:
-    def parse(value: object) -> str:
-        text = _text(value).strip().lower()
-        if text not in choices:
-            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
-        return text
-
-    return parse
 
 
 def parse_simulate(value: object) -> str:
-    text = _text(value).strip()
-    if text.isdigit():
-        if not 1 <= int(text) <= 64:
-            raise ValueError(f"{text} GPUs: simulate between 1 and 64")
-        return text
-    if not Path(text).is_file():
-        raise ValueError(f"{text!r} is neither a GPU count nor a readable fleet file")
-    return text
-
-
-def parse_path(value: object) -> Path:
-    return Path(_text(value))
-
-
-def parse_existing_path(value: object) -> Path:
-    path = Path(_text(value))
-    if not path.exists():
-        raise ValueError(f"{str(path)!r}: no such file or directory")
-    return path
-
-
-def parse_file(value: object) -> Path:
-    path = Path(_text(value))
-    if not path.is_file():
-        raise ValueError(f"{str(path)!r} is not a readable file")
-    return path
+    spelled = text(value).strip()
+    if spelled.isascii() and spelled.isdigit():
+        if len(spelled) > 2 or not 1 <= int(spelled) <= 64:
+            raise ValueError(f"{quote(spelled)} GPUs: simulate between 1 and 64")
+        return spelled
+    if not spelled or "\x00" in spelled or not Path(spelled).is_file():
+        raise ValueError(f"{quote(spelled, PATH_QUOTE_LIMIT)} is neither a GPU count nor a readable fleet file")
+    return spelled
 
 
 _NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -182,69 +133,28 @@ _RESOURCE_NAME = re.compile(
     rf"{_DOMAIN}/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|{_DOMAIN}/([A-Za-z0-9][-A-Za-z0-9_.]*)?\*"
 )
 """An extended resource name (example.com/gpu), or a prefix of one ending in * (example.com/gpu-*)."""
+_MAX_RESOURCE_NAMES: Final = 64
 
 
 def parse_node_name(value: object) -> str:
-    text = _text(value).strip()
-    if not _NODE_NAME.fullmatch(text):
-        raise ValueError(f"{text!r} is not a Kubernetes node name")
-    return text
+    spelled = text(value).strip()
+    if not _NODE_NAME.fullmatch(spelled):
+        raise ValueError(f"{quote(spelled)} is not a Kubernetes node name")
+    return spelled
 
 
 def parse_resource_names(value: object) -> tuple[str, ...]:
-    items = value if isinstance(value, list) else _text(value).split(",")
-    names = tuple(_text(item).strip() for item in items if _text(item).strip())
+    items = value if isinstance(value, list) else text(value).split(",")
+    if len(items) > _MAX_RESOURCE_NAMES:
+        raise ValueError(f"more than {_MAX_RESOURCE_NAMES} names")
+    names = tuple(spelled for item in items if (spelled := text(item).strip()))
     for name in names:
-        if not _RESOURCE_NAME.fullmatch(name):
+        if len(name) > 317 or not _RESOURCE_NAME.fullmatch(name):
             raise ValueError(
-                f"{name!r} is not a resource name like example.com/gpu (a trailing * matches a prefix)"
+                f"{quote(name)} is not a resource name like example.com/gpu "
+                "(a trailing * matches a prefix)"
             )
     return names
-
-
-def parse_regex(value: object) -> re.Pattern[str]:
-    text = _text(value)
-    try:
-        return re.compile(text)
-    except re.error as error:
-        raise ValueError(f"{text!r} is not a regular expression: {error}") from error
-
-
-def count_between(low: int, high: int) -> Callable[[object], int]:
-    def parse(value: object) -> int:
-        text = _text(value).strip()
-        if not text.isascii() or not text.isdigit():
-            raise ValueError(f"{text!r} is not a whole number")
-        number = int(text)
-        if not low <= number <= high:
-            raise ValueError(f"{number} is outside {low}..{high}")
-        return number
-
-    return parse
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One configurable value: its dotted name, where it lands, how it is read, its help."""
-
-    name: str
-    attribute: str
-    parse: Callable[[object], Any]
-    help: str
-    metavar: str = "VALUE"
-    flag_only: bool = False
-    fallback_env: str | None = None
-    """A variable outside the GPUSCOPE_ namespace that, when set, replaces the default."""
-    switch: bool = False
-    """A boolean given as `--name` / `--no-name` on the command line (node_exporter's style)."""
-
-    @property
-    def flag(self) -> str:
-        return f"--{self.name}"
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + re.sub(r"[.-]", "_", self.name).upper()
 
 
 _DEFAULTS: Final = ServeConfig()
@@ -365,7 +275,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "kubernetes.pod-labels",
         "pod_labels",
-        parse_regex,
+        parse_safe_regex,
         "Regular expression: pod labels whose names match it in full are exported on gpu_pod_info "
         "as label_<name> (none by default).",
         "REGEX",
@@ -408,126 +318,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
 )
 
 
-def default_value(setting: Setting) -> object:
-    return getattr(_DEFAULTS, setting.attribute)
+SERVE: Final = SettingsTable(SETTINGS, _DEFAULTS)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every setting as a flag. Values stay raw strings until `load` parses them."""
-    for setting in SETTINGS:
-        default = default_value(setting)
-        shown = "" if default is None else f" (default: {_describe(default)})"
-        if setting.switch:
-            parser.add_argument(
-                setting.flag,
-                dest=setting.attribute,
-                nargs="?",
-                const="true",
-                metavar=setting.metavar,
-                default=argparse.SUPPRESS,
-                help=f"{setting.help}{shown} [env {setting.env}]",
-            )
-            parser.add_argument(
-                f"--no-{setting.name}",
-                dest=setting.attribute,
-                action="store_const",
-                const="false",
-                default=argparse.SUPPRESS,
-                help=f"Switch the {setting.name.removeprefix('collector.')} collector off.",
-            )
-            continue
-        parser.add_argument(
-            setting.flag,
-            dest=setting.attribute,
-            metavar=setting.metavar,
-            default=argparse.SUPPRESS,
-            help=f"{setting.help}{shown} [env {setting.env}]",
-        )
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return format_duration(value)
-    return str(value)
+    SERVE.add_arguments(parser)
 
 
 def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Build the config from parsed flags (keyed by attribute), the environment and the YAML file."""
-    environ = os.environ if environ is None else environ
-    by_attribute = {setting.attribute: setting for setting in SETTINGS}
-    from_env = {s.attribute: (s, s.env, environ[s.env]) for s in SETTINGS if s.env in environ}
-    from_flags = {a: (by_attribute[a], by_attribute[a].flag, value) for a, value in flags.items()}
-
-    sources: dict[str, tuple[Setting, str, object]] = {
-        s.attribute: (s, s.fallback_env, environ[s.fallback_env])
-        for s in SETTINGS
-        if s.fallback_env is not None and environ.get(s.fallback_env)
-    }
-    config_file = from_flags.get("config_file") or from_env.get("config_file")
-    if config_file is not None:
-        for setting, value in _read_file(_parse(*config_file)).items():
-            sources[setting.attribute] = (setting, f"{setting.name} in the config file", value)
-    sources.update(from_env)
-    sources.update(from_flags)
-    return ServeConfig(**{attribute: _parse(*source) for attribute, source in sources.items()})
+    return ServeConfig(**SERVE.load(flags, environ))
 
 
-def _parse(setting: Setting, source: str, value: object) -> Any:
-    try:
-        return setting.parse(value)
-    except ValueError as error:
-        raise ConfigError(source, str(error)) from error
-
-
-def _read_file(path: Path) -> dict[Setting, object]:
-    where = f"--config.file {path}"
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise ConfigError(where, error.strerror or str(error)) from error
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(where, f"not valid YAML{line}") from error
-    except RecursionError as error:  # found by tests/test_fuzz.py
-        raise ConfigError(where, "nested too deeply") from error
-    if document is None:
-        return {}
-    if not isinstance(document, Mapping):
-        raise ConfigError(where, "the top level must be a mapping of settings")
-    by_name = {setting.name: setting for setting in SETTINGS if not setting.flag_only}
-    found: dict[Setting, object] = {}
-    for name, value in _flatten(document, where):
-        if name not in by_name:
-            raise ConfigError(where, f"unknown setting {name!r}")
-        found[by_name[name]] = value
-    return found
-
-
-def _flatten(document: Mapping[Any, Any], where: str, prefix: str = "") -> list[tuple[str, object]]:
-    items: list[tuple[str, object]] = []
-    for key, value in document.items():
-        if not isinstance(key, str):
-            raise ConfigError(where, f"setting names must be strings, got {key!r}")
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            items.extend(_flatten(value, where, f"{name}."))
-        else:
-            items.append((name, value))
-    return items
-
-
-def settings_table(settings: Sequence[Setting] = SETTINGS) -> str:
-    """The Markdown flag table for the README (a test keeps the README equal to it)."""
-    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
-    for setting in settings:
-        default = default_value(setting)
-        shown = "" if default is None else f"`{_describe(default)}`"
-        flag = f"--[no-]{setting.name}" if setting.switch else setting.flag
-        rows.append(f"| `{flag}` | `{setting.env}` | {shown} | {setting.help} |")
-    return "\n".join(rows)
+def settings_table() -> str:
+    """The README's flag table of `gpuscope serve`."""
+    return SERVE.table()
 
 
 def collectors_table() -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from exporter.documents import quote
+
 _UNIT_SECONDS = {
     "ms": 0.001,
     "s": 1.0,
@@ -42,11 +44,13 @@ def parse_duration(text: str) -> float:
         match = _TERM.match(spelled, position)
         if match is None:
             hint = " (missing unit?)" if spelled[position:].replace(".", "", 1).isdigit() else ""
-            raise DurationError(f"{text!r} is not a duration{hint}; use e.g. 500ms, 1s, 5m, 1h30m")
+            raise DurationError(
+                f"{quote(text)} is not a duration{hint}; use e.g. 500ms, 1s, 5m, 1h30m"
+            )
         number, unit = match.groups()
         rank = ranks.index(unit)
         if rank <= last_rank:
-            raise DurationError(f"{text!r}: units must go from largest to smallest, each once")
+            raise DurationError(f"{quote(text)}: units must go from largest to smallest, each once")
         last_rank = rank
         total += float(number) * _UNIT_SECONDS[unit]
         position = match.end()

@@ -97,11 +97,12 @@ def test_bad_values_name_the_setting(
 @pytest.mark.parametrize(
     ("content", "problem"),
     [
-        ("collect:\n  intervall: 1s\n", "unknown setting 'collect.intervall'"),
-        ("collect:\n  interval: 5x\n", "collect.interval in the config file"),
-        ("- just\n- a list\n", "top level must be a mapping"),
+        ("collect:\n  intervall: 1s\n", "collect.intervall: unknown setting"),
+        ("collect:\n  interval: 5x\n", "invalid collect.interval in "),
+        ("- just\n- a list\n", "expected a mapping, got a list"),
+        ("collect:\n  interval: 1s\ncollect:\n  interval: 2s\n", "key 'collect' appears twice"),
         ("collect: [unclosed\n", "not valid YAML at line"),
-        ("config:\n  file: other.yaml\n", "unknown setting 'config.file'"),
+        ("config:\n  file: other.yaml\n", "config.file: unknown setting"),
     ],
 )
 def test_bad_config_files_say_what_is_wrong(tmp_path: Path, content: str, problem: str) -> None:
