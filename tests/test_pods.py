@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from exporter.attribution import pods
 from exporter.attribution.cluster import KubernetesClient, resolve_cluster
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 from exporter.attribution.pod import PodFormatError, PodIndex, pod_from_api
@@ -318,6 +319,44 @@ def test_garbage_in_the_stream_is_logged_once_and_the_cache_heals(
         cache.stop()
     malformed = [r for r in caplog.records if "malformed" in r.getMessage()]
     assert len(malformed) == 1
+
+
+def test_an_endless_watch_event_is_refused_and_the_cache_heals(
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"})
+        server.send_endless_line(pods.MAX_EVENT_BYTES + 1024 * 1024)
+        server.put("pods", pod("after", pod_uid(30)))
+        eventually(lambda: "after" in names(cache))
+    finally:
+        cache.stop()
+    refused = [r for r in caplog.records if "larger than 4 MiB" in str(r.__dict__)]
+    assert refused, [r.__dict__ for r in caplog.records]
+
+
+def test_a_pod_list_past_its_limit_is_refused_until_it_fits(
+    server: FakeKube,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(pods, "MAX_LIST_BYTES", 100)
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(
+            lambda: any(
+                "pod list is larger than 100 bytes" in str(r.__dict__) for r in caplog.records
+            )
+        )
+        assert names(cache) == set()
+        monkeypatch.setattr(pods, "MAX_LIST_BYTES", 64 * 1024 * 1024)
+        eventually(lambda: names(cache) == {"a", "b"})
+    finally:
+        cache.stop()
 
 
 def test_api_away_keeps_the_last_pods_and_comes_back_by_itself(

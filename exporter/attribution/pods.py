@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from exporter.attribution.cluster import PODS_PATH
 from exporter.attribution.pod import EMPTY_INDEX, Pod, PodFormatError, PodIndex, pod_from_api
+from exporter.documents import size_text
 from exporter.logs import LogOnce
 from exporter.model import KubernetesStatus
 from exporter.supervise import SupervisedThread
@@ -48,6 +49,11 @@ WATCH_SECONDS: Final = (300, 600)
 """The server ends each watch after a random time in this range (spreads reconnections)."""
 STOP_SECONDS: Final = 1.0
 BATCH_SECONDS: Final = 0.5
+MAX_LIST_BYTES: Final = 64 * 1024 * 1024
+"""The node's pod list: a pod is a few KiB (at most 1.5 MiB, etcd's limit), a node runs 110 by
+default; past this the list is refused (and retried with backoff) rather than read into memory."""
+MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
+"""One watch event: a pod object and its envelope, well within etcd's 1.5 MiB per object."""
 """After an event that arrived while the watch was idle, wait this long for more (see _watch)."""
 _BLOCKED_SECONDS: Final = 0.002
 
@@ -173,7 +179,7 @@ class PodCache:
             timeout=(CONNECT_TIMEOUT_SECONDS, LIST_READ_TIMEOUT_SECONDS),
         )
         try:
-            document = json.loads(response.read())
+            document = json.loads(_bounded_body(response, MAX_LIST_BYTES))
         except ValueError as error:
             raise _BadStream("the pod list is not JSON") from error
         finally:
@@ -351,14 +357,28 @@ def _describe(error: Exception) -> str:
     return f"{type(error).__name__}: {reason or error}"
 
 
-def _lines(response: BaseHTTPResponse) -> Iterator[bytes]:
+def _bounded_body(response: BaseHTTPResponse, limit: int) -> bytes:
+    """The whole body, refused past `limit` bytes before more is read."""
+    body = bytearray()
+    for chunk in response.stream(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            raise _BadStream(f"the pod list is larger than {size_text(limit)}")
+    return bytes(body)
+
+
+def _lines(response: BaseHTTPResponse, limit: int = MAX_EVENT_BYTES) -> Iterator[bytes]:
     """The non-empty lines of a streamed body, as they arrive. A last line cut off without its
     newline is dropped: its event was not applied, so watching again from the last applied
-    resourceVersion delivers it again."""
+    resourceVersion delivers it again. A line longer than `limit` is refused."""
     pending = b""
     for chunk in response.stream(None):
         pending += chunk
         *complete, pending = pending.split(b"\n")
         for line in complete:
+            if len(line) > limit:
+                raise _BadStream(f"a watch event is larger than {size_text(limit)}")
             if line.strip():
                 yield line
+        if len(pending) > limit:
+            raise _BadStream(f"a watch event is larger than {size_text(limit)}")

@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.cgroups import CgroupFormatError, ContainerRef, container_from_cgroup_file
 from exporter.logs import LogOnce
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+MAX_CGROUP_FILE: Final = 64 * 1024
+"""A process's cgroup file: one line per hierarchy, a few hundred bytes; past this it is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +73,15 @@ class ProcessContainers:
     def _read(self, pid: int, identity: tuple[int, int]) -> _Known | None:
         try:
             with open(f"{self._root}/{pid}/cgroup", encoding="utf-8", errors="replace") as file:
-                text = file.read()
+                text = file.read(MAX_CGROUP_FILE + 1)
         except OSError as error:
             if error.errno in (errno.ENOENT, errno.ESRCH):
                 return None  # exited between the stat and the read
             self._unreadable(pid, error)
             return _Known(identity, None, failed=True)
         try:
+            if len(text) > MAX_CGROUP_FILE:
+                raise CgroupFormatError(f"longer than {MAX_CGROUP_FILE // 1024} KiB")
             return _Known(identity, container_from_cgroup_file(text), failed=False)
         except CgroupFormatError as error:
             self._once(

@@ -160,6 +160,11 @@ class FakeKube:
         """Write a line that is not JSON into every open watch stream."""
         self._call(self._broadcast(GARBAGE))
 
+    def send_endless_line(self, size: int) -> None:
+        """Write `size` bytes without a newline into every open watch stream (an event that
+        never ends)."""
+        self._call(self._broadcast(b"x" * size))
+
     def expire(self) -> None:
         """Forget the history (as etcd compaction does): open watches get a 410 ERROR event and
         watching from any resourceVersion seen so far answers 410 Gone."""
