@@ -33,7 +33,8 @@ from exporter.calibrate.run import (
     plan_for,
     run_calibration,
 )
-from exporter.calibration.profile import Figure, Skipped, dump_profile, parse_profile_text
+from exporter.calibration.parse import parse_profile_text
+from exporter.calibration.profile import Figure, Skipped, dump_profile
 from exporter.catalog import DTYPES, builtin_catalog
 from exporter.simulator import SimulatedNvml, load_fleet
 from tests.helpers import FLEETS, ManualClock

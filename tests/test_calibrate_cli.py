@@ -14,7 +14,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from exporter.calibration.profile import configmap_key, dump_profile, parse_profile_text
+from exporter.calibration.parse import parse_profile_text
+from exporter.calibration.profile import configmap_key, dump_profile
 from tests.fake_kube.configmaps import add_configmap_routes
 from tests.helpers import FLEETS, ROOT
 from tests.profiles import gpu_profile

@@ -14,7 +14,8 @@ from exporter.calibrate.configmap import ConfigMapError, api_client, check_acces
 from exporter.calibrate.device import DeviceError, describe, resolve
 from exporter.calibrate.progress import reporter_for
 from exporter.calibrate.run import run_calibration
-from exporter.calibration.profile import configmap_key, dump_profile, parse_profile_text
+from exporter.calibration.parse import parse_profile_text
+from exporter.calibration.profile import configmap_key, dump_profile
 from exporter.catalog import CatalogError, catalog_from_file
 from exporter.logs import configure
 from exporter.nvml.driver import system_driver

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from exporter.calibration.profile import Format, format_for
+from exporter.calibration.profile import format_for
 
 if TYPE_CHECKING:
     import argparse
+
+    from exporter.documents import Format
 
 EXTRA_MODULES: Final = frozenset({"torch", "rich", "kubernetes"})
 """What `pip install 'gpuscope[calibrate]'` brings; missing any of them is the same one fix."""

@@ -1,10 +1,10 @@
 """The calibration profile: one versioned document per GPU model, in JSON or YAML.
 
-`gpuscope calibrate` writes one; the daemon reads them. This module is the whole schema: the
-dataclasses, the document form (`profile_document`, `dump_profile`) and the loader
-(`parse_profile`, `parse_profile_text`). The loader takes *any* input — wrong types, missing or
-unknown fields, NaN, huge numbers, deep nesting, bytes that are not UTF-8 — and either returns a
-`Profile` or raises `ProfileError`, never anything else.
+`gpuscope calibrate` writes one; the daemon reads them. This module is the schema: the
+dataclasses and the document form (`profile_document`, `dump_profile`). Reading and checking a
+document is `exporter.calibration.parse` (`parse_profile`, `parse_profile_text`, `load_profile`),
+which takes *any* input and either returns a `Profile` or raises `ProfileError`, never anything
+else.
 
 The document (version 1):
 
@@ -39,11 +39,9 @@ for people and recomputed on reading.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
@@ -52,11 +50,10 @@ from exporter.catalog import DTYPES
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from exporter.documents import Format
+
 PROFILE_KIND: Final = "gpuscope/calibration-profile"
 PROFILE_VERSION: Final = 1
-MAX_PROFILE_BYTES: Final = 1024 * 1024
-"""A ConfigMap holds at most 1 MiB; a profile is a few KiB."""
-MAX_TEXT: Final = 256
 
 FLOPS_UNIT: Final = "FLOP/s"
 OPS_UNIT: Final = "OP/s"
@@ -65,8 +62,6 @@ BYTES_UNIT: Final = "B/s"
 SECONDS_UNIT: Final = "s"
 TIMERS: Final = ("cuda_events", "monotonic_clock")
 DEVICES: Final = ("cuda", "cpu")
-
-Format = Literal["json", "yaml"]
 
 
 class ProfileError(ValueError):
@@ -293,341 +288,16 @@ def format_for(name: str) -> Format | None:
     return None
 
 
-# -- loading ----------------------------------------------------------------------------------
+_MOVED: Final = frozenset({"parse_profile", "parse_profile_text"})
 
 
-def parse_profile_text(text: str | bytes, *, source: str, fmt: Format | None = None) -> Profile:
-    """Decode and validate one profile. `fmt` None: JSON if it starts with `{`, else YAML."""
-    if len(text) > MAX_PROFILE_BYTES:
-        raise ProfileError(f"{source}: larger than {MAX_PROFILE_BYTES} bytes")
-    try:
-        decoded = text.decode("utf-8") if isinstance(text, bytes) else text
-        if fmt is None:
-            fmt = "json" if decoded.lstrip().startswith("{") else "yaml"
-        document = json.loads(decoded) if fmt == "json" else yaml.safe_load(decoded)
-    except UnicodeDecodeError as error:
-        raise ProfileError(f"{source}: not UTF-8 text") from error
-    except (ValueError, yaml.YAMLError) as error:  # json.JSONDecodeError is a ValueError
-        raise ProfileError(
-            f"{source}: not valid {fmt.upper() if fmt else 'text'}: {_first_line(error)}"
-        ) from error
-    except RecursionError as error:
-        raise ProfileError(f"{source}: nested too deeply") from error
-    return parse_profile(document, source=source)
+def __getattr__(name: str) -> Callable[..., Profile]:
+    """`parse_profile` and `parse_profile_text` are `exporter.calibration.parse`'s (which imports
+    this module, so this one cannot import it at the top); they stay importable from here for
+    callers written before the split (tests/test_fuzz.py, benchmarks/calibrate.py)."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from exporter.calibration import parse  # noqa: PLC0415 - see above
 
-
-def parse_profile(document: object, *, source: str = "profile") -> Profile:
-    """Validate a decoded document (whatever it holds) into a `Profile`."""
-    try:
-        return _profile(document)
-    except _Invalid as error:
-        raise ProfileError(
-            f"{source}: {error.where}: {error.problem}"
-            if error.where
-            else f"{source}: {error.problem}"
-        ) from None
-    except RecursionError as error:
-        raise ProfileError(f"{source}: nested too deeply") from error
-
-
-def _first_line(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    return " ".join(line.strip() for line in lines[:3]) if lines else type(error).__name__
-
-
-class _Invalid(Exception):
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}")
-        self.where = where
-        self.problem = problem
-
-
-def _mapping(
-    value: object,
-    where: str,
-    *,
-    required: frozenset[str],
-    optional: frozenset[str] = frozenset(),
-) -> dict[str, object]:
-    if not isinstance(value, dict):
-        raise _Invalid(where, f"expected a mapping, got {_kind(value)}")
-    keys = set(value)
-    if not all(isinstance(key, str) for key in keys):
-        raise _Invalid(where, "field names must be strings")
-    unknown = keys - required - optional
-    if unknown:
-        raise _Invalid(where, f"unknown field(s) {', '.join(sorted(map(str, unknown)))}")
-    missing = required - keys
-    if missing:
-        raise _Invalid(where, f"missing field(s) {', '.join(sorted(missing))}")
-    return value
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )
-
-
-def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
-
-
-def _text(value: object, where: str, *, nullable: bool = False) -> str | None:
-    if value is None and nullable:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise _Invalid(where, f"expected a non-empty string, got {_kind(value)}")
-    if len(value) > MAX_TEXT or any(not char.isprintable() for char in value):
-        raise _Invalid(where, f"expected printable text of at most {MAX_TEXT} characters")
-    return value
-
-
-def _required_text(value: object, where: str) -> str:
-    text = _text(value, where)
-    assert text is not None  # not nullable
-    return text
-
-
-def _number(
-    value: object, where: str, *, positive: bool = False, nullable: bool = False
-) -> float | None:
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _Invalid(where, f"expected a number, got {_kind(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise _Invalid(where, "must be a finite number")
-    if positive and number <= 0:
-        raise _Invalid(where, "must be greater than 0")
-    if not positive and number < 0:
-        raise _Invalid(where, "must not be negative")
-    return number
-
-
-def _required_number(value: object, where: str, *, positive: bool = False) -> float:
-    number = _number(value, where, positive=positive)
-    assert number is not None  # not nullable
-    return number
-
-
-def _boolean(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid(where, f"expected true or false, got {_kind(value)}")
-    return value
-
-
-def _count(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
-        raise _Invalid(where, "expected a whole number from 1 to 1000000")
-    return value
-
-
-def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise _Invalid(where, f"expected one of {', '.join(choices)}")
-    return value
-
-
-def _timestamp(value: object, where: str) -> str:
-    if isinstance(value, datetime):  # an unquoted YAML timestamp
-        parsed = value
-    elif isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            raise _Invalid(where, f"{value[:40]!r} is not an ISO 8601 time") from None
-    else:
-        raise _Invalid(where, f"expected an ISO 8601 time, got {_kind(value)}")
-    if parsed.tzinfo is None:
-        raise _Invalid(where, "the time needs a UTC offset (e.g. 2026-11-22T02:30:00Z)")
-    return value if isinstance(value, str) else parsed.isoformat()
-
-
-_FIGURE_REQUIRED: Final = frozenset({"value", "unit", "min", "max", "trials", "unstable"})
-_FIGURE_OPTIONAL: Final = frozenset({"spread", "size", "datasheet", "achieved_ratio"})
-_RELATIVE_SLACK: Final = 1e-9
-"""min <= value <= max allowing for the last bits of float rounding."""
-
-
-def _result(value: object, where: str, unit: str) -> Result:
-    if isinstance(value, dict) and "skipped" in value:
-        fields = _mapping(value, where, required=frozenset({"skipped"}))
-        return Skipped(_required_text(fields["skipped"], _join(where, "skipped")))
-    fields = _mapping(value, where, required=_FIGURE_REQUIRED, optional=_FIGURE_OPTIONAL)
-    median = _required_number(fields["value"], _join(where, "value"), positive=True)
-    minimum = _required_number(fields["min"], _join(where, "min"), positive=True)
-    maximum = _required_number(fields["max"], _join(where, "max"), positive=True)
-    slack = median * _RELATIVE_SLACK
-    if not minimum - slack <= median <= maximum + slack:
-        raise _Invalid(where, "expected min <= value <= max")
-    found_unit = fields["unit"]
-    if found_unit != unit:
-        raise _Invalid(_join(where, "unit"), f"expected {unit!r}, got {_short(found_unit)}")
-    for derived in ("spread", "achieved_ratio"):
-        if derived in fields:
-            _number(fields[derived], _join(where, derived), nullable=True)
-    size = fields.get("size", "")
-    return Figure(
-        value=median,
-        unit=unit,
-        minimum=minimum,
-        maximum=maximum,
-        trials=_count(fields["trials"], _join(where, "trials")),
-        unstable=_boolean(fields["unstable"], _join(where, "unstable")),
-        size="" if size == "" else _required_text(size, _join(where, "size")),
-        datasheet=_number(
-            fields.get("datasheet"), _join(where, "datasheet"), positive=True, nullable=True
-        ),
-    )
-
-
-def _short(value: object) -> str:
-    return repr(value)[:40] if isinstance(value, str | int | float) else _kind(value)
-
-
-_READING_FIELDS: Final = frozenset(
-    {
-        "temperature_celsius",
-        "sm_clock_hertz",
-        "memory_clock_hertz",
-        "power_watts",
-        "clock_event_reasons",
-    }
-)
-
-
-def _reading(value: object, where: str) -> Reading:
-    fields = _mapping(value, where, required=frozenset(), optional=_READING_FIELDS)
-    reasons = fields.get("clock_event_reasons", [])
-    if not isinstance(reasons, list) or len(reasons) > 32:
-        raise _Invalid(_join(where, "clock_event_reasons"), "expected a list of reason names")
-    return Reading(
-        temperature_celsius=_number(
-            fields.get("temperature_celsius"), _join(where, "temperature_celsius"), nullable=True
-        ),
-        sm_clock_hertz=_number(
-            fields.get("sm_clock_hertz"), _join(where, "sm_clock_hertz"), nullable=True
-        ),
-        memory_clock_hertz=_number(
-            fields.get("memory_clock_hertz"), _join(where, "memory_clock_hertz"), nullable=True
-        ),
-        power_watts=_number(fields.get("power_watts"), _join(where, "power_watts"), nullable=True),
-        clock_event_reasons=tuple(
-            _required_text(reason, _join(where, f"clock_event_reasons[{n}]"))
-            for n, reason in enumerate(reasons)
-        ),
-    )
-
-
-def _conditions(value: object, where: str) -> Conditions | Skipped:
-    if isinstance(value, dict) and "skipped" in value:
-        fields = _mapping(value, where, required=frozenset({"skipped"}))
-        return Skipped(_required_text(fields["skipped"], _join(where, "skipped")))
-    fields = _mapping(value, where, required=frozenset({"before", "after"}))
-    return Conditions(
-        before=_reading(fields["before"], _join(where, "before")),
-        after=_reading(fields["after"], _join(where, "after")),
-    )
-
-
-def _section(
-    value: object, where: str, names: tuple[str, ...], unit: Callable[[str], str]
-) -> dict[str, Result]:
-    fields = _mapping(value, where, required=frozenset(names))
-    return {name: _result(fields[name], _join(where, name), unit(name)) for name in names}
-
-
-_TOP_REQUIRED: Final = frozenset(
-    {
-        "kind",
-        "version",
-        "model",
-        "device",
-        "measured_at",
-        "quick",
-        "duration_seconds",
-        "software",
-        "method",
-        "conditions",
-        "matmul",
-        "memory_bandwidth",
-        "host_to_device",
-        "device_to_host",
-        "launch_latency",
-    }
-)
-
-
-def _profile(document: object) -> Profile:
-    if not isinstance(document, dict):
-        raise _Invalid("", f"expected a mapping at the top level, got {_kind(document)}")
-    if document.get("kind") != PROFILE_KIND:
-        raise _Invalid("kind", f"expected {PROFILE_KIND!r}: this is not a calibration profile")
-    version = document.get("version")
-    if version != PROFILE_VERSION or isinstance(version, bool):
-        raise _Invalid(
-            "version",
-            f"{_short(version)} is not {PROFILE_VERSION}, the version this gpuscope reads",
-        )
-    fields = _mapping(document, "", required=_TOP_REQUIRED, optional=frozenset({"catalog_key"}))
-    software = _mapping(
-        fields["software"],
-        "software",
-        required=frozenset({"gpuscope", "torch", "python"}),
-        optional=frozenset({"cuda", "driver"}),
-    )
-    method = _mapping(
-        fields["method"],
-        "method",
-        required=frozenset({"timer", "warmup_seconds", "trials", "unstable_spread"}),
-    )
-    memory = _section(fields["memory_bandwidth"], "memory_bandwidth", ("copy", "read"), _bytes)
-    latency = _section(
-        fields["launch_latency"], "launch_latency", ("eager", "cuda_graph"), _seconds
-    )
-    return Profile(
-        model=_required_text(fields["model"], "model"),
-        catalog_key=_text(fields.get("catalog_key"), "catalog_key", nullable=True),
-        device=_choice(fields["device"], "device", DEVICES),
-        measured_at=_timestamp(fields["measured_at"], "measured_at"),
-        quick=_boolean(fields["quick"], "quick"),
-        duration_seconds=_required_number(fields["duration_seconds"], "duration_seconds"),
-        software=Software(
-            gpuscope=_required_text(software["gpuscope"], "software.gpuscope"),
-            torch=_required_text(software["torch"], "software.torch"),
-            python=_required_text(software["python"], "software.python"),
-            cuda=_text(software.get("cuda"), "software.cuda", nullable=True),
-            driver=_text(software.get("driver"), "software.driver", nullable=True),
-        ),
-        method=Method(
-            timer=_choice(method["timer"], "method.timer", TIMERS),
-            warmup_seconds=_required_number(method["warmup_seconds"], "method.warmup_seconds"),
-            trials=_count(method["trials"], "method.trials"),
-            unstable_spread=_required_number(
-                method["unstable_spread"], "method.unstable_spread", positive=True
-            ),
-        ),
-        conditions=_conditions(fields["conditions"], "conditions"),
-        matmul=_section(fields["matmul"], "matmul", DTYPES, matmul_unit),
-        memory_copy=memory["copy"],
-        memory_read=memory["read"],
-        host_to_device=_result(fields["host_to_device"], "host_to_device", BYTES_UNIT),
-        device_to_host=_result(fields["device_to_host"], "device_to_host", BYTES_UNIT),
-        launch_eager=latency["eager"],
-        launch_cuda_graph=latency["cuda_graph"],
-    )
-
-
-def _bytes(_name: str) -> str:
-    return BYTES_UNIT
-
-
-def _seconds(_name: str) -> str:
-    return SECONDS_UNIT
+    function: Callable[..., Profile] = getattr(parse, name)
+    return function

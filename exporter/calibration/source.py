@@ -7,9 +7,11 @@ directory shows each key as a symlink through `..data`, which the kubelet swaps 
 update: `stat` follows the symlinks, so the swap is seen as changed files. Hidden entries (the
 `..data` machinery) and files that are not `.json`, `.yaml` or `.yml` are ignored.
 
-A profile that cannot be read or parsed is rejected with one log line (again only once it changes
-and is still bad); the other profiles keep working, and `gpuscope_collector_success
-{collector="calibration"}` is 0 while any is rejected.
+A profile is read through `exporter.calibration.parse.load_profile`: at most 1 MiB (what a
+ConfigMap holds), bounded and strict (`exporter.documents`). One that cannot be read or parsed —
+an alias bomb, binary bytes, a key given twice, a file too large — is rejected with one log line
+(again only once it changes and is still bad); the other profiles keep working, and
+`gpuscope_collector_success{collector="calibration"}` is 0 while any is rejected.
 """
 
 from __future__ import annotations
@@ -21,14 +23,8 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from exporter.calibration.profile import (
-    Figure,
-    Profile,
-    ProfileError,
-    Result,
-    format_for,
-    parse_profile_text,
-)
+from exporter.calibration.parse import load_profile
+from exporter.calibration.profile import Figure, Profile, ProfileError, Result, format_for
 from exporter.logs import LogOnce
 from exporter.model import Ceilings, CollectorStatus
 
@@ -121,15 +117,13 @@ class ProfileDirectory:
             name = stamp[0]
             path = self._path / name if directory else self._path
             try:
-                with path.open("rb") as file:
-                    text = file.read(2 * 1024 * 1024)
-                profile = parse_profile_text(text, source=name, fmt=format_for(name))
-            except (OSError, ProfileError) as error:
+                profile = load_profile(path, source=name)
+            except ProfileError as error:
                 rejected.add(stamp)
                 if stamp not in self._reported:
                     log.warning(
                         "calibration profile rejected; its model keeps only datasheet series",
-                        extra={"file": str(path), "error": _reason(error)},
+                        extra={"file": str(path), "error": str(error)},
                     )
                 continue
             loaded.append((name, profile))
@@ -148,12 +142,6 @@ class ProfileDirectory:
 
 def _signature(name: str, status: os.stat_result) -> _FileSignature:
     return (name, status.st_dev, status.st_ino, status.st_mtime_ns, status.st_size)
-
-
-def _reason(error: OSError | ProfileError) -> str:
-    if isinstance(error, ProfileError):
-        return str(error)
-    return error.strerror or type(error).__name__
 
 
 def _newest_per_model(loaded: Iterable[tuple[str, Profile]]) -> tuple[Profile, ...]:
