@@ -126,7 +126,7 @@ def test_a_bad_catalog_exits_2(tmp_path: Path) -> None:
     result = calibrate("--quick", "--device", "cpu", "--catalog.file", str(catalog))
     assert result.returncode == 2
     assert "invalid --catalog.file" in result.stderr
-    assert "unknown field(s) ['prise']" in result.stderr
+    assert "models[0]: unknown field 'prise'" in result.stderr
 
 
 async def test_quick_cpu_run_writes_the_file_and_merges_into_the_configmap(

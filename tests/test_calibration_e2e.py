@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from exporter.calibration.profile import configmap_key, dump_profile
+from exporter.documents import MAX_DOCUMENT_BYTES
 from tests.helpers import ROOT, assert_promtool_accepts, running_daemon, series, value
 from tests.profiles import gpu_profile
+from tests.test_documents import alias_bomb
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -141,9 +143,28 @@ def test_missing_paths_exit_2_naming_the_flag(flag: str, message: str) -> None:
     assert result.stderr.strip().splitlines() == [f"gpuscope: error: {message}"]
 
 
-def test_a_malformed_catalog_exits_2_with_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (
+            b"models:\n  - key: quantum-9000\n    name: Quantum\n",
+            (
+                "models[0]: missing fields nvml_names, architecture, memory_gib, "
+                "memory_bandwidth_gbps, tdp_watts"
+            ),
+        ),
+        (alias_bomb().encode(), "expands to more than 100,000 values (aliases repeated?)"),
+        (b"models: []\n\xff\xd8\xff\xe0", "not UTF-8 text (byte 11 is 0xff)"),
+        (b"models: []\nmodels: []\n", "key 'models' appears twice in one mapping (line 2)"),
+        (b"#" * (MAX_DOCUMENT_BYTES + 1), "larger than 1 MiB (the limit)"),
+    ],
+    ids=["incomplete", "alias-bomb", "binary", "duplicate-key", "oversized"],
+)
+def test_a_malformed_catalog_exits_2_with_one_line(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
     catalog = tmp_path / "catalog.yaml"
-    catalog.write_text("models:\n  - key: quantum-9000\n    name: Quantum\n")
+    catalog.write_bytes(content)
     result = subprocess.run(
         [sys.executable, "-m", "exporter", "serve", "--simulate=1", f"--catalog.file={catalog}"],
         capture_output=True,
@@ -154,8 +175,5 @@ def test_a_malformed_catalog_exits_2_with_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        (
-            f"gpuscope: error: invalid --catalog.file: {catalog}: models[13] (quantum-9000): "
-            "missing field 'nvml_names'"
-        )
+        f"gpuscope: error: invalid --catalog.file: {catalog}: {problem}"
     ]

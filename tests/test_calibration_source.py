@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from exporter.calibration.parse import MAX_PROFILE_BYTES
 from exporter.calibration.profile import configmap_key, dump_profile
 from exporter.calibration.source import CeilingsSource, ProfileDirectory, ceilings_for
 from exporter.catalog import builtin_catalog
 from tests.profiles import gpu_profile
+from tests.test_documents import alias_bomb
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -114,6 +116,48 @@ def test_a_corrupt_profile_is_rejected_once_and_the_rest_keeps_working(
     directory.refresh()
     assert directory.healthy
     assert len(directory.profiles) == 2
+
+
+@pytest.mark.timeout(60)
+def test_hostile_profiles_cost_only_themselves_and_one_log_line_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "h100.json", gpu_profile())
+    valid = dump_profile(gpu_profile(L4), "yaml")
+    hostile = {
+        "bomb.yaml": (alias_bomb().encode(), "expands to more than 100,000 values"),
+        "binary.json": (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8 text (byte 0 is 0x89)"),
+        "twice.yaml": (
+            (valid + "quick: true\n").encode(),
+            "key 'quick' appears twice in one mapping",
+        ),
+        "big.yaml": (
+            valid.encode() + b"#" * MAX_PROFILE_BYTES,
+            "larger than 1 MiB (the limit)",
+        ),
+    }
+    for name, (content, _) in hostile.items():
+        (tmp_path / name).write_bytes(content)
+    directory = ProfileDirectory(tmp_path)
+    with caplog.at_level(logging.INFO, logger="exporter.calibration"):
+        for _ in range(3):
+            directory.refresh()
+    assert [p.model for p in directory.profiles] == [H100]
+    assert not directory.healthy
+    rejected = {
+        record.file: record.error  # type: ignore[attr-defined]
+        for record in caplog.records
+        if record.getMessage().startswith("calibration profile rejected")
+    }
+    assert (
+        len(rejected)
+        == len(hostile)
+        == sum(r.getMessage().startswith("calibration profile rejected") for r in caplog.records)
+    ), "one line per file"
+    for name, (_, problem) in hostile.items():
+        error = rejected[str(tmp_path / name)]
+        assert error.startswith(f"{name}: {problem}"), error
+        assert "\n" not in error
 
 
 def test_an_unreadable_path_drops_the_profiles_until_it_is_back(

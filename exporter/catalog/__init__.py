@@ -8,20 +8,25 @@ A user's catalog has the same format and is laid over the built-in one (`catalog
 entry whose `key` is a built-in model replaces only the fields it names (say, its `prices`); an
 entry with a new key adds a model and must be complete; `default_price` and `source_date` replace
 the built-in ones. `extend_builtin: false` makes the user's file the whole catalog.
+
+Both files are read through `exporter.documents` (bounded, strict, one line per error) and checked
+with its checks; a bad one raises `CatalogError`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import re
 from dataclasses import dataclass
+from datetime import date
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
-import yaml
+from exporter import documents
+from exporter.documents import Invalid, join, quote
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
 CATALOG_VERSION: Final = 1
@@ -29,10 +34,23 @@ GIB: Final = 1024**3
 MIB: Final = 1024**2
 DTYPES: Final = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8")
 """Precisions with a peak figure; int8 is in TOP/s, the rest in TFLOP/s."""
+ARCHITECTURES: Final = (
+    "kepler",
+    "maxwell",
+    "pascal",
+    "volta",
+    "turing",
+    "ampere",
+    "ada",
+    "hopper",
+    "blackwell",
+)
+"""NVIDIA's GPU architectures, oldest first: what a model's `architecture` may be."""
 
 
 class CatalogError(ValueError):
-    """A catalog file that cannot be used; the message names the file and the entry."""
+    """A catalog that cannot be used. `str()` is one line: the file, the key path
+    (`models[2].memory_gib`) and what was wrong."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,228 +132,233 @@ class Catalog:
         return model.prices[0] if model.prices else None
 
 
-_TOP_LEVEL_FIELDS: Final = frozenset({"version", "source_date", "default_price", "models"})
-_MODEL_FIELDS: Final = frozenset(
-    {
-        "key",
-        "name",
-        "nvml_names",
-        "architecture",
-        "memory_gib",
-        "nvml_memory_mib",
-        "memory_bandwidth_gbps",
-        "tdp_watts",
-        "idle_watts",
-        "fans",
-        "max_clocks_mhz",
-        "peak_tflops",
-        "mig",
-        "prices",
-    }
+_TOP_FIELDS: Final = ("version", "source_date", "default_price", "models")
+_MODEL_REQUIRED: Final = (
+    "key",
+    "name",
+    "nvml_names",
+    "architecture",
+    "memory_gib",
+    "memory_bandwidth_gbps",
+    "tdp_watts",
 )
-_MIG_FIELDS: Final = frozenset(
-    {"profile", "compute_slices", "memory_slices", "memory_gib", "max_instances", "sms"}
+_MODEL_FIELDS: Final = (
+    *_MODEL_REQUIRED,
+    "nvml_memory_mib",
+    "idle_watts",
+    "fans",
+    "max_clocks_mhz",
+    "peak_tflops",
+    "mig",
+    "prices",
 )
-_PRICE_FIELDS: Final = frozenset({"provider", "region", "instance", "usd_per_hour", "source_date"})
+_CLOCKS: Final = ("sm", "memory", "graphics")
+_MIG_REQUIRED: Final = ("profile", "compute_slices", "memory_slices", "memory_gib", "max_instances")
+_PRICE_REQUIRED: Final = ("provider", "region", "usd_per_hour")
+_KEY: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,62}[a-z0-9])?")
+MAX_MODELS: Final = 1000
+BUILTIN: Final = "built-in catalog"
+
+_Entry = tuple[str, dict[str, Any], str]
+"""A model's fields as written, where they were written, and its prices' default date."""
 
 
-@cache
 def builtin_catalog() -> Catalog:
-    return parse_catalog(_builtin_document(), source="built-in catalog")
+    return _builtin()[1]
 
 
 @cache
-def _builtin_document() -> Mapping[str, Any]:
-    text = resources.files(__package__).joinpath("gpus.yaml").read_text(encoding="utf-8")
-    document: Mapping[str, Any] = yaml.safe_load(text)
-    return document
+def _builtin() -> tuple[dict[str, Any], Catalog]:
+    """`gpus.yaml` as written (a user's catalog is laid over it) and as a checked `Catalog`."""
+    data = resources.files(__package__).joinpath("gpus.yaml").read_bytes()
 
+    def both(document: object) -> tuple[dict[str, Any], Catalog]:
+        return documents.mapping(document, ""), _whole(document)
 
-def _read_document(path: Path) -> object:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise CatalogError(f"{path}: cannot read catalog: {reason}") from error
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "syntax error"
-        raise CatalogError(
-            f"{path}: cannot read catalog: not valid YAML{line}: {problem}"
-        ) from error
+    return documents.load_text(data, both, CatalogError, source=BUILTIN)
 
 
 def load_catalog(path: Path) -> Catalog:
     """A catalog file on its own, without the built-in models."""
-    return parse_catalog(_read_document(path), source=str(path))
+    return documents.load_file(path, _whole, CatalogError)
 
 
 def catalog_from_file(path: Path | None) -> Catalog:
     """The catalog in force: the built-in one, with the user's file (if any) laid over it."""
     if path is None:
         return builtin_catalog()
-    user = _read_document(path)
-    if not isinstance(user, Mapping):
-        raise CatalogError(f"{path}: expected a mapping with a `models` list")
-    extend = user.get("extend_builtin", True)
-    if not isinstance(extend, bool):
-        raise CatalogError(f"{path}: extend_builtin must be true or false")
-    if not extend:
-        return parse_catalog(
-            {k: v for k, v in user.items() if k != "extend_builtin"}, source=str(path)
-        )
-    return parse_catalog(
-        merge_catalog_documents(_builtin_document(), user, source=str(path)), source=str(path)
-    )
+    return documents.load_file(path, _over_builtin, CatalogError)
 
 
-def merge_catalog_documents(
-    base: Mapping[str, Any], user: Mapping[str, Any], *, source: str
-) -> dict[str, Any]:
-    """`user` laid over `base`: models matched by key, fields of a matched model replaced."""
-    unknown = set(user) - {*_TOP_LEVEL_FIELDS, "extend_builtin"}
-    if unknown:
-        raise CatalogError(f"{source}: unknown field(s) {sorted(map(str, unknown))}")
-    user_models = user.get("models", [])
-    if not isinstance(user_models, list):
-        raise CatalogError(f"{source}: `models` must be a list")
-    merged_models = [_dated(model, base.get("source_date")) for model in base["models"]]
-    by_key = {model["key"]: model for model in merged_models}
-    for position, entry in enumerate(user_models):
-        if not isinstance(entry, Mapping) or "key" not in entry:
-            raise CatalogError(f"{source}: models[{position}]: each model needs a `key`")
-        existing = by_key.get(str(entry["key"]))
-        if existing is None:
-            added = dict(entry)
-            merged_models.append(added)
-            by_key[str(entry["key"])] = added
+def _whole(document: object) -> Catalog:
+    top = documents.mapping(document, "", required=("models",), optional=_TOP_FIELDS)
+    date = _date(top.get("source_date", ""), "source_date")
+    return _catalog(top, [(where, fields, date) for where, fields in _entries(top["models"])])
+
+
+def _over_builtin(document: object) -> Catalog:
+    """A user's catalog laid over the built-in one: a model whose key is built in has the fields
+    the user names replaced; a new key adds a model, which must then be complete."""
+    top = documents.mapping(document, "", optional=(*_TOP_FIELDS, "extend_builtin"))
+    if not documents.boolean(top.pop("extend_builtin", True), "extend_builtin"):
+        return _whole(top)
+    base = _builtin()[0]
+    base_date = _date(base.get("source_date", ""), "source_date")
+    merged = {**base, **top}
+    date = _date(merged.get("source_date", ""), "source_date")
+    models: dict[str, _Entry] = {
+        fields["key"]: (where, fields, base_date) for where, fields in _entries(base["models"])
+    }
+    for where, fields in _entries(top.get("models", [])):
+        known = models.get(fields["key"])
+        if known is None:
+            models[fields["key"]] = (where, fields, date)
         else:
-            existing.update(entry)
-    merged = {key: value for key, value in base.items() if key != "models"}
-    merged.update(
-        {key: value for key, value in user.items() if key not in {"models", "extend_builtin"}}
+            # the built-in prices keep their own date unless the user replaces them
+            own_date = date if "prices" in fields else known[2]
+            models[fields["key"]] = (where, {**known[1], **fields}, own_date)
+    return _catalog(merged, list(models.values()))
+
+
+def _entries(value: object) -> list[tuple[str, dict[str, Any]]]:
+    """The `models` list: each a mapping of known fields with a `key` given once in the list."""
+    seen: dict[str, str] = {}
+    entries = []
+    for index, entry in enumerate(documents.sequence(value, "models", max_items=MAX_MODELS)):
+        where = join("models", index)
+        fields = documents.mapping(entry, where, required=("key",), optional=_MODEL_FIELDS)
+        key = documents.text(
+            fields["key"],
+            join(where, "key"),
+            max_length=64,
+            pattern=_KEY,
+            describe="a catalog key (lower-case letters, digits, - and .)",
+        )
+        if key in seen:
+            raise Invalid(join(where, "key"), f"{quote(key)} is already the key of {seen[key]}")
+        seen[key] = where
+        entries.append((where, fields))
+    return entries
+
+
+def _catalog(top: dict[str, Any], models: list[_Entry]) -> Catalog:
+    version = top.get("version", CATALOG_VERSION)
+    if isinstance(version, bool) or version != CATALOG_VERSION:
+        raise Invalid(
+            "version", f"{quote(version)} is not {CATALOG_VERSION}, the version this gpuscope reads"
+        )
+    default = documents.mapping(
+        top.get("default_price"),
+        "default_price",
+        optional=("provider", "region"),
+        null_is_empty=True,
     )
-    merged["models"] = merged_models
-    return merged
-
-
-def _dated(model: Mapping[str, Any], source_date: object) -> dict[str, Any]:
-    """A copy of a model whose prices carry their catalog's date: the user's own `source_date`
-    must not re-date the built-in prices."""
-    copied = dict(model)
-    if source_date is not None and isinstance(copied.get("prices"), list):
-        copied["prices"] = [
-            {"source_date": source_date, **price} if isinstance(price, Mapping) else price
-            for price in copied["prices"]
-        ]
-    return copied
-
-
-def parse_catalog(document: object, *, source: str) -> Catalog:
-    if not isinstance(document, Mapping) or not isinstance(document.get("models"), list):
-        raise CatalogError(f"{source}: expected a mapping with a `models` list")
-    unknown = set(document) - _TOP_LEVEL_FIELDS
-    if unknown:
-        raise CatalogError(f"{source}: unknown field(s) {sorted(map(str, unknown))}")
-    version = document.get("version", CATALOG_VERSION)
-    if version != CATALOG_VERSION:
-        raise CatalogError(f"{source}: version {version!r} is not {CATALOG_VERSION}")
-    source_date = str(document.get("source_date", ""))
-    models = []
-    keys: set[str] = set()
-    for position, entry in enumerate(document["models"]):
-        key = entry.get("key") if isinstance(entry, Mapping) else None
-        where = f"{source}: models[{position}]" + (f" ({key})" if key is not None else "")
-        try:
-            model = _parse_model(entry, source_date)
-        except (KeyError, TypeError, ValueError) as error:
-            raise CatalogError(f"{where}: {_describe(error)}") from error
-        if model.key in keys:
-            raise CatalogError(f"{where}: duplicate key {model.key!r}")
-        keys.add(model.key)
-        models.append(model)
-    default = document.get("default_price") or {}
-    if not isinstance(default, Mapping) or set(default) - {"provider", "region"}:
-        raise CatalogError(f"{source}: default_price must be a mapping of provider and region")
     return Catalog(
-        source_date=source_date,
-        models=tuple(models),
-        default_provider=str(default.get("provider", "aws")),
-        default_region=str(default.get("region", "us-east-1")),
+        source_date=_date(top.get("source_date", ""), "source_date"),
+        models=tuple(_model(fields, where, date) for where, fields, date in models),
+        default_provider=documents.text(
+            default.get("provider", "aws"), "default_price.provider", max_length=64
+        ),
+        default_region=documents.text(
+            default.get("region", "us-east-1"), "default_price.region", max_length=64
+        ),
     )
 
 
-def _describe(error: Exception) -> str:
-    if isinstance(error, KeyError):
-        return f"missing field {error.args[0]!r}"
-    return str(error)
+def _date(value: object, path: str) -> str:
+    """When figures were read: text such as `2026-06`, or a YAML date (`2026-06-01`)."""
+    if isinstance(value, date):
+        return value.isoformat()
+    return documents.text(value, path, max_length=32, allow_empty=True)
 
 
-def _positive(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{what} must be a finite number, not negative")
-    return number
+def _listed(value: object, path: str) -> list[Any]:
+    """An optional list: absent or null is empty."""
+    return documents.sequence([] if value is None else value, path, max_items=64)
 
 
-def _only(entry: Mapping[Any, Any], known: frozenset[str], what: str) -> None:
-    unknown = set(entry) - known
-    if unknown:
-        raise ValueError(f"unknown field(s) {sorted(map(str, unknown))} in {what}")
+def _model(fields: dict[str, Any], where: str, price_date: str) -> GpuModel:
+    documents.mapping(fields, where, required=_MODEL_REQUIRED, optional=_MODEL_FIELDS)
 
+    def at(name: str) -> str:
+        return join(where, name)
 
-def _parse_model(entry: Any, source_date: str) -> GpuModel:
-    if not isinstance(entry, Mapping):
-        raise TypeError("each model must be a mapping")
-    _only(entry, _MODEL_FIELDS, "the model")
-    for mig in entry.get("mig") or ():
-        _only(mig, _MIG_FIELDS, "a MIG profile")
-    for price in entry.get("prices") or ():
-        _only(price, _PRICE_FIELDS, "a price")
-    peaks = entry.get("peak_tflops") or {}
-    unknown = set(peaks) - set(DTYPES)
-    if unknown:
-        raise ValueError(f"unknown dtype(s) {sorted(unknown)} in peak_tflops")
-    clocks = entry.get("max_clocks_mhz") or {}
+    memory_gib = documents.number(fields["memory_gib"], at("memory_gib"), positive=True)
+    tdp = documents.number(fields["tdp_watts"], at("tdp_watts"), positive=True)
+    nvml_mib = fields.get("nvml_memory_mib", memory_gib * 1024)
+    clocks = documents.mapping(
+        fields.get("max_clocks_mhz"), at("max_clocks_mhz"), optional=_CLOCKS, null_is_empty=True
+    )
+    peaks = documents.mapping(
+        fields.get("peak_tflops"), at("peak_tflops"), optional=DTYPES, null_is_empty=True
+    )
+    names = documents.sequence(fields["nvml_names"], at("nvml_names"), max_items=32, min_items=1)
     return GpuModel(
-        key=str(entry["key"]),
-        name=str(entry["name"]),
-        nvml_names=tuple(str(name) for name in entry["nvml_names"]),
-        architecture=str(entry["architecture"]),
-        memory_bytes=round(_positive(entry["memory_gib"], "memory_gib") * GIB),
+        key=fields["key"],
+        name=documents.text(fields["name"], at("name")),
+        nvml_names=documents.strings(names, at("nvml_names")),
+        architecture=documents.choice(fields["architecture"], at("architecture"), ARCHITECTURES),
+        memory_bytes=round(memory_gib * GIB),
         nvml_memory_bytes=round(
-            _positive(entry.get("nvml_memory_mib", entry["memory_gib"] * 1024), "nvml_memory_mib")
-            * MIB
+            documents.number(nvml_mib, at("nvml_memory_mib"), positive=True) * MIB
         ),
-        memory_bandwidth_bytes_per_second=_positive(entry["memory_bandwidth_gbps"], "bandwidth")
+        memory_bandwidth_bytes_per_second=documents.number(
+            fields["memory_bandwidth_gbps"], at("memory_bandwidth_gbps"), positive=True
+        )
         * 1e9,
-        tdp_watts=_positive(entry["tdp_watts"], "tdp_watts"),
-        idle_watts=_positive(entry.get("idle_watts", entry["tdp_watts"] * 0.1), "idle_watts"),
-        max_clocks_hz={name: _positive(mhz, name) * 1e6 for name, mhz in clocks.items()},
-        peak_flops={dtype: _positive(tflops, dtype) * 1e12 for dtype, tflops in peaks.items()},
-        fans=int(entry.get("fans", 0)),
+        tdp_watts=tdp,
+        idle_watts=documents.number(fields.get("idle_watts", tdp * 0.1), at("idle_watts"), low=0),
+        max_clocks_hz={
+            name: documents.number(mhz, join(at("max_clocks_mhz"), name), positive=True) * 1e6
+            for name, mhz in clocks.items()
+        },
+        peak_flops={
+            dtype: documents.number(tflops, join(at("peak_tflops"), dtype), low=0) * 1e12
+            for dtype, tflops in peaks.items()
+        },
+        fans=documents.integer(fields.get("fans", 0), at("fans"), low=0, high=64),
         mig_profiles=tuple(
-            MigProfile(
-                profile=str(mig["profile"]),
-                compute_slices=int(mig["compute_slices"]),
-                memory_slices=int(mig["memory_slices"]),
-                memory_bytes=round(_positive(mig["memory_gib"], "memory_gib") * GIB),
-                max_instances=int(mig["max_instances"]),
-                sms=int(mig["sms"]) if "sms" in mig else None,
-            )
-            for mig in entry.get("mig") or ()
+            _mig(entry, join(at("mig"), index))
+            for index, entry in enumerate(_listed(fields.get("mig"), at("mig")))
         ),
         prices=tuple(
-            Price(
-                provider=str(price["provider"]),
-                region=str(price["region"]),
-                instance=str(price.get("instance", "")),
-                usd_per_hour=_positive(price["usd_per_hour"], "usd_per_hour"),
-                source_date=str(price.get("source_date", source_date)),
-            )
-            for price in entry.get("prices") or ()
+            _price(entry, join(at("prices"), index), price_date)
+            for index, entry in enumerate(_listed(fields.get("prices"), at("prices")))
         ),
+    )
+
+
+def _mig(value: object, where: str) -> MigProfile:
+    fields = documents.mapping(value, where, required=_MIG_REQUIRED, optional=("sms",))
+    sms = fields.get("sms")
+    return MigProfile(
+        profile=documents.text(fields["profile"], join(where, "profile"), max_length=32),
+        compute_slices=documents.integer(
+            fields["compute_slices"], join(where, "compute_slices"), low=1, high=7
+        ),
+        memory_slices=documents.integer(
+            fields["memory_slices"], join(where, "memory_slices"), low=1, high=8
+        ),
+        memory_bytes=round(
+            documents.number(fields["memory_gib"], join(where, "memory_gib"), positive=True) * GIB
+        ),
+        max_instances=documents.integer(
+            fields["max_instances"], join(where, "max_instances"), low=1, high=7
+        ),
+        sms=None if sms is None else documents.integer(sms, join(where, "sms"), low=1),
+    )
+
+
+def _price(value: object, where: str, default_date: str) -> Price:
+    fields = documents.mapping(
+        value, where, required=_PRICE_REQUIRED, optional=("instance", "source_date")
+    )
+    return Price(
+        provider=documents.text(fields["provider"], join(where, "provider"), max_length=64),
+        region=documents.text(fields["region"], join(where, "region"), max_length=64),
+        instance=documents.text(
+            fields.get("instance", ""), join(where, "instance"), max_length=64, allow_empty=True
+        ),
+        usd_per_hour=documents.number(fields["usd_per_hour"], join(where, "usd_per_hour"), low=0),
+        source_date=_date(fields.get("source_date", default_date), join(where, "source_date")),
     )
