@@ -1,10 +1,16 @@
-"""Calibration profiles for tests, built from the schema's own types."""
+"""Calibration test helpers: profiles built from the schema's own types, and PyTorch required the
+way every optional tool is (`tests.helpers.unavailable`: a failure under CI=true, a skip
+elsewhere)."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
+import pytest
+
+from exporter.calibrate.options import INSTALL_HINT
 from exporter.calibration.profile import (
     BYTES_UNIT,
     SECONDS_UNIT,
@@ -18,6 +24,25 @@ from exporter.calibration.profile import (
     matmul_unit,
 )
 from exporter.catalog import DTYPES
+from tests.helpers import IN_CI, unavailable
+
+PYTORCH_MISSING = f"PyTorch is not installed ({INSTALL_HINT})"
+
+
+def require_pytorch() -> None:
+    """In a test that runs a calibration: PyTorch must be installed."""
+    if importlib.util.find_spec("torch") is None:
+        unavailable(PYTORCH_MISSING)
+
+
+def pytorch_missing(error: ImportError) -> NoReturn:
+    """At the top of a test module whose imports failed: skip (or, under CI=true, fail) the module
+    if PyTorch is what is missing, else the error stands."""
+    if (error.name or "").partition(".")[0] != "torch":
+        raise error
+    if IN_CI:
+        pytest.fail(PYTORCH_MISSING, pytrace=False)
+    pytest.skip(PYTORCH_MISSING, allow_module_level=True)
 
 
 def figure(value: float, unit: str, *, datasheet: float | None = None, size: str = "") -> Figure:

@@ -9,35 +9,41 @@ import logging
 from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from rich.console import Console
 
-from exporter.calibrate import kernels
-from exporter.calibrate.device import (
-    NvmlConditions,
-    cpu_model_name,
-    describe,
-    largest_cpu_cache_bytes,
-    parse_cache_size,
-    resolve,
-)
 from exporter.calibrate.method import MethodSettings, iteration_times, summarize
 from exporter.calibrate.progress import BarReporter, LogReporter, reporter_for
-from exporter.calibrate.run import (
-    GIB,
-    MIB,
-    best,
-    describe_result,
-    format_quantity,
-    measure,
-    plan_for,
-    run_calibration,
-)
 from exporter.calibration.parse import parse_profile_text
 from exporter.calibration.profile import Figure, Skipped, dump_profile
 from exporter.catalog import DTYPES, builtin_catalog
 from exporter.simulator import SimulatedNvml, load_fleet
 from tests.helpers import FLEETS, ManualClock
+from tests.profiles import pytorch_missing
+
+try:
+    import torch
+
+    from exporter.calibrate import kernels
+    from exporter.calibrate.device import (
+        NvmlConditions,
+        cpu_model_name,
+        describe,
+        largest_cpu_cache_bytes,
+        parse_cache_size,
+        resolve,
+    )
+    from exporter.calibrate.run import (
+        GIB,
+        MIB,
+        best,
+        describe_result,
+        format_quantity,
+        measure,
+        plan_for,
+        run_calibration,
+    )
+except ImportError as missing:
+    pytorch_missing(missing)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
