@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from exporter.calibrate.options import settings_table as calibrate_settings_table  # noqa: E402
 from exporter.config import collectors_table, settings_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
 
@@ -31,6 +32,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "serve-flags": settings_table,
     "collectors": collectors_table,
     "metrics": metrics_table,
+    "calibrate-flags": calibrate_settings_table,
 }
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -12,7 +10,7 @@ import yaml
 
 from exporter.calibrate import options
 from exporter.cli import build_parser
-from tests.helpers import ROOT
+from tests.helpers import ROOT, require_tool
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -22,9 +20,8 @@ FILES = sorted(DEPLOY.glob("*.yaml"))
 
 
 def validate(*paths: Path) -> subprocess.CompletedProcess[str]:
-    tool = os.path.join(os.path.dirname(sys.executable), "kubernetes-validate")
     return subprocess.run(
-        [tool, "--strict", "-k", "1.30.0", *map(str, paths)],
+        [require_tool("kubernetes-validate"), "--strict", "-k", "1.30.0", *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,10 +58,13 @@ def test_the_job_runs_on_one_gpu_of_one_product_and_writes_the_configmap() -> No
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["serviceAccountName"] == found["ServiceAccount"]["metadata"]["name"]
     args = build_parser().parse_args(container["args"])
-    parsed = options.parse(args)
+    parsed = options.parse(args, {})
     assert parsed.configmap == (configmap["metadata"]["namespace"], configmap["metadata"]["name"])
     assert parsed.device == "cuda"
     assert not parsed.to_stdout
+    assert parsed.log_format == "json"
+    # the Helm chart appends --quick when calibration.quick is set
+    assert options.parse(build_parser().parse_args([*container["args"], "--quick"]), {}).quick
 
 
 def test_the_role_covers_exactly_the_one_configmap() -> None:

@@ -1,6 +1,7 @@
 """`gpuscope calibrate`: measure what this GPU type really achieves, with reference PyTorch kernels.
 
-Needs the `calibrate` extra (PyTorch, rich, the Kubernetes client); the command line imports this
+Needs PyTorch, which the `calibrate` extra brings (rich, for its progress bars, and the Kubernetes
+client, for the ConfigMap, are gpuscope's own dependencies); the command line imports this
 package only when `calibrate` runs, and the daemon never does. Profiles it writes are read by
 `exporter.calibration`, which needs none of those.
 
@@ -10,5 +11,7 @@ package only when `calibrate` runs, and the daemon never does. Profiles it write
 - `run`: the plan (sizes per device and mode) and the run that builds the profile
 - `progress`: rich bars on a terminal, log lines otherwise
 - `configmap`: merge a profile into a ConfigMap, keyed by model
-- `options` / `command`: the command line
+- `options`: the settings (flags, `GPUSCOPE_CALIBRATE_*`, `--config.file`), checked without
+  importing PyTorch
+- `command`: the run once the settings are checked
 """

@@ -73,8 +73,8 @@ def run(
         )
     text = dump_profile(profile, "json")
     parse_profile_text(text, source="the measured profile", fmt="json")  # never write a bad one
-    if options.output is not None:
-        _write_atomically(options.output, dump_profile(profile, options.output_format))
+    if options.output_file is not None:
+        _write_atomically(options.output_file, dump_profile(profile, options.output_format))
     if options.to_stdout:
         stdout.write(text)
         stdout.flush()
@@ -93,7 +93,7 @@ def run(
             "model": profile.model,
             "device": profile.device,
             "seconds": profile.duration_seconds,
-            "output": str(options.output or ""),
+            "output": str(options.output_file or ""),
             "configmap": merged,
         },
     )
