@@ -11,11 +11,19 @@ import pytest
 from aiohttp import web
 from kubernetes import client
 
-from exporter.calibrate.configmap import ConfigMapError, check_access, merge_profile
+from exporter.calibrate.configmap import (
+    MAX_KUBECONFIG_BYTES,
+    ConfigMapError,
+    api_client,
+    check_access,
+    merge_profile,
+)
 from tests.fake_kube.configmaps import ConfigMapStore, add_configmap_routes
+from tests.test_documents import alias_bomb
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from pathlib import Path
 
     from aiohttp.test_utils import TestServer
 
@@ -149,3 +157,43 @@ async def test_the_stand_in_lists_in_the_api_shape(
     listed = await asyncio.to_thread(api.list_namespaced_config_map, NAMESPACE)
     assert [item.metadata.name for item in listed.items] == [NAME]
     assert listed.items[0].data == {"a.json": '{"x": 1}'}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (alias_bomb().encode(), "expands to more than 100,000 values (aliases repeated?)"),
+        (b"\x89PNG\r\n\x1a\n\x00", "not UTF-8 text (byte 0 is 0x89)"),
+        (b"clusters: []\nclusters: []\n", "key 'clusters' appears twice in one mapping (line 2)"),
+        (b"#" * (MAX_KUBECONFIG_BYTES + 1), "larger than 4 MiB (the limit)"),
+        (b"- a list\n", "expected a mapping, got a list"),
+        (b"users: [{name: u, user: {token: s3cr3t-token\n", "not valid YAML at line 2"),
+    ],
+    ids=["alias-bomb", "binary", "duplicate-key", "oversized", "a-list", "secret-not-quoted"],
+)
+def test_a_hostile_kubeconfig_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    expected = f"cannot load the Kubernetes configuration: {path}: {problem}"
+    with pytest.raises(ConfigMapError) as raised:
+        api_client(path)
+    assert str(raised.value) == expected
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{path}")  # a list, as kubectl reads
+    with pytest.raises(ConfigMapError) as raised:
+        api_client(None)
+    assert str(raised.value) == expected
+
+
+def test_a_kubeconfig_of_the_wrong_shape_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text("clusters: 3\ncontexts: {a: b}\ncurrent-context: a\n")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ConfigMapError, match=r"^cannot load the Kubernetes configuration: ") as e:
+        api_client(path)
+    assert "\n" not in str(e.value)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
 import urllib3
@@ -20,12 +21,15 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from exporter import documents
+
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+MAX_KUBECONFIG_BYTES: Final = 4 * 2**20
+"""A kubeconfig with embedded certificates is a few KiB; many clusters, still far below this."""
 RETRY_DELAYS: Final = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
 """Seconds to wait before each retry; the merge is tried once more than there are delays."""
 RETRIED_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
@@ -47,6 +51,9 @@ def api_client(kubeconfig: Path | None) -> client.ApiClient:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)
         elif kubeconfig is not None or os.environ.get("KUBECONFIG"):
+            check_kubeconfig(
+                str(kubeconfig) if kubeconfig is not None else os.environ["KUBECONFIG"]
+            )
             config.load_kube_config(
                 config_file=str(kubeconfig) if kubeconfig is not None else None,
                 client_configuration=configuration,
@@ -56,9 +63,35 @@ def api_client(kubeconfig: Path | None) -> client.ApiClient:
                 "no Kubernetes API to write to: not in a cluster, and neither --kubeconfig nor "
                 "KUBECONFIG is set"
             )
-    except (ConfigException, OSError, ValueError) as error:
+    except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError) as error:
+        # the client's loader fails on a mapping of the wrong shape with Python's own errors
         raise ConfigMapError(f"cannot load the Kubernetes configuration: {error}") from error
     return client.ApiClient(configuration)
+
+
+def check_kubeconfig(paths: str) -> None:
+    """Read each kubeconfig in `paths` (one, or several as $KUBECONFIG lists them) bounded and
+    strict before the client's loader reads it whole: an alias bomb, binary bytes, a key given
+    twice or a huge file is one `ConfigMapError` line. Files that do not exist are left to the
+    loader, which skips them in a list. The text is never quoted: it holds credentials."""
+    for path in filter(None, paths.split(os.pathsep)):
+        expanded = Path(path).expanduser()
+        if expanded.exists():
+            documents.load_file(
+                expanded,
+                _kubeconfig,
+                _unloadable,
+                limit=MAX_KUBECONFIG_BYTES,
+                secret=True,
+            )
+
+
+def _kubeconfig(document: object) -> None:
+    documents.mapping(document, "")
+
+
+def _unloadable(message: str) -> ConfigMapError:
+    return ConfigMapError(f"cannot load the Kubernetes configuration: {message}")
 
 
 def _reason(error: ApiException) -> str:
