@@ -1,21 +1,17 @@
-"""The simulator: fleet files, determinism, physics that move like a real GPU's, faults."""
+"""The simulator: determinism, physics that move like a real GPU's, faults (fleet files are
+tests/test_fleet_file.py's)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pynvml
 import pytest
-import yaml
 
-from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
-from exporter.simulator import fleet as fleet_module
+from exporter.simulator import SimulatedNvml, default_fleet
 from exporter.simulator.behaviour import demand, noise
-from exporter.simulator.fleet import SimProcess, parse_bytes, parse_fleet
-from tests.helpers import FLEETS, ManualClock
+from exporter.simulator.fleet import SimProcess, parse_fleet
+from tests.helpers import ManualClock
 
-if TYPE_CHECKING:
-    from pathlib import Path
+pytestmark = pytest.mark.timeout(60)
 
 
 def simulator(document: dict[str, object], clock: ManualClock) -> SimulatedNvml:
@@ -299,15 +295,6 @@ def test_returns_pynvml_structs() -> None:
         nvml.nvmlDeviceGetPowerUsage(object())
 
 
-def test_every_example_fleet_loads() -> None:
-    fleets = sorted(FLEETS.glob("*.yaml")) + sorted(
-        (FLEETS.parent.parent.parent / "examples").glob("*.yaml")
-    )
-    assert fleets
-    for path in fleets:
-        assert load_fleet(path).gpus
-
-
 def test_default_fleet_mixes_workloads() -> None:
     fleet = default_fleet(8)
     assert len(fleet.gpus) == 8
@@ -319,97 +306,3 @@ def test_default_fleet_mixes_workloads() -> None:
         "idle",
         "input_starved",
     }
-
-
-@pytest.mark.parametrize(
-    ("document", "problem"),
-    [
-        ([], "top level must be a mapping"),
-        ({}, "gpus: at least one GPU"),
-        ({"gpus": [{"model": "rtx-9999"}]}, "unknown GPU model 'rtx-9999'"),
-        ({"gpus": [{"count": 0}]}, "gpus[0]: count"),
-        ({"gpus": [{"colour": "green"}]}, "unknown key 'colour'"),
-        ({"gpus": [{}], "processes": [{"gpu": 0}]}, "processes[0]: missing 'pid'"),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 3}]},
-            "processes[0]: gpu: 3 is not a GPU index",
-        ),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "pattern": "chaotic"}]},
-            "pattern: 'chaotic'",
-        ),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "memory": "lots"}]},
-            "memory: 'lots' is not a size",
-        ),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "level": 1.5}]},
-            "level: 1.5 is outside",
-        ),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0, "start": "5s", "stop": "1s"}]},
-            "stop: must come after",
-        ),
-        (
-            {"gpus": [{}], "processes": [{"pid": 1, "gpu": 0}, {"pid": 1, "gpu": 0}]},
-            "pid 1 appears more than once",
-        ),
-        (
-            {"gpus": [{"model": "l4"}], "processes": [{"pid": 1, "gpu": 0, "memory": "40GiB"}]},
-            "need 40.0 GiB",
-        ),
-        ({"gpus": [{}], "faults": [{"kind": "meteor"}]}, "kind: 'meteor'"),
-        ({"gpus": [{}], "faults": [{"kind": "gpu_lost"}]}, "gpu: missing"),
-        (
-            {"gpus": [{}], "faults": [{"kind": "error", "function": "nvmlDeviceGetWarpDrive"}]},
-            "not an NVML function",
-        ),
-        (
-            {
-                "gpus": [{}],
-                "faults": [
-                    {"kind": "error", "function": "nvmlDeviceGetPowerUsage", "error": "oops"}
-                ],
-            },
-            "not an NVML error name",
-        ),
-        (
-            {"gpus": [{}], "faults": [{"kind": "gpu_lost", "gpu": 0, "at": "9s", "until": "3s"}]},
-            "until: must come after",
-        ),
-        ({"gpus": [{}], "cuda_version": "twelve"}, "cuda_version"),
-    ],
-)
-def test_bad_fleets_say_what_is_wrong(document: object, problem: str) -> None:
-    with pytest.raises(
-        FleetError, match=problem.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
-    ):
-        parse_fleet(document)
-
-
-def test_fleet_file_errors(tmp_path: Path) -> None:
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("gpus: [\n")
-    with pytest.raises(FleetError, match="not valid YAML"):
-        load_fleet(broken)
-    with pytest.raises(FleetError, match="--simulate"):
-        load_fleet(tmp_path / "absent.yaml")
-
-
-@pytest.mark.parametrize(
-    ("spelled", "size"),
-    [(512, 512), ("512MiB", 512 * 2**20), ("20GiB", 20 * 2**30), ("1.5GB", 1_500_000_000)],
-)
-def test_sizes(spelled: object, size: int) -> None:
-    assert parse_bytes(spelled) == size
-
-
-def test_fleet_documented_in_module_docstring_parses() -> None:
-    doc = fleet_module.__doc__ or ""
-    example = doc.split("A fleet file (every key but `gpus` optional):", 1)[1].split(
-        "Times are", 1
-    )[0]
-    parsed = parse_fleet(yaml.safe_load(example))
-    assert len(parsed.gpus) == 3
-    assert parsed.gpus[2].mig is not None
-    assert len(parsed.faults) == 8
