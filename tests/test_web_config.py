@@ -157,7 +157,7 @@ def test_secrets_stay_out_of_reprs() -> None:
         ("basic_auth_users: {'a:b': x}", "user names are non-empty strings without ':'"),
         (
             "basic_auth_users: {alice: plain-text-password}",
-            "basic_auth_users.'alice': not a bcrypt hash",
+            "basic_auth_users entry 1: not a bcrypt hash",
         ),
         (
             "basic_auth_users: {alice: '$2b$31$laMuVCNilHXuVdop5.sJdOvvrCKFdT1GcJT2rlglGvh/yvhfNTi.u'}",

@@ -105,6 +105,7 @@ _HEADER_VALUES: Final = {
 _BCRYPT: Final = re.compile(r"\$2[abxy]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}")
 """Version, cost, 22 characters of salt (16 bytes: the last character carries 2 bits) and 31 of
 hash, in bcrypt's base64."""
+_FIELD_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 MAX_BCRYPT_COST: Final = 16
 """About 4 s per check here; a higher cost would let each wrong password stall authentication."""
 _MAX_USERS: Final = 1000
@@ -211,11 +212,13 @@ def _mapping(value: object, where: str, known: tuple[str, ...]) -> dict[str, Any
         return {}
     if not isinstance(value, dict):
         raise WebConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-    for key in value:
+    for number, key in enumerate(value, start=1):
         if not isinstance(key, str):
             raise WebConfigError(f"{where}: field names must be strings, got {_short(key)}")
         if key not in known:
-            raise WebConfigError(f"{where}: unknown field {_short(key)}")
+            # Quoted only if it looks like a field name: a misplaced hash or key must not be.
+            name = _short(key) if _FIELD_NAME.fullmatch(key) else f"(entry {number})"
+            raise WebConfigError(f"{where}: unknown field {name}")
     return value
 
 
@@ -368,20 +371,22 @@ def _users(value: object) -> tuple[tuple[str, str], ...]:
     if len(value) > _MAX_USERS:
         raise WebConfigError(f"{where}: more than {_MAX_USERS} users")
     users = []
-    for user, hashed in value.items():
+    for number, (user, hashed) in enumerate(value.items(), start=1):
+        # Entries are named by their place in the file, never by a user name or a hash: a hash
+        # written where the user name goes would otherwise be printed.
+        entry = f"{where} entry {number}"
         if not isinstance(user, str) or not user or ":" in user or len(user) > 256:
-            raise WebConfigError(f"{where}: user names are non-empty strings without ':'")
+            raise WebConfigError(f"{entry}: user names are non-empty strings without ':'")
         if not user.isprintable():
-            raise WebConfigError(f"{where}: user names must be printable")
+            raise WebConfigError(f"{entry}: user names must be printable")
         match = _BCRYPT.fullmatch(hashed) if isinstance(hashed, str) else None
         if match is None:
-            # The hash is a secret too: say whose, not what.
-            raise WebConfigError(
-                f"{where}.{_short(user)}: not a bcrypt hash ($2b$10$ and 53 characters)"
-            )
+            swapped = _BCRYPT.fullmatch(user) is not None
+            hint = "; the user name is a bcrypt hash: write user: hash" if swapped else ""
+            raise WebConfigError(f"{entry}: not a bcrypt hash ($2b$10$ and 53 characters){hint}")
         if not 4 <= int(match["cost"]) <= MAX_BCRYPT_COST:
             raise WebConfigError(
-                f"{where}.{_short(user)}: bcrypt cost {match['cost']} is outside 4..{MAX_BCRYPT_COST}"
+                f"{entry}: bcrypt cost {match['cost']} is outside 4..{MAX_BCRYPT_COST}"
             )
         users.append((user, hashed))
     return tuple(sorted(users))
