@@ -13,6 +13,7 @@ read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import yaml
@@ -25,6 +26,7 @@ from kubernetes.config.incluster_config import (
 )
 from kubernetes.config.kube_config import load_kube_config
 
+from exporter import documents
 from exporter.attribution import (
     IN_CLUSTER_ENV,
     KUBECONFIG_ENV,
@@ -36,11 +38,14 @@ from exporter.config import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from pathlib import Path
 
     from urllib3 import BaseHTTPResponse
 
 PODS_PATH: Final = "/api/v1/pods"
+MAX_KUBECONFIG_BYTES: Final = 4 * 2**20
+"""A kubeconfig with embedded certificates is a few KiB; many clusters, still far below this."""
+_KUBECONFIG_KEYS: Final = ("clusters", "contexts", "users")
+_KUBECONFIG_KEYS_TEXT: Final = "clusters, contexts and users"
 
 
 def resolve_cluster(
@@ -84,14 +89,49 @@ def resolve_cluster(
 
 
 def _load_kubeconfig(path: str, configuration: Configuration, setting: str) -> None:
+    _check_kubeconfig(path, setting)
     try:
         # persist_config=False: never write refreshed credentials back into the user's file.
         load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
     except yaml.YAMLError as error:
         raise ConfigError(setting, f"{path}: not valid YAML") from error
-    except (ConfigException, OSError, ValueError, TypeError, KeyError) as error:
+    except (TypeError, AttributeError, KeyError) as error:
+        # the loader meets a mapping of the wrong shape with Python's own errors
+        raise ConfigError(
+            setting,
+            f"{path} is not a kubeconfig: its {_KUBECONFIG_KEYS_TEXT} are not lists of "
+            "named entries",
+        ) from error
+    except (ConfigException, OSError, ValueError) as error:
         problem = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise ConfigError(setting, f"{path}: {problem}") from error
+
+
+def _check_kubeconfig(paths: str, setting: str) -> None:
+    """Refuse, in one line, a file that is not a kubeconfig (a key, a binary, anything huge)
+    before the client's loader reads it whole and fails inside on a Python error: each file is
+    read bounded and strict, its text never quoted (it holds credentials). `paths` may list
+    several files, as $KUBECONFIG does; the loader skips those that do not exist."""
+
+    def refused(message: str) -> ConfigError:
+        return ConfigError(setting, message)
+
+    for path in filter(None, paths.split(os.pathsep)):
+        expanded = Path(path).expanduser()
+        if expanded.exists() and os.access(expanded, os.R_OK):  # else the loader says why
+            documents.load_file(
+                expanded,
+                _kubeconfig,
+                refused,
+                limit=MAX_KUBECONFIG_BYTES,
+                secret=True,
+                source=f"{path} is not a kubeconfig",
+            )
+
+
+def _kubeconfig(document: object) -> None:
+    if not isinstance(document, dict) or not any(key in document for key in _KUBECONFIG_KEYS):
+        raise documents.Invalid("", f"expected a mapping of {_KUBECONFIG_KEYS_TEXT}")
 
 
 class KubernetesClient:
