@@ -3,7 +3,8 @@ PyTorch only when it runs) and `rightsize` (the rightsizing job, imported only w
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT) or a finished calibration, 1 when the work
 cannot be done (no NVML library, port in use, no GPU, no PyTorch, ConfigMap not writable), 2 for
-bad configuration. Each failure is one line on stderr.
+bad configuration (a listen address that does not resolve among it). Each failure is one line on
+stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -164,6 +166,13 @@ async def _serve(
     security: WebSecurity | None = None,
 ) -> int:
     security = security or WebSecurity(None, max_requests=settings.max_requests)
+    address = settings.listen_address
+    try:  # before anything starts: a name that does not resolve is a mistake in the settings
+        await asyncio.get_running_loop().getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as error:
+        return _cannot_listen(address, error)
     runner = web.AppRunner(
         init_app(
             settings,
@@ -189,7 +198,6 @@ async def _serve(
     # While the sampler thread works (a few ms a cycle), a scrape waits for the GIL for up to the
     # switch interval: 1 ms instead of Python's 5 ms keeps the p99 scrape latency low.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    address = settings.listen_address
     site = GuardedSite(
         runner,
         address.host,
@@ -201,8 +209,7 @@ async def _serve(
         await site.start()
     except OSError as error:
         await runner.cleanup()
-        reason = os.strerror(error.errno).lower() if error.errno else str(error)
-        return _fail(f"cannot listen on {address}: {reason}", 1)
+        return _cannot_listen(address, error)
     listening = ", ".join(_format_address(bound) for bound in runner.addresses)
     log.info(
         "listening",
@@ -235,6 +242,14 @@ async def _serve(
     await runner.cleanup()
     log.info("stopped")
     return 0
+
+
+def _cannot_listen(address: object, error: OSError) -> int:
+    if isinstance(error, socket.gaierror):
+        reason = (error.strerror or "").lower() or "no such host"
+        return _fail(f"cannot listen on {address}: the address does not resolve ({reason})", 2)
+    reason = os.strerror(error.errno).lower() if error.errno else str(error)
+    return _fail(f"cannot listen on {address}: {reason}", 1)
 
 
 def _format_address(bound: object) -> str:
