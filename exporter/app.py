@@ -19,16 +19,20 @@ from aiohttp import web
 from exporter import __version__
 from exporter.catalog import Catalog, builtin_catalog
 from exporter.config import ServeConfig
+from exporter.metrics.base import add, new_metric
 from exporter.metrics.exposition import accepts_gzip, negotiate
 from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
 from exporter.nvml.driver import NvmlDriver
 from exporter.sampling import SamplingLoop
 from exporter.supervise import TaskHealth, supervised
+from exporter.web import counters
 from exporter.web.security import WebSecurity
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable, Iterator
+
+    from prometheus_client.core import Metric
 
     from exporter.attribution import ClusterAccess
     from exporter.attribution.attributor import Attributor
@@ -130,7 +134,7 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
         build=BuildInfo(__version__),
         catalog=app[CATALOG],
         attributor=app.get(ATTRIBUTOR),
-        own_families=own_families(),
+        own_families=_own_families(app[WEB]),
         background=(app[WEB_WATCH],) if config.web_config_file is not None else (),
     )
     await sampling.start()
@@ -138,6 +142,35 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     sampling.begin()
     yield
     await sampling.close()
+
+
+def _own_families(security: WebSecurity) -> Callable[[], list[Metric]]:
+    """The process's own families and the endpoint's counts, read by each sampling cycle."""
+    process = own_families()
+
+    def read() -> list[Metric]:
+        return [*process(), *_web_families(security.counts())]
+
+    return read
+
+
+def _web_families(counts: counters.WebCounts) -> Iterator[Metric]:
+    for family, value in (
+        (counters.CONNECTIONS_OPEN, counts.connections_open),
+        (counters.CONNECTIONS_MAX, counts.connections_max),
+        (counters.BAD_REQUESTS, counts.bad_requests),
+    ):
+        metric = new_metric(family)
+        add(metric, {}, value)
+        yield metric
+    for family, by_reason in (
+        (counters.CONNECTIONS_CLOSED, counts.closed),
+        (counters.REQUESTS_REFUSED, counts.refused),
+    ):
+        metric = new_metric(family)
+        for reason, value in by_reason:
+            add(metric, {"reason": reason}, value)
+        yield metric
 
 
 async def _web_config(app: web.Application) -> AsyncIterator[None]:

@@ -226,6 +226,8 @@ def test_bcrypt_answers_are_cached_by_digest_and_bounded() -> None:
     assert auth.cached("alice", "s3cret") is True
     assert not auth.verify("alice", "wrong")
     assert not auth.verify("mallory", "s3cret"), "an unknown user never passes"
-    assert auth.cached("alice", "s3cret") is None, "the oldest answer was evicted"
-    assert auth.cached("alice", "wrong") is False
+    assert not auth.verify("alice", "wrong again")
+    assert auth.cached("alice", "wrong") is None, "the oldest failure was evicted"
+    assert auth.cached("alice", "wrong again") is False
+    assert auth.cached("alice", "s3cret") is True, "failures never evict a valid answer"
     assert not auth.verify("alice", "s" * 100), "bcrypt reads 72 bytes; longer is no error"

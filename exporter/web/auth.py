@@ -1,12 +1,14 @@
 """HTTP basic auth against bcrypt hashes, with the answers cached.
 
 bcrypt is slow on purpose (about 60 ms at cost 10 here), far slower than a scrape. As in
-Prometheus's exporter-toolkit, each (user, hash, password) answer is computed once and cached:
-keyed by a SHA-256 digest, so no password is kept, in a bounded LRU, so that guessing cannot grow
-memory. bcrypt runs in one thread of its own (`run`), so a flood of wrong passwords costs one core
-at most and never delays the event loop or the sampler. An unknown user is checked against a
-fixed hash, so the answer takes as long as for a known one (no user enumeration by timing), and
-the hash comparison itself is bcrypt's constant-time one.
+Prometheus's exporter-toolkit, each (user, hash, password) answer is computed once and cached,
+keyed by a SHA-256 digest, so that no password is kept. Valid answers and failures are cached
+apart, each bounded: guessing cannot grow memory, and a flood of wrong guesses cannot push a
+valid client's answer out of the cache (only a client that knows a password can add a valid
+answer). bcrypt runs in one thread of its own (`exporter.web.security`), so a flood of wrong
+passwords costs one core at most and never delays the event loop or the sampler. An unknown user
+is checked against a fixed hash, so the answer takes as long as for a known one, and the hash
+comparison itself is bcrypt's constant-time one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Final
 import bcrypt
 
 CACHE_SIZE: Final = 1024
+"""Failed (user, password) answers remembered: the same wrong guess is refused without bcrypt."""
+VALID_CACHE_SIZE: Final = 64
+"""Valid answers remembered; only a client that knows a password can add one."""
 MAX_PASSWORD_BYTES: Final = 72
 _UNKNOWN_USER_HASH: Final = b"$2b$10$laMuVCNilHXuVdop5.sJdOvvrCKFdT1GcJT2rlglGvh/yvhfNTi.u"
 """bcrypt (cost 10) of a string no password equals: the work an unknown user's check does."""
@@ -42,10 +47,17 @@ def credentials(header: str | None) -> tuple[str, str] | None:
 
 
 class BasicAuth:
-    def __init__(self, users: tuple[tuple[str, str], ...], *, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(
+        self,
+        users: tuple[tuple[str, str], ...],
+        *,
+        cache_size: int = CACHE_SIZE,
+        valid_cache_size: int = VALID_CACHE_SIZE,
+    ) -> None:
         self._users = {user: hashed.encode() for user, hashed in users}
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
-        self._cache_size = cache_size
+        self._valid: OrderedDict[bytes, None] = OrderedDict()
+        self._failed: OrderedDict[bytes, None] = OrderedDict()
+        self._sizes = {True: valid_cache_size, False: cache_size}
         self._lock = threading.Lock()
 
     def _key(self, user: str, password: str) -> tuple[bytes, bytes]:
@@ -65,10 +77,11 @@ class BasicAuth:
         """The answer if it is known already (cheap: call it on the event loop)."""
         key, _ = self._key(user, password)
         with self._lock:
-            answer = self._cache.get(key)
-            if answer is not None:
-                self._cache.move_to_end(key)
-            return answer
+            for answer, cache in ((True, self._valid), (False, self._failed)):
+                if key in cache:
+                    cache.move_to_end(key)
+                    return answer
+        return None
 
     def verify(self, user: str, password: str) -> bool:
         """Check with bcrypt and remember the answer. Blocking: ~60 ms at cost 10."""
@@ -80,9 +93,10 @@ class BasicAuth:
         except ValueError:  # a hash bcrypt cannot read (the config's check should have caught it)
             matches = False
         answer = matches and user in self._users
+        cache = self._valid if answer else self._failed
         with self._lock:
-            self._cache[key] = answer
-            self._cache.move_to_end(key)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            cache[key] = None
+            cache.move_to_end(key)
+            while len(cache) > self._sizes[answer]:
+                cache.popitem(last=False)
         return answer

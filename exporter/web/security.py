@@ -7,24 +7,29 @@ A changed file is parsed and loaded in full before anything is replaced: a bad o
 one line (once per version of the files) and the previous config stays in force. Switching TLS on
 or off needs a restart (the listening socket is plain or TLS from its start).
 
-Per request, in order: health probes (`/-/healthy`, `/-/ready`) pass without any check; the rate
-limit (429); the concurrent request limit (503); a client certificate where one is required
-(403), its allowed SANs (the connection is closed); basic auth (401 with `WWW-Authenticate`).
-The configured headers go on every response. Nothing secret is logged: not a password, a hash or
-a key, nor the YAML around them.
+Per request, in order: a request that is not HTTP/1.x gets 400; health probes (`/-/healthy`,
+`/-/ready`) pass without any check; then the credentials, before anything a valid client needs
+is spent: a client certificate where one is required (403), its allowed SANs (the connection is
+closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and the concurrent
+request limit (503). Credentials cached as valid are answered on the event loop; others wait
+for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once and one per client
+address, none for `AUTH_RETRY_SECONDS` after one of its fails (429 at once otherwise). The
+configured headers go on every response. Nothing secret is logged: not a password, a hash or a
+key, nor the YAML around them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import web
+from aiohttp import HttpVersion10, web
 
 from exporter.web.auth import BasicAuth, credentials
 from exporter.web.config import (
@@ -34,6 +39,7 @@ from exporter.web.config import (
     WebConfigError,
     parse_web_config,
 )
+from exporter.web.counters import CLOSES, REFUSALS, WebCounts
 from exporter.web.server import Connections
 from exporter.web.tls import LiveTls, server_context
 
@@ -49,6 +55,12 @@ WRITE_SECONDS: Final = 30.0
 """A response must be written within this long: a client that stops reading is cut off."""
 HEALTH_PATHS: Final = frozenset({"/-/healthy", "/-/ready"})
 """Always reachable (over TLS when TLS is on): the kubelet's probes send no credentials."""
+AUTH_QUEUE: Final = 8
+"""Checks of credentials not in the cache under way (waiting for bcrypt, or in it) at most."""
+AUTH_RETRY_SECONDS: Final = 1.0
+"""After a client address's credentials fail, its next uncached ones wait this long."""
+_AUTH_CLIENTS: Final = 4096
+"""Client addresses remembered for `AUTH_RETRY_SECONDS`, at most."""
 
 _Signature = tuple[tuple[str, int, int, int, int] | tuple[str, str], ...]
 
@@ -149,6 +161,11 @@ class WebSecurity:
         self._in_flight = 0
         self._reloading = asyncio.Lock()
         self._auth_thread: ThreadPoolExecutor | None = None
+        self._checking = 0
+        self._auth_clients: dict[str, float] = {}
+        """Client address -> until when its next uncached credentials are not checked (inf while
+        a check of its is under way); the least recently checked first."""
+        self._refused = dict.fromkeys(REFUSALS, 0)
         self.connections = connections if connections is not None else Connections()
 
     @classmethod
@@ -242,6 +259,19 @@ class WebSecurity:
 
     # -- per request ------------------------------------------------------------------------
 
+    def counts(self) -> WebCounts:
+        """The endpoint's counts now. Any thread: each count is an int the loop replaces whole,
+        and the refusals' dict never changes size."""
+        connections = self.connections
+        closed = (connections.closed_slow, connections.evicted, connections.refused)
+        return WebCounts(
+            connections_open=len(connections),
+            connections_max=connections.limit,
+            closed=tuple(zip(CLOSES, closed, strict=True)),
+            bad_requests=connections.bad_requests,
+            refused=tuple(dict(self._refused).items()),
+        )
+
     @web.middleware
     async def middleware(
         self,
@@ -260,11 +290,22 @@ class WebSecurity:
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
         active = self._active
+        if request.version < HttpVersion10:
+            self.connections.bad_requests += 1
+            return self._headed(_not_http1(), active)
         if request.path in HEALTH_PATHS:
             return self._headed(await handler(request), active)
+        if active.guarded:
+            # Credentials first: a client without valid ones takes no request slot and no rate
+            # limit token from one with them.
+            refusal = await self._refusal(request, active)
+            if refusal is not None:
+                return self._headed(refusal, active)
         if active.limiter is not None and not active.limiter.allow():
+            self._refused["rate_limited"] += 1
             return self._headed(web.Response(status=429, text="Too Many Requests\n"), active)
         if self._max_requests and self._in_flight >= self._max_requests:
+            self._refused["busy"] += 1
             return self._headed(
                 web.Response(
                     status=503,
@@ -274,10 +315,6 @@ class WebSecurity:
             )
         self._in_flight += 1
         try:
-            if active.guarded:
-                refusal = await self._refusal(request, active)
-                if refusal is not None:
-                    return self._headed(refusal, active)
             response = self._headed(await handler(request), active)
             # Written here, inside the in-flight count and under a deadline, so that a client
             # that stops reading holds neither a request slot nor its response for long. (A
@@ -299,35 +336,73 @@ class WebSecurity:
             transport = request.transport
             peer = transport.get_extra_info("peercert") if transport is not None else None
             if not peer and tls.requires_client_cert:
+                self._refused["forbidden"] += 1
                 return web.Response(status=403, text="a client certificate is required\n")
             if peer and tls.client_allowed_sans and not _allowed(peer, tls.client_allowed_sans):
+                self._refused["forbidden"] += 1
                 if transport is not None:
                     transport.abort()  # as the toolkit: end the connection, answer nothing
                 return web.Response(status=403)
         if active.auth is None:
             return None
         given = credentials(request.headers.get("Authorization"))
-        if given is not None:
-            answer = active.auth.cached(*given)
+        answer = None if given is None else active.auth.cached(*given)
+        if given is not None and answer is None:
+            answer = await self._check(request.remote or "", active.auth, given)
             if answer is None:
-                if self._auth_thread is None:
-                    self._auth_thread = ThreadPoolExecutor(1, thread_name_prefix="gpuscope-auth")
-                answer = await asyncio.get_running_loop().run_in_executor(
-                    self._auth_thread, active.auth.verify, *given
+                self._refused["auth_busy"] += 1
+                return web.Response(
+                    status=429,
+                    text="too many credential checks at once; retry\n",
+                    headers={"Retry-After": "1"},
                 )
-            if answer:
-                return None
+        if answer:
+            return None
+        self._refused["unauthorized"] += 1
         return web.Response(
             status=401,
             text="Unauthorized\n",
             headers={"WWW-Authenticate": 'Basic realm="gpuscope", charset="UTF-8"'},
         )
 
+    async def _check(self, address: str, auth: BasicAuth, given: tuple[str, str]) -> bool | None:
+        """bcrypt's answer for credentials not in the cache, or None when the check is shed: with
+        `AUTH_QUEUE` checks under way, or while this client address has one under way or had
+        one fail within `AUTH_RETRY_SECONDS`. So bcrypt's work stays bounded, and guesses cost
+        one check per address per `AUTH_RETRY_SECONDS`."""
+        loop = asyncio.get_running_loop()
+        clients = self._auth_clients
+        until = clients.get(address)
+        if self._checking >= AUTH_QUEUE or (until is not None and until > loop.time()):
+            return None
+        clients.pop(address, None)
+        clients[address] = math.inf  # under way
+        while len(clients) > _AUTH_CLIENTS:
+            del clients[next(iter(clients))]
+        if self._auth_thread is None:
+            self._auth_thread = ThreadPoolExecutor(1, thread_name_prefix="gpuscope-auth")
+        self._checking += 1
+        answer = False
+        try:
+            answer = await loop.run_in_executor(self._auth_thread, auth.verify, *given)
+        finally:
+            self._checking -= 1
+            clients.pop(address, None)
+            if not answer:
+                clients[address] = loop.time() + AUTH_RETRY_SECONDS
+        return answer
+
     @staticmethod
     def _headed(response: web.StreamResponse, active: _Active) -> web.StreamResponse:
         for name, value in active.config.headers:
             response.headers[name] = value
         return response
+
+
+def _not_http1() -> web.Response:
+    response = web.Response(status=400, text="HTTP/1.0 or HTTP/1.1 requests only\n")
+    response.force_close()
+    return response
 
 
 def _abort(transport: asyncio.BaseTransport | None) -> None:

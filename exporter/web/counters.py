@@ -1,0 +1,73 @@
+"""What the endpoint turned away, as the daemon's own families: connections closed by the guard,
+malformed requests, and requests refused by the web config's checks and the request limit.
+
+The listener and the middleware count on the event loop; the sampling cycle reads a `WebCounts`
+(`WebSecurity.counts()`) in its worker thread and `exporter.app` writes the families below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from exporter.series import Family
+
+REFUSALS: Final = ("unauthorized", "forbidden", "auth_busy", "rate_limited", "busy")
+"""Why a request was refused: 401, 403, 429 (too many credential checks at once), 429 (the web
+config's rate limit), 503 (`--web.max-requests`)."""
+CLOSES: Final = ("header_timeout", "evicted", "refused")
+
+CONNECTIONS_OPEN: Final = Family(
+    "gpuscope_http_connections_open",
+    "Connections open to the listener.",
+    gpu=False,
+)
+CONNECTIONS_MAX: Final = Family(
+    "gpuscope_http_connections_max",
+    "Connections the listener keeps open at most; past it the one idle longest is closed.",
+    gpu=False,
+)
+CONNECTIONS_CLOSED: Final = Family(
+    "gpuscope_http_connections_closed",
+    "Connections the listener closed: header_timeout (a request header not sent within 10 s), "
+    "evicted (idle the longest when a new one came past the cap), refused (past the cap, every "
+    "connection had a request being answered).",
+    kind="counter",
+    labels=("reason",),
+    gpu=False,
+)
+BAD_REQUESTS: Final = Family(
+    "gpuscope_http_bad_requests",
+    "Requests refused as malformed (400): not HTTP/1.x, or a request line or header that is "
+    "invalid or too long.",
+    kind="counter",
+    gpu=False,
+)
+REQUESTS_REFUSED: Final = Family(
+    "gpuscope_http_requests_refused",
+    "Requests refused: unauthorized (401), forbidden (403), auth_busy (429: too many credential "
+    "checks at once), rate_limited (429), busy (503: --web.max-requests).",
+    kind="counter",
+    labels=("reason",),
+    gpu=False,
+)
+FAMILIES: Final = (
+    CONNECTIONS_OPEN,
+    CONNECTIONS_MAX,
+    CONNECTIONS_CLOSED,
+    BAD_REQUESTS,
+    REQUESTS_REFUSED,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WebCounts:
+    """The endpoint's counts at one moment."""
+
+    connections_open: int
+    connections_max: int
+    closed: tuple[tuple[str, int], ...]
+    """By reason, in `CLOSES` order."""
+    bad_requests: int
+    refused: tuple[tuple[str, int], ...]
+    """By reason, in `REFUSALS` order."""
