@@ -2,7 +2,7 @@
 
 Uses the official kubernetes client: in a pod its service account (see
 `deploy/rightsize/rbac.yaml`), elsewhere `KUBECONFIG` or `~/.kube/config`. The ConfigMap is
-replaced when it exists and created when it does not.
+replaced when it exists and created when it does not; only the answers' status is read.
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 MAX_BYTES: Final = 1024 * 1024
 """The API server refuses ConfigMaps over 1 MiB."""
+REQUEST_TIMEOUT_SECONDS: Final = (10.0, 60.0)
+"""To connect, and to wait for the answer's status."""
 _NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
@@ -79,17 +81,37 @@ def write_report(target: ConfigMapTarget, key: str, content: str, *, generated_a
         ),
         data={key: content},
     )
-    api = client.CoreV1Api()
+    path = "/api/v1/namespaces/{namespace}/configmaps"
+    names = {"namespace": target.namespace, "name": target.name}
     try:
-        try:
-            api.replace_namespaced_config_map(target.name, target.namespace, body)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            api.create_namespaced_config_map(target.namespace, body)
-    except ApiException as error:
-        raise ConfigMapError(
-            f"cannot write ConfigMap {target}: HTTP {error.status} {error.reason}"
-        ) from error
-    except (HTTPError, OSError) as error:
+        with client.ApiClient() as api:
+            status, reason = _send(api, "PUT", f"{path}/{{name}}", names, body)
+            if status == 404:
+                status, reason = _send(api, "POST", path, names, body)
+    except (ApiException, HTTPError, OSError) as error:
         raise ConfigMapError(f"cannot write ConfigMap {target}: {error}") from error
+    if not 200 <= status <= 299:
+        raise ConfigMapError(f"cannot write ConfigMap {target}: HTTP {status} {reason}")
+
+
+def _send(api: Any, method: str, path: str, names: dict[str, str], body: object) -> tuple[int, str]:
+    """The status of `method path` with the ConfigMap as its body. The answer's body is never
+    read (the status is all the job needs), so no answer, however large, costs memory."""
+    method, url, headers, serialized, post_params = api.param_serialize(
+        method=method,
+        resource_path=path,
+        path_params=names,
+        header_params={"Content-Type": "application/json", "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(
+        method,
+        url,
+        header_params=headers,
+        body=serialized,
+        post_params=post_params,
+        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+    )
+    response.response.close()
+    return int(response.status), str(response.reason)
