@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 import yaml
 
-from exporter.rightsize.cli import build_parser, parse_config
+from exporter.rightsize.options import load
 from tests.helpers import ROOT, require_tool
+
+pytestmark = pytest.mark.timeout(150)
 
 DEPLOY = ROOT / "deploy" / "rightsize"
 OBJECTS = ("rbac.yaml", "cronjob.yaml")
@@ -36,7 +39,7 @@ def test_cronjob_arguments_parse_and_match_the_rbac() -> None:
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["command"] == ["gpuscope", "rightsize"]
-    config = parse_config(build_parser().parse_args(container["args"]), {})
+    config = load(container["args"], {})
     assert config.configmap is not None
     assert config.window == 14 * 86400
     rbac = {doc["kind"]: doc for doc in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text())}

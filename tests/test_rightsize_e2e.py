@@ -8,7 +8,6 @@ on loopback; every assertion below is the answer that scenario was built to have
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import yaml
 from tests.helpers import ROOT, require_tool
 from tests.prometheus_server import free_port, running_prometheus
 from tests.rightsize_demo import screenshot as draw
+from tests.rightsize_run import rightsize
 from tests.rightsize_scenario import CALIBRATION, END, WORKLOADS
 from tests.synthetic_history import backfill, write_openmetrics
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 DAY = 86400
 HOURS = 730.0
@@ -50,20 +50,6 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     openmetrics.unlink()
     with running_prometheus(root / "data") as url:
         yield url
-
-
-def rightsize(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 90
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", "rightsize", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def report_json(prometheus: str, *args: str) -> dict[str, Any]:
@@ -357,7 +343,13 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "the following arguments are required: --prometheus"),
+        (
+            [],
+            (
+                "invalid --prometheus: required (the flag, GPUSCOPE_RIGHTSIZE_PROMETHEUS or "
+                "prometheus in --config.file)"
+            ),
+        ),
         (
             ["--prometheus=prometheus:9090"],
             "invalid --prometheus: 'prometheus:9090' is not an http:// or https:// URL",
@@ -395,18 +387,21 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
             ["--prometheus.header=X-Scope-OrgID"],
             "invalid --prometheus.header: 'X-Scope-OrgID' is not 'Name: value'",
         ),
-        (["--prometheus.concurrency=0"], "invalid --prometheus.concurrency: 0 is outside 1..32"),
+        (
+            ["--prometheus.concurrency=0"],
+            "invalid --prometheus.concurrency: '0' is outside 1..32",
+        ),
         (
             ["--prometheus.ca-file=/nonexistent.pem"],
-            "invalid --prometheus.ca-file: /nonexistent.pem is not a readable file",
+            "invalid --prometheus.ca-file: '/nonexistent.pem' is not a readable file",
         ),
         (
             ["--prometheus.bearer-token-file=/nonexistent"],
-            "invalid --prometheus.bearer-token-file: cannot read /nonexistent: No such file or directory",
+            "invalid --prometheus.bearer-token-file: '/nonexistent' is not a readable file",
         ),
         (
             ["--prices=/nonexistent.yaml"],
-            "invalid --prices: /nonexistent.yaml: No such file or directory",
+            "invalid --prices: '/nonexistent.yaml' is not a readable file",
         ),
         (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
     ],

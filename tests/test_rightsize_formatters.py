@@ -20,6 +20,8 @@ from exporter.rightsize.formatters import (
 )
 from tests.rightsize_data import sample_report
 
+pytestmark = pytest.mark.timeout(30)
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -17,6 +17,8 @@ from exporter.rightsize.selection import (
     prometheus_label_name,
 )
 
+pytestmark = pytest.mark.timeout(30)
+
 DAY = 86400.0
 DEVICE = {
     "namespace": "ml",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import ssl
@@ -22,10 +23,12 @@ from exporter.rightsize.prometheus import (
     Sample,
 )
 from tests.prometheus_server import free_port
+from tests.rightsize_run import serving
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-    from pathlib import Path
+
+pytestmark = pytest.mark.timeout(60)
 
 FAST = (0.01, 0.01, 0.01)
 VECTOR = {
@@ -208,17 +211,41 @@ async def test_concurrency_is_bounded() -> None:
     assert highest == 2
 
 
-async def test_tls_with_a_ca_file_and_with_verification_off(tmp_path: Path) -> None:
+async def test_tls_with_a_ca_file_and_with_verification_off() -> None:
     authority = trustme.CA()
     certificate = authority.issue_cert("127.0.0.1")
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     certificate.configure_cert(server_context)
-    ca_file = tmp_path / "ca.pem"
-    authority.cert_pem.write_to_path(str(ca_file))
     async with serve(Script((200, VECTOR, {})), ssl_context=server_context) as url:
-        assert len(await query(url, ca_file=ca_file)) == 1
+        assert len(await query(url, ca_certificates=authority.cert_pem.bytes().decode())) == 1
         assert len(await query(url, insecure_skip_verify=True)) == 1
         with pytest.raises(PrometheusUnreachable) as caught:
             await query(url)
     assert "TLS certificate not trusted" in str(caught.value)
     assert "--prometheus.ca-file" in str(caught.value)
+
+
+async def test_an_answer_is_limited_after_decompression() -> None:
+    """A gzip bomb: 64 MiB of JSON in 64 KiB on the wire is refused past the limit, as it
+    arrives, not after it has all been inflated."""
+    inflated = b'{"status":"success","data":' + b" " * (64 << 20) + b"}"
+
+    async def bomb(request: web.Request) -> web.Response:
+        return web.Response(
+            body=gzip.compress(inflated),
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        )
+
+    with serving(bomb) as url, pytest.raises(PrometheusQueryError) as caught:
+        await query(url, max_response_bytes=1 << 20)
+    assert str(caught.value).startswith(
+        f"Prometheus at {url} answered the busy_mean query with more than 1 MiB (the limit, "
+        "--prometheus.max-response-size)"
+    )
+
+
+async def test_an_answer_within_the_limit_is_read_whole() -> None:
+    script = Script((200, VECTOR, {}))
+    async with serve(script) as url:
+        samples = await query(url, max_response_bytes=len(json.dumps(VECTOR)))
+    assert samples == [Sample({"pod": "a"}, 0.25)]

@@ -22,6 +22,8 @@ from tests.rightsize_data import (
     workload,
 )
 
+pytestmark = pytest.mark.timeout(30)
+
 HOURS = 730.0
 
 

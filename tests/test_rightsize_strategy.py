@@ -9,12 +9,8 @@ import pytest
 from exporter.catalog import builtin_catalog
 from exporter.rightsize.hardware import Option, mig_compute_fraction
 from exporter.rightsize.history import Ceilings, ContainerCpu
-from exporter.rightsize.settings import (
-    SettingsError,
-    StrategySettings,
-    load_settings,
-    settings_table,
-)
+from exporter.rightsize.options import load
+from exporter.rightsize.settings import StrategySettings, settings_text
 from exporter.rightsize.strategy import (
     COMPUTE_BOUND,
     IDLE,
@@ -25,7 +21,7 @@ from exporter.rightsize.strategy import (
     UNDEFINED,
     UNDERUSED,
 )
-from tests.helpers import ROOT
+from exporter.settings import ConfigError
 from tests.rightsize_data import (
     A100_40,
     A100_80,
@@ -39,6 +35,8 @@ from tests.rightsize_data import (
     settings,
     workload,
 )
+
+pytestmark = pytest.mark.timeout(30)
 
 run = STRATEGIES["simple"].run
 
@@ -275,34 +273,54 @@ def test_option_prices_and_capacities_follow_the_catalog() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "message"),
+    ("flag", "message"),
     [
-        ({"percentile": "40"}, "invalid --percentile: 40% is outside 50..100%"),
+        ("--percentile=40", "invalid --percentile: 40% is outside 50..100%"),
         (
-            {"compute_headroom": "lots"},
+            "--compute-headroom=lots",
             "invalid --compute-headroom: 'lots' is not a percentage (e.g. 20 or 20%)",
         ),
-        ({"min_history": "10m"}, "invalid --min-history: 10m is outside 1h..90d"),
+        ("--min-history=10m", "invalid --min-history: 10m is outside 1h..90d"),
         (
-            {"dtype": "fp4"},
+            "--dtype=fp4",
             "invalid --dtype: 'fp4' is not one of fp64, fp32, tf32, fp16, bf16, fp8, int8",
         ),
-        ({"models": "all,l4"}, "invalid --models: all and seen stand alone, not in a list"),
+        ("--models=all,l4", "invalid --models: all and seen stand alone, not in a list"),
     ],
 )
-def test_settings_out_of_bounds_name_the_flag(raw: dict[str, str], message: str) -> None:
-    with pytest.raises(SettingsError) as caught:
-        load_settings(raw)
+def test_settings_out_of_bounds_name_the_flag(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(["--prometheus=http://prometheus:9090", flag], {})
     assert str(caught.value) == message
 
 
 def test_settings_accept_percent_signs_and_keep_defaults() -> None:
-    loaded = load_settings({"percentile": "99%", "memory_headroom": "25", "models": "l4, h100-sxm"})
+    loaded = load(
+        [
+            "--prometheus=http://prometheus:9090",
+            "--percentile=99%",
+            "--memory-headroom=25",
+            "--models=l4, h100-sxm",
+        ],
+        {},
+    ).settings
     assert loaded.percentile == pytest.approx(0.99)
     assert loaded.memory_headroom == pytest.approx(0.25)
     assert loaded.models == ("l4", "h100-sxm")
     assert loaded.compute_headroom == StrategySettings().compute_headroom
 
 
-def test_readme_lists_every_strategy_setting() -> None:
-    assert settings_table() in (ROOT / "README.md").read_text()
+def test_a_report_shows_settings_as_they_are_written() -> None:
+    assert settings_text(StrategySettings()) == {
+        "percentile": "95%",
+        "compute-headroom": "20%",
+        "memory-headroom": "15%",
+        "idle-utilization": "2%",
+        "saturation": "80%",
+        "cpu-saturation": "90%",
+        "min-history": "6h",
+        "min-coverage": "50%",
+        "min-savings": "10%",
+        "dtype": "bf16",
+        "models": "all",
+    }

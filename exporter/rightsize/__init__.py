@@ -1,19 +1,24 @@
 """The rightsizing job (`gpuscope rightsize`): Prometheus history -> strategy -> report.
 
 A separate program from the daemon that shares its package: it never imports the daemon's modules
-(only `exporter.catalog`, `exporter.durations` and `exporter.logs`; a contract in
-`pyproject.toml` checks it). Data flows one way:
+(only the shared `exporter.catalog`, `exporter.documents`, `exporter.durations`,
+`exporter.settings` and `exporter.logs`; a contract in `pyproject.toml` checks it). Data flows
+one way:
 
-    prometheus.py   the PromQL HTTP API client (auth, TLS, retries, bounded concurrency)
+    options.py      every setting declared once (flags, variables, --config.file, README), and
+                    the run's configuration: files read bounded, everything checked before a query
+    prometheus.py   the PromQL HTTP API client (auth, TLS, retries, bounded concurrency, answers
+                    read bounded)
     selection.py    which workloads: namespaces and a Kubernetes label selector, as PromQL
     history.py      one PromQL template per signal -> WorkloadHistory per workload
     hardware.py     GPU options, prices (catalog, overridable by a YAML price file), ceilings
                     (calibrated from Prometheus, else datasheet)
-    settings.py     the strategy's settings table: flags, bounds, README
+    settings.py     the strategy's settings: their rows of the settings table, how reports show them
     strategy.py     pure, registered by name: history + hardware + settings -> Recommendation
     consolidation.py  pure bin-packing of recommended demands onto GPUs, MIG layouts included
     report.py       recommendations + money + consolidation -> Report
-    formatters.py   Report -> table | json | yaml | csv | markdown | html (svg.py draws the plots)
+    formatters/     Report -> table | json | yaml | csv | markdown | html, one module per format
+                    (html from Jinja2 templates; plots.py lays out its two SVG plots)
     configmap.py    writes the report into a ConfigMap (the weekly CronJob)
-    cli.py          `gpuscope rightsize` arguments and the run
+    cli.py          `gpuscope rightsize`: the run, its output and exit status
 """

@@ -8,14 +8,13 @@ which win over the datasheet wherever they exist.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import yaml
+from exporter import documents
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
     from pathlib import Path
 
     from exporter.catalog import Catalog, GpuModel, MigProfile
@@ -35,6 +34,8 @@ DTYPE_FALLBACKS: Final[Mapping[str, tuple[str, ...]]] = {
     "int8": ("int8", "fp8"),
 }
 """When a model has no figure for the chosen precision, the nearest one both models share."""
+PRICE_FILE_LIMIT: Final = 256 * 1024
+"""A price per GPU model: the catalog has a few dozen, a price file a few KiB."""
 
 
 class PriceFileError(ValueError):
@@ -210,23 +211,19 @@ class Hardware:
 
 
 def load_price_file(path: Path, catalog: Catalog) -> dict[str, float]:
-    """A YAML file `prices: {MODEL: USD_PER_GPU_HOUR}`, models by catalog key or NVML name."""
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as error:
-        raise PriceFileError(f"{path}: {error.strerror or error}") from error
-    except yaml.YAMLError as error:
-        raise PriceFileError(f"{path}: not valid YAML") from error
-    if not isinstance(document, Mapping) or not isinstance(document.get("prices"), Mapping):
-        raise PriceFileError(f"{path}: expected a mapping `prices: {{MODEL: USD_PER_GPU_HOUR}}`")
-    prices: dict[str, float] = {}
-    for name, value in document["prices"].items():
-        model = catalog.find(str(name))
-        if model is None:
-            raise PriceFileError(f"{path}: prices.{name}: no such GPU model in the catalog")
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise PriceFileError(
-                f"{path}: prices.{name}: expected USD per GPU-hour >= 0, got {value!r}"
-            )
-        prices[model.key] = float(value)
-    return prices
+    """A YAML file `prices: {MODEL: USD_PER_GPU_HOUR}`, models by catalog key or NVML name; read
+    bounded and strict (`exporter.documents`), anything wrong a `PriceFileError` of one line
+    naming the file and the entry."""
+
+    def prices_in(document: object) -> dict[str, float]:
+        top = documents.mapping(document, "", required=("prices",), optional=())
+        prices: dict[str, float] = {}
+        for name, value in documents.mapping(top["prices"], "prices").items():
+            where = documents.join("prices", name)
+            model = catalog.find(name)
+            if model is None:
+                raise documents.Invalid(where, "no such GPU model in the catalog")
+            prices[model.key] = documents.number(value, where, low=0, unit="USD per GPU-hour")
+        return prices
+
+    return documents.load_file(path, prices_in, PriceFileError, limit=PRICE_FILE_LIMIT)

@@ -3,8 +3,10 @@
 Only `POST /api/v1/query` (instant queries): every statistic the job needs is aggregated inside
 Prometheus, so no raw series cross the network. Retries follow a policy written as data —
 timeouts, connection failures, 5xx and 429 are retried after the delays in `BACKOFF_SECONDS`,
-logged as "attempt #2/4"; any other 4xx is final at once. Every failure is a `PrometheusError`
-whose `str()` is one complete line for the user.
+logged as "attempt #2/4"; any other 4xx is final at once. An answer is read in chunks and
+refused as soon as it passes `Connection.max_response_bytes`, so a server streaming without end
+costs that much memory and no more. Every failure is a `PrometheusError` whose `str()` is one
+complete line for the user; after a redirect it names where the request was sent.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 import aiohttp
+from yarl import URL
+
+from exporter.documents import size_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
-    from types import TracebackType
+    from types import SimpleNamespace, TracebackType
 
 log = logging.getLogger("exporter.rightsize.prometheus")
 
@@ -32,6 +36,12 @@ BACKOFF_SECONDS: Final = (1.0, 2.0, 4.0)
 """Delays before the 2nd, 3rd and 4th attempt of a query that failed transiently."""
 RETRIED_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_SECONDS: Final = 30.0
+DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
+"""The largest answer read by default. The job's answers hold one element (about 275 bytes) per
+device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 workloads need.
+Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
+512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
+READ_CHUNK_BYTES: Final = 256 * 1024
 
 
 class PrometheusError(Exception):
@@ -68,7 +78,8 @@ class Connection:
     bearer_token: str | None = None
     username: str | None = None
     password: str | None = None
-    ca_file: Path | None = None
+    ca_certificates: str | None = None
+    """PEM text of the CA certificates that verify the server (None: the system's)."""
     insecure_skip_verify: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra request headers, e.g. `X-Scope-OrgID` for a multi-tenant Mimir or Cortex."""
@@ -76,6 +87,8 @@ class Connection:
     """Per attempt of one query."""
     concurrency: int = 4
     """Queries in flight at once."""
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """An answer past this many bytes fails its query."""
 
 
 class PrometheusClient:
@@ -104,6 +117,7 @@ class PrometheusClient:
             connector=aiohttp.TCPConnector(
                 ssl=_ssl_context(self.connection), limit=self.connection.concurrency
             ),
+            trace_configs=[_redirect_trace()],
         )
         return self
 
@@ -151,15 +165,27 @@ class PrometheusClient:
         if self._session is None:
             raise RuntimeError("PrometheusClient used outside `async with`")
         self.queries_sent += 1
+        redirects: list[str] = []
         url = self.connection.url
         try:
             async with self._session.post(
-                self._endpoint, data={"query": promql, "time": f"{at:.3f}"}
+                self._endpoint,
+                data={"query": promql, "time": f"{at:.3f}"},
+                trace_request_ctx=redirects,
             ) as response:
-                body = await response.read()
+                url = self._where(redirects)
+                body = await _bounded_body(response, self.connection.max_response_bytes)
+                if body is None:
+                    raise PrometheusQueryError(
+                        f"Prometheus at {url} answered the {name} query with more than "
+                        f"{size_text(self.connection.max_response_bytes)} (the limit, "
+                        "--prometheus.max-response-size): narrow the report with --namespace "
+                        "or --selector, or raise the limit"
+                    )
                 status = response.status
                 retry_after = response.headers.get("Retry-After", "")
         except TimeoutError as error:
+            url = self._where(redirects)
             raise _Transient(
                 f"no answer within {self.connection.timeout_seconds:g}s",
                 lambda n: PrometheusUnreachable(
@@ -169,11 +195,18 @@ class PrometheusClient:
                 ),
             ) from error
         except aiohttp.ClientConnectorCertificateError as error:
+            url = self._where(redirects)
             raise PrometheusUnreachable(
                 f"cannot reach Prometheus at {url}: TLS certificate not trusted "
                 f"({error.certificate_error}); pass --prometheus.ca-file"
             ) from error
+        except (aiohttp.TooManyRedirects, aiohttp.RedirectClientError) as error:
+            raise PrometheusQueryError(
+                f"cannot follow the redirects of Prometheus at {self._where(redirects)}: "
+                f"{'too many redirects' if isinstance(error, aiohttp.TooManyRedirects) else error}"
+            ) from error
         except aiohttp.ClientError as error:
+            url = self._where(redirects)
             reason = _connection_reason(error)
             raise _Transient(
                 reason,
@@ -182,6 +215,45 @@ class PrometheusClient:
                 ),
             ) from error
         return _answer(url, name, status, body, retry_after)
+
+    def _where(self, redirects: list[str]) -> str:
+        """The base URL, or where its redirects led."""
+        if not redirects:
+            return self.connection.url
+        return f"{redirects[-1]} (redirected from {self._endpoint})"
+
+
+def _redirect_trace() -> aiohttp.TraceConfig:
+    """Records in a request's `trace_request_ctx` (a list) each URL it is redirected to."""
+
+    async def redirected(
+        _session: aiohttp.ClientSession,
+        context: SimpleNamespace,
+        params: aiohttp.TraceRequestRedirectParams,
+    ) -> None:
+        location = params.response.headers.get("Location")
+        if location is not None and isinstance(context.trace_request_ctx, list):
+            try:
+                context.trace_request_ctx.append(str(params.url.join(URL(location))))
+            except ValueError:
+                context.trace_request_ctx.append(location)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(redirected)
+    return trace
+
+
+async def _bounded_body(response: aiohttp.ClientResponse, limit: int) -> bytearray | None:
+    """The whole body, or None as soon as it passes `limit` bytes (at once when its declared
+    length does)."""
+    if response.content_length is not None and response.content_length > limit:
+        return None
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return body
 
 
 class _Transient(Exception):
@@ -200,7 +272,7 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-def _answer(url: str, name: str, status: int, body: bytes, retry_after: str) -> Any:
+def _answer(url: str, name: str, status: int, body: bytearray, retry_after: str) -> Any:
     document = _json(body)
     if status in {401, 403}:
         raise PrometheusUnauthorized(
@@ -237,7 +309,7 @@ def _answer(url: str, name: str, status: int, body: bytes, retry_after: str) -> 
     return document.get("data")
 
 
-def _json(body: bytes) -> Any:
+def _json(body: bytearray) -> Any:
     try:
         return json.loads(body)
     except ValueError:
@@ -290,6 +362,6 @@ def _ssl_context(connection: Connection) -> ssl.SSLContext | bool:
     if connection.insecure_skip_verify:
         return False
     context = ssl.create_default_context()
-    if connection.ca_file is not None:
-        context.load_verify_locations(cafile=str(connection.ca_file))
+    if connection.ca_certificates is not None:
+        context.load_verify_locations(cadata=connection.ca_certificates)
     return context

@@ -1,23 +1,22 @@
-"""The strategy's settings: one table, from which come the flags, the bounds and the README.
+"""The strategy's settings: their rows of `gpuscope rightsize`'s settings table, and how a report
+shows them.
 
 Percentages are written as percent (`--percentile 95`, `--compute-headroom 20`, `20%` works too)
-and held as ratios (0.95, 0.2).
+and held as ratios (0.95, 0.2). The rows are part of the job's one `SettingsTable`
+(`exporter/rightsize/options.py`), from which come the flags, the variables, the config file's
+keys and the README's table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 from exporter.catalog import DTYPES
-from exporter.durations import format_duration, parse_duration_between
+from exporter.durations import format_duration
+from exporter.settings import Setting, duration_between, one_of, percent_between, text
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-
-class SettingsError(ValueError):
-    """A strategy setting out of bounds; `str()` names the flag."""
+GROUP: Final = "strategy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,36 +36,17 @@ class StrategySettings:
     models: tuple[str, ...] = field(default=("all",))
 
 
-def percent_between(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        spelled = text.strip().removesuffix("%")
-        try:
-            percent = float(spelled)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a percentage (e.g. 20 or 20%)") from None
-        if not low <= percent <= high:
-            raise ValueError(f"{percent:g}% is outside {low:g}..{high:g}%")
-        return percent / 100
-
-    return parse
+_DEFAULTS: Final = StrategySettings()
 
 
-def duration_between(low: float, high: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        return parse_duration_between(text, low, high)
-
-    return parse
+def listed(values: object) -> list[object]:
+    """A repeated setting's values (the table hands its parser a list)."""
+    return values if isinstance(values, list) else [values]
 
 
-def parse_dtype(text: str) -> str:
-    dtype = text.strip().lower()
-    if dtype not in DTYPES:
-        raise ValueError(f"{text!r} is not one of {', '.join(DTYPES)}")
-    return dtype
-
-
-def parse_models(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
+def parse_models(values: object) -> tuple[str, ...]:
+    """`all`, `seen`, or GPU models (repeated or comma-separated)."""
+    names = tuple(name for value in listed(values) if (name := text(value).strip()))
     if not names:
         raise ValueError("expected all, seen, or a comma-separated list of GPU models")
     if len(names) > 1 and {"all", "seen"} & set(names):
@@ -74,125 +54,107 @@ def parse_models(text: str) -> tuple[str, ...]:
     return names
 
 
-@dataclass(frozen=True, slots=True)
-class StrategySetting:
-    name: str
-    attribute: str
-    parse: Callable[[str], Any]
-    help: str
-    metavar: str
-
-    @property
-    def flag(self) -> str:
-        return f"--{self.name}"
-
-    def shown_default(self) -> str:
-        value = getattr(StrategySettings(), self.attribute)
-        if self.metavar == "PERCENT":
-            return f"{value * 100:g}"
-        if self.metavar == "DURATION":
-            return format_duration(value)
-        if isinstance(value, tuple):
-            return ",".join(value)
-        return str(value)
+def _percent(name: str, low: float, high: float, help_text: str) -> Setting:
+    """A percentage row; its default is shown as percent, the way it is written."""
+    attribute = name.replace("-", "_")
+    return Setting(
+        name,
+        attribute,
+        percent_between(low, high),
+        f"{help_text} ({low:g} to {high:g}).",
+        "PERCENT",
+        group=GROUP,
+        shown_default=f"{getattr(_DEFAULTS, attribute) * 100:g}",
+    )
 
 
 STRATEGY_SETTINGS: Final = (
-    StrategySetting(
-        "percentile",
-        "percentile",
-        percent_between(50, 100),
-        "Percentile of per-step utilization that sizes compute (50 to 100).",
-        "PERCENT",
-    ),
-    StrategySetting(
+    _percent("percentile", 50, 100, "Percentile of per-step utilization that sizes compute"),
+    _percent(
         "compute-headroom",
-        "compute_headroom",
-        percent_between(0, 100),
-        "Compute added on top of that percentile before fitting a GPU or MIG profile (0 to 100).",
-        "PERCENT",
+        0,
+        100,
+        "Compute added on top of that percentile before fitting a GPU or MIG profile",
     ),
-    StrategySetting(
+    _percent(
         "memory-headroom",
-        "memory_headroom",
-        percent_between(0, 100),
-        "Memory added on top of the peak before fitting a GPU or MIG profile (0 to 100).",
-        "PERCENT",
+        0,
+        100,
+        "Memory added on top of the peak before fitting a GPU or MIG profile",
     ),
-    StrategySetting(
+    _percent(
         "idle-utilization",
-        "idle_utilization",
-        percent_between(0, 20),
-        "A GPU whose p99 utilization stays at or below this is idle: release it (0 to 20).",
-        "PERCENT",
+        0,
+        20,
+        "A GPU whose p99 utilization stays at or below this is idle: release it",
     ),
-    StrategySetting(
+    _percent(
         "saturation",
-        "saturation",
-        percent_between(50, 100),
-        "Compute use at the percentile from which a GPU counts as fully used (50 to 100).",
-        "PERCENT",
+        50,
+        100,
+        "Compute use at the percentile from which a GPU counts as fully used",
     ),
-    StrategySetting(
+    _percent(
         "cpu-saturation",
-        "cpu_saturation",
-        percent_between(50, 100),
-        "CPU use at the percentile, as a share of the limit, that marks an input-bound pod (50 to 100).",
-        "PERCENT",
+        50,
+        100,
+        "CPU use at the percentile, as a share of the limit, that marks an input-bound pod",
     ),
-    StrategySetting(
+    Setting(
         "min-history",
         "min_history",
         duration_between(3600, 90 * 86400),
         "Less GPU time observed than this is not enough data (1h to 90d).",
         "DURATION",
+        group=GROUP,
     ),
-    StrategySetting(
+    _percent(
         "min-coverage",
-        "min_coverage",
-        percent_between(1, 100),
-        "Share of the held time with utilization data below which there is not enough data (1 to 100).",
-        "PERCENT",
+        1,
+        100,
+        "Share of the held time with utilization data below which there is not enough data",
     ),
-    StrategySetting(
+    _percent(
         "min-savings",
-        "min_savings",
-        percent_between(0, 100),
-        "Recommend a move only if it saves at least this share of the workload's cost (0 to 100).",
-        "PERCENT",
+        0,
+        100,
+        "Recommend a move only if it saves at least this share of the workload's cost",
     ),
-    StrategySetting(
+    Setting(
         "dtype",
         "dtype",
-        parse_dtype,
+        one_of(*DTYPES),
         "Precision whose FLOP/s ceilings scale compute between GPU types and draw the rooflines.",
         "DTYPE",
+        group=GROUP,
     ),
-    StrategySetting(
+    Setting(
         "models",
         "models",
         parse_models,
         "GPU models a workload may move to: all (every priced model), seen (models in the "
         "history), or catalog keys (h100-sxm,l4).",
         "MODELS",
+        repeated=True,
+        group=GROUP,
     ),
 )
+"""Every field of `StrategySettings`, as a row of the job's settings table."""
 
 
-def load_settings(raw: dict[str, str]) -> StrategySettings:
-    """Settings from raw flag strings keyed by attribute; missing ones keep their defaults."""
-    values: dict[str, Any] = {}
-    for setting in STRATEGY_SETTINGS:
-        if setting.attribute in raw:
-            try:
-                values[setting.attribute] = setting.parse(raw[setting.attribute])
-            except ValueError as error:
-                raise SettingsError(f"invalid {setting.flag}: {error}") from error
-    return StrategySettings(**values)
+def settings_text(settings: StrategySettings) -> dict[str, str]:
+    """Each strategy setting as a report shows it (`95%`, `6h`, `all`), by name."""
+    return {
+        setting.name: _value_text(getattr(settings, setting.attribute), setting.metavar)
+        for setting in STRATEGY_SETTINGS
+    }
 
 
-def settings_table() -> str:
-    """The Markdown table of strategy settings for the README (a test keeps them equal)."""
-    rows = ["| flag | default | meaning |", "|---|---|---|"]
-    rows.extend(f"| `{s.flag}` | `{s.shown_default()}` | {s.help} |" for s in STRATEGY_SETTINGS)
-    return "\n".join(rows)
+def _value_text(value: object, metavar: str) -> str:
+    if metavar == "PERCENT" and isinstance(value, float):
+        return f"{value * 100:g}%"
+    if metavar == "DURATION" and isinstance(value, float):
+        return format_duration(value)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)

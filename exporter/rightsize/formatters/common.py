@@ -1,0 +1,110 @@
+"""What the formats share: where the text goes, and numbers, times and captions as people read them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from exporter.durations import format_duration
+from exporter.rightsize.report import money_text
+from exporter.rightsize.settings import settings_text
+
+if TYPE_CHECKING:
+    from exporter.rightsize.report import Report, WorkloadRow
+
+GIB: Final = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """How the formats mark a classification: its colour (HTML, SVG) and its rich style."""
+
+    color: str
+    style: str
+
+
+LOOKS: Final = {
+    "idle": Look("#d62728", "bold red"),
+    "input-bound": Look("#ff7f0e", "bold dark_orange"),
+    "underused": Look("#e6b800", "bold yellow"),
+    "memory-bound": Look("#1f77b4", "bold blue"),
+    "compute-bound": Look("#2ca02c", "bold green"),
+    "right-sized": Look("#17becf", "cyan"),
+    "undefined": Look("#7f7f7f", "dim"),
+}
+"""Every classification, in the order the legends list them."""
+COLORS: Final = {name: look.color for name, look in LOOKS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Where the text goes: a terminal gets colour and its width."""
+
+    terminal: bool = False
+    width: int = 180
+
+
+Render = Callable[["Report", Output], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Format:
+    """A report format: its name (`--format`), the file extension of its output, its renderer."""
+
+    name: str
+    extension: str
+    render: Render
+
+
+def timestamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GIB:.1f} GiB"
+
+
+def usd(value: float | None) -> str:
+    return "-" if value is None else money_text(value)
+
+
+def title(report: Report) -> str:
+    return (
+        f"GPU rightsizing: {format_duration(report.window_seconds)} to "
+        f"{timestamp(report.end)} ({report.strategy} strategy)"
+    )
+
+
+def percentile(report: Report) -> str:
+    """`p95`: the strategy's percentile, as column headings name it."""
+    return f"p{report.settings.percentile * 100:g}"
+
+
+def current_label(row: WorkloadRow) -> str:
+    """What the workload runs on now."""
+    current = row.recommendation.current
+    return current.label if current else row.history.model
+
+
+def recommendation_label(row: WorkloadRow) -> str:
+    """What to do: keep, release, or the option to move to."""
+    return row.target_label if row.recommendation.action != "keep" else "keep"
+
+
+def footer(report: Report) -> str:
+    settings = ", ".join(
+        f"{name}={value}" for name, value in settings_text(report.settings).items()
+    )
+    text = (
+        f"Source: {report.source}; window {format_duration(report.window_seconds)}, step "
+        f"{format_duration(report.step_seconds)}; settings: {settings}; gpuscope {report.version}."
+    )
+    if report.missing_signals:
+        text += f" Signals that could not be read: {', '.join(report.missing_signals)}."
+    return text

@@ -1,0 +1,599 @@
+"""`gpuscope rightsize`'s settings, declared once, and the run's configuration built from them.
+
+Every setting is a row of `SETTINGS` (the machinery is `exporter.settings`, shared with `serve`
+and `calibrate`): the flag (`--window`), the variable (`GPUSCOPE_RIGHTSIZE_WINDOW`), the key of
+the optional `--config.file` YAML (`prometheus: {url: http://prometheus:9090, timeout: 1m}`),
+`--help` and the README's table come from it. Precedence is flag > environment > file > default.
+`configure` then reads the files the settings name (secrets, CA certificates, catalog, prices,
+each bounded) and checks what no single setting can (`--window` against `--step`, a password
+without a user): everything wrong is one line and exit status 2 before any query is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import ssl
+import time
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Final, NoReturn
+from urllib.parse import urlsplit
+
+from exporter import documents, logs
+from exporter.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
+from exporter.documents import quote, size_text
+from exporter.durations import format_duration
+from exporter.rightsize.configmap import ConfigMapTarget, parse_target
+from exporter.rightsize.formatters import FORMATTERS
+from exporter.rightsize.hardware import PriceFileError, load_price_file
+from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES, Connection
+from exporter.rightsize.selection import Requirement, Selection, parse_namespaces, parse_selector
+from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, listed
+from exporter.rightsize.strategy import STRATEGIES
+from exporter.settings import (
+    PATH_QUOTE_LIMIT,
+    ConfigError,
+    Setting,
+    SettingsTable,
+    count_between,
+    duration_between,
+    one_of,
+    parse_bool,
+    parse_file,
+    parse_path,
+    text,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
+
+PROG: Final = "gpuscope rightsize"
+ENV_PREFIX: Final = "GPUSCOPE_RIGHTSIZE_"
+TOKEN_ENV: Final = "GPUSCOPE_PROMETHEUS_BEARER_TOKEN"  # noqa: S105 - a variable name, not a secret
+PASSWORD_ENV: Final = "GPUSCOPE_PROMETHEUS_PASSWORD"  # noqa: S105 - a variable name, not a secret
+MAX_CLOCK_SKEW_SECONDS: Final = 300.0
+"""How far past this machine's clock `--end` may lie (another machine's clock may run ahead)."""
+SECRET_FILE_LIMIT: Final = 64 * 1024
+"""A bearer token (a JWT: a few KiB) or a password file."""
+CA_FILE_LIMIT: Final = 4 * 1024 * 1024
+"""CA certificates: a whole system bundle is about 220 KiB."""
+MAX_SELECTOR_LENGTH: Final = 4096
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP field name (RFC 9110's token)."""
+_SIZE: Final = re.compile(r"(\d{1,13})\s*(B|KiB|MiB|GiB)?")
+_SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+class UsageError(Exception):
+    """A command line argparse refuses (an unknown flag, a missing value): one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class RightsizeSettings(StrategySettings):
+    """Every setting of `gpuscope rightsize`, as given: the strategy's, and the job's own.
+    Field docs are the flags' help texts (see SETTINGS)."""
+
+    prometheus: str = ""
+    window: float = 14 * 86400.0
+    step: float = 300.0
+    end: float | None = None
+    """Unix seconds; None: now."""
+    namespaces: tuple[str, ...] = ()
+    selector: tuple[Requirement, ...] = ()
+    token_file: Path | None = None
+    username: str | None = None
+    password_file: Path | None = None
+    ca_file: Path | None = None
+    insecure_skip_verify: bool = False
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout: float = 120.0
+    concurrency: int = 4
+    max_response_size: int = DEFAULT_MAX_RESPONSE_BYTES
+    strategy: str = "simple"
+    prices_file: Path | None = None
+    catalog_file: Path | None = None
+    output_format: str = "table"
+    output: Path | None = None
+    configmap: ConfigMapTarget | None = None
+    config_file: Path | None = None
+    log_level: str = "info"
+    log_format: str = "logfmt"
+
+
+@dataclass(frozen=True, slots=True)
+class RightsizeConfig:
+    """What a run needs, every file it names read and checked."""
+
+    connection: Connection
+    selection: Selection
+    window: float
+    step: float
+    end: float
+    strategy: str
+    settings: StrategySettings
+    output_format: str
+    output: Path | None
+    configmap: ConfigMapTarget | None
+    catalog: Catalog
+    prices: dict[str, float]
+    log_level: str
+    log_format: str
+
+
+# -- value parsers ------------------------------------------------------------------------------
+
+
+def parse_url(value: object) -> str:
+    url = text(value).strip()
+    try:
+        parts = urlsplit(url) if url.isprintable() and " " not in url else None
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ValueError(f"{quote(url)} is not an http:// or https:// URL")
+    return url
+
+
+def parse_end(value: object) -> float:
+    """A moment, RFC 3339 or unix seconds, from the epoch up to `MAX_CLOCK_SKEW_SECONDS` ahead."""
+    if isinstance(value, datetime):  # a YAML timestamp
+        spelled, seconds = value.isoformat(), _timestamp(value, value.isoformat())
+    else:
+        spelled = text(value).strip()
+        try:
+            seconds = float(spelled)
+        except ValueError:
+            seconds = _timestamp(_rfc3339(spelled), spelled)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{quote(spelled)} is not a moment in time")
+    if seconds < 0:
+        raise ValueError(f"{quote(spelled)} is before 1970")
+    if seconds > time.time() + MAX_CLOCK_SKEW_SECONDS:
+        raise ValueError(
+            f"{quote(spelled)} is in the future (more than "
+            f"{format_duration(MAX_CLOCK_SKEW_SECONDS)} ahead of this machine's clock)"
+        )
+    return seconds
+
+
+def _rfc3339(spelled: str) -> datetime:
+    try:
+        return datetime.fromisoformat(spelled)
+    except ValueError:
+        raise ValueError(f"{quote(spelled)} is neither RFC 3339 nor unix seconds") from None
+
+
+def _timestamp(moment: datetime, spelled: str) -> float:
+    if moment.tzinfo is None:
+        raise ValueError(f"{quote(spelled)} needs a time zone (e.g. Z)")
+    return moment.timestamp()
+
+
+def parse_namespace_list(values: object) -> tuple[str, ...]:
+    return parse_namespaces([text(value) for value in listed(values)])
+
+
+def parse_selector_text(value: object) -> tuple[Requirement, ...]:
+    spelled = text(value)
+    if len(spelled) > MAX_SELECTOR_LENGTH:
+        raise ValueError(f"longer than {MAX_SELECTOR_LENGTH} characters")
+    return parse_selector(spelled) if spelled.strip() else ()
+
+
+def parse_username(value: object) -> str:
+    user = text(value)
+    if not user or ":" in user or not user.isprintable():
+        raise ValueError(
+            f"{quote(user)} is not a basic-auth user (no colon, no control characters)"
+        )
+    return user
+
+
+def parse_headers(values: object) -> tuple[tuple[str, str], ...]:
+    """`Name: value` headers. A repeated setting's values come split at commas; a piece that is
+    not `Name: value` is the rest of the header before it (`Accept: a, b`)."""
+    headers: list[tuple[str, str]] = []
+    for value in listed(values):
+        spelled = text(value).strip()
+        if not spelled.isprintable():
+            raise ValueError(f"{quote(spelled)} has control characters")
+        name, colon, content = spelled.partition(":")
+        if colon and _HEADER_NAME.fullmatch(name.strip()):
+            headers.append((name.strip(), content.strip()))
+        elif headers:
+            headers[-1] = (headers[-1][0], f"{headers[-1][1]}, {spelled}")
+        else:
+            raise ValueError(f"{quote(spelled)} is not 'Name: value'")
+    return tuple(headers)
+
+
+def size_between(low: int, high: int) -> Callable[[object], int]:
+    """A size in bytes: `33554432`, `512KiB`, `32MiB`, `1GiB`."""
+
+    def parse(value: object) -> int:
+        spelled = text(value).strip()
+        match = _SIZE.fullmatch(spelled)
+        if match is None:
+            raise ValueError(f"{quote(spelled)} is not a size (e.g. 512KiB, 32MiB, 1GiB)")
+        size = int(match[1]) * _SIZE_UNITS[match[2] or "B"]
+        if not low <= size <= high:
+            raise ValueError(f"{size_text(size)} is outside {size_text(low)}..{size_text(high)}")
+        return size
+
+    return parse
+
+
+def parse_output(value: object) -> Path:
+    path = parse_path(value)
+    if not path.parent.is_dir():
+        raise ValueError(f"directory {quote(str(path.parent), PATH_QUOTE_LIMIT)} does not exist")
+    return path
+
+
+def parse_configmap(value: object) -> ConfigMapTarget:
+    return parse_target(text(value))
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+_DEFAULTS: Final = RightsizeSettings()
+_URL_HELP: Final = (
+    "Base URL of the PromQL API: Prometheus (http://prometheus:9090), Thanos Query "
+    "(http://thanos-query:10902), Mimir (https://mimir/prometheus), VictoriaMetrics."
+)
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting(
+        "config.file",
+        "config_file",
+        parse_path,
+        "YAML file with any of these settings, nested at the dots "
+        "(prometheus: {url: http://prometheus:9090, timeout: 1m}).",
+        "FILE",
+        flag_only=True,
+    ),
+    Setting(
+        "prometheus.url",
+        "prometheus",
+        parse_url,
+        "The same as --prometheus, so that a config file can nest it beside the other "
+        "prometheus.* settings (prometheus: {url: ..., timeout: 1m}).",
+        "URL",
+        group="history",
+    ),
+    Setting(
+        "prometheus", "prometheus", parse_url, _URL_HELP, "URL", required=True, group="history"
+    ),
+    Setting(
+        "window",
+        "window",
+        duration_between(3600, 365 * 86400),
+        "How far back to look (1h to 365d).",
+        "DURATION",
+        group="history",
+    ),
+    Setting(
+        "step",
+        "step",
+        duration_between(10, 86400),
+        "Resolution of the history: utilization is averaged per step (10s to 1d; at least twice "
+        "the scrape interval; the window spans at least two).",
+        "DURATION",
+        group="history",
+    ),
+    Setting(
+        "end",
+        "end",
+        parse_end,
+        "End of the window, RFC 3339 or unix seconds, for reproducible reports; at most "
+        f"{format_duration(MAX_CLOCK_SKEW_SECONDS)} ahead of this machine's clock.",
+        "TIME",
+        group="history",
+        shown_default="now",
+    ),
+    Setting(
+        "namespace",
+        "namespaces",
+        parse_namespace_list,
+        "Only these namespaces (repeat or comma-separate).",
+        "NS",
+        repeated=True,
+        group="history",
+        shown_default="all",
+    ),
+    Setting(
+        "selector",
+        "selector",
+        parse_selector_text,
+        "Kubernetes label selector on pod labels (team=ml,tier in (batch)), matched against the "
+        "label_* labels of gpu_pod_info (the daemon's --kubernetes.pod-labels must export them).",
+        "SELECTOR",
+        group="history",
+    ),
+    Setting(
+        "prometheus.bearer-token-file",
+        "token_file",
+        parse_file,
+        f"Send this file's token as a bearer token (or set the token itself in {TOKEN_ENV}); "
+        f"at most {size_text(SECRET_FILE_LIMIT)}.",
+        "FILE",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.username",
+        "username",
+        parse_username,
+        f"Basic-auth user; the password comes from --prometheus.password-file or {PASSWORD_ENV}.",
+        "USER",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.password-file",
+        "password_file",
+        parse_file,
+        f"Basic-auth password file (at most {size_text(SECRET_FILE_LIMIT)}).",
+        "FILE",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.ca-file",
+        "ca_file",
+        parse_file,
+        "CA certificates (PEM) to verify the server's TLS certificate with "
+        f"(at most {size_text(CA_FILE_LIMIT)}).",
+        "FILE",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.insecure-skip-verify",
+        "insecure_skip_verify",
+        parse_bool,
+        "Do not verify the server's TLS certificate.",
+        "BOOL",
+        switch=True,
+        group="connection",
+    ),
+    Setting(
+        "prometheus.header",
+        "headers",
+        parse_headers,
+        "Extra request header, e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex (repeatable).",
+        "'NAME: VALUE'",
+        repeated=True,
+        group="connection",
+    ),
+    Setting(
+        "prometheus.timeout",
+        "timeout",
+        duration_between(1, 3600),
+        "Time limit of one query attempt (1s to 1h).",
+        "DURATION",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.concurrency",
+        "concurrency",
+        count_between(1, 32),
+        "Queries in flight at once (1 to 32).",
+        "N",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.max-response-size",
+        "max_response_size",
+        size_between(1 << 20, 4 << 30),
+        "Largest answer read from the PromQL API (1MiB to 4GiB): a longer one fails the query "
+        "as soon as it passes the limit. An answer costs about 6.5 times its size in memory.",
+        "SIZE",
+        group="connection",
+        shown_default=size_text(DEFAULT_MAX_RESPONSE_BYTES).replace(" ", ""),
+    ),
+    Setting(
+        "strategy",
+        "strategy",
+        one_of(*sorted(STRATEGIES)),
+        f"The strategy, registered by name: {', '.join(sorted(STRATEGIES))}.",
+        "NAME",
+        group="strategy",
+    ),
+    *STRATEGY_SETTINGS,
+    Setting(
+        "prices",
+        "prices_file",
+        parse_file,
+        "YAML price file overriding the catalog's on-demand prices, per catalog key or NVML name: "
+        'prices: {h100-sxm: 4.10, "NVIDIA L4": 0.62}.',
+        "FILE",
+        group="strategy",
+    ),
+    Setting(
+        "catalog.file",
+        "catalog_file",
+        parse_file,
+        "A GPU catalog replacing the built-in one.",
+        "FILE",
+        group="strategy",
+    ),
+    Setting(
+        "format",
+        "output_format",
+        one_of(*FORMATTERS),
+        "table (rich; colour on a terminal), json, yaml, csv, markdown, html (self-contained, "
+        "inline SVG plots).",
+        "FORMAT",
+        group="output",
+    ),
+    Setting(
+        "output",
+        "output",
+        parse_output,
+        "Write the report to FILE instead of standard output.",
+        "FILE",
+        group="output",
+        shown_default="standard output",
+    ),
+    Setting(
+        "configmap",
+        "configmap",
+        parse_configmap,
+        "Also keep the report in this ConfigMap under the key report.EXT (EXT: the format's "
+        "extension: md, json, ...), created or replaced.",
+        "NAMESPACE/NAME",
+        group="output",
+    ),
+    Setting(
+        "log.level",
+        "log_level",
+        one_of(*logs.LEVELS),
+        "Log level; logs go to standard error, the report alone to standard output.",
+        "LEVEL",
+        group="output",
+    ),
+    Setting(
+        "log.format",
+        "log_format",
+        one_of("logfmt", "json"),
+        "Log format.",
+        "FORMAT",
+        group="output",
+    ),
+)
+
+RIGHTSIZE: Final = SettingsTable(SETTINGS, _DEFAULTS, env_prefix=ENV_PREFIX)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        allow_abbrev=False,
+        description="Read GPU usage history from Prometheus (or any PromQL API: Thanos, Mimir, "
+        "VictoriaMetrics) and recommend, per workload, what it should run on and what that saves. "
+        "Every flag can also be set by its environment variable or in the --config.file YAML.",
+    )
+    RIGHTSIZE.add_arguments(parser)
+    return parser
+
+
+def settings_table() -> str:
+    """The README's flag table of `gpuscope rightsize`."""
+    return RIGHTSIZE.table()
+
+
+def load(argv: Sequence[str], environ: Mapping[str, str]) -> RightsizeConfig:
+    """The run's configuration from the command line, the environment and `--config.file`;
+    raises `UsageError` or `ConfigError` (one line) for the first thing wrong."""
+    flags = vars(build_parser().parse_args(argv))
+    return configure(RightsizeSettings(**RIGHTSIZE.load(flags, environ)), environ)
+
+
+# -- from settings to a run ---------------------------------------------------------------------
+
+
+def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> RightsizeConfig:
+    """Read the files the settings name and check what no single setting can."""
+    if settings.window < 2 * settings.step:
+        raise ConfigError("--window", "must span at least two steps")
+    catalog = _catalog(settings.catalog_file)
+    unknown = [m for m in settings.models if m not in {"all", "seen"} and catalog.find(m) is None]
+    if unknown:
+        raise ConfigError(
+            "--models", f"{', '.join(unknown)} not in the catalog (use keys like h100-sxm, l4)"
+        )
+    try:
+        prices = load_price_file(settings.prices_file, catalog) if settings.prices_file else {}
+    except PriceFileError as error:
+        raise ConfigError("--prices", str(error)) from None
+    return RightsizeConfig(
+        connection=_connection(settings, environ),
+        selection=Selection(settings.namespaces, settings.selector),
+        window=settings.window,
+        step=settings.step,
+        end=time.time() if settings.end is None else settings.end,
+        strategy=settings.strategy,
+        settings=StrategySettings(
+            **{field.name: getattr(settings, field.name) for field in fields(StrategySettings)}
+        ),
+        output_format=settings.output_format,
+        output=settings.output,
+        configmap=settings.configmap,
+        catalog=catalog,
+        prices=prices,
+        log_level=settings.log_level,
+        log_format=settings.log_format,
+    )
+
+
+def _catalog(path: Path | None) -> Catalog:
+    try:
+        return load_catalog(path) if path is not None else builtin_catalog()
+    except CatalogError as error:
+        raise ConfigError("--catalog.file", str(error)) from None
+
+
+def _connection(settings: RightsizeSettings, environ: Mapping[str, str]) -> Connection:
+    token = _secret_variable(environ, TOKEN_ENV)
+    if settings.token_file is not None:
+        token = _secret_file("--prometheus.bearer-token-file", settings.token_file)
+    password = _secret_variable(environ, PASSWORD_ENV)
+    if settings.password_file is not None:
+        if settings.username is None:
+            raise ConfigError("--prometheus.password-file", "needs --prometheus.username")
+        password = _secret_file("--prometheus.password-file", settings.password_file)
+    if password and settings.username is None:
+        raise ConfigError(PASSWORD_ENV, "a password needs --prometheus.username")
+    if token and settings.username is not None:
+        raise ConfigError("--prometheus.username", "choose bearer token or basic auth, not both")
+    return Connection(
+        url=settings.prometheus,
+        bearer_token=token or None,
+        username=settings.username,
+        password=password,
+        ca_certificates=_certificates(settings.ca_file) if settings.ca_file else None,
+        insecure_skip_verify=settings.insecure_skip_verify,
+        headers=dict(settings.headers),
+        timeout_seconds=settings.timeout,
+        concurrency=settings.concurrency,
+        max_response_bytes=settings.max_response_size,
+    )
+
+
+def _secret_variable(environ: Mapping[str, str], name: str) -> str | None:
+    value = environ.get(name)
+    if value is not None and not value.isprintable():
+        raise ConfigError(name, "has control characters")  # never quoted: a secret
+    return value
+
+
+def _secret_file(flag: str, path: Path) -> str:
+    """A token or password: the file's text without surrounding whitespace, never quoted."""
+    try:
+        secret = documents.read_bounded(path, SECRET_FILE_LIMIT).decode("utf-8").strip()
+    except documents.Invalid as problem:
+        raise ConfigError(flag, f"{path}: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(flag, f"{path}: not UTF-8 text") from None
+    if not secret.isprintable():
+        raise ConfigError(flag, f"{path}: has control characters")
+    return secret
+
+
+def _certificates(path: Path) -> str:
+    """The PEM text of the CA certificates in the file, checked by loading them."""
+    flag = "--prometheus.ca-file"
+    try:
+        pem = documents.decode(documents.read_bounded(path, CA_FILE_LIMIT))
+        ssl.create_default_context().load_verify_locations(cadata=pem)
+    except documents.Invalid as problem:
+        raise ConfigError(flag, f"{path}: {problem}") from None
+    except (ssl.SSLError, ValueError) as error:
+        reason = getattr(error, "reason", None) or "unreadable"
+        raise ConfigError(flag, f"{path}: no PEM certificates in it ({reason})") from None
+    return pem
