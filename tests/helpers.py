@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import re
 import shutil
@@ -20,12 +22,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Awaitable, Callable, Iterator, Mapping
+
+    from exporter.sampling import SamplingLoop
 
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEETS = Path(__file__).resolve().parent / "fixtures" / "fleets"
+CYCLES = "gpuscope_sample_cycles_total"
+"""The daemon's own count of completed sampling cycles: what tests wait on instead of sleeping."""
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -82,13 +88,37 @@ class Daemon:
         return body.decode()
 
     def wait_ready(self, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.get("/-/ready")[0] == 200:
-                return
-            time.sleep(0.05)
-        raise AssertionError(
-            f"daemon not ready after {timeout}s; log:\n" + "\n".join(self.log_lines)
+        eventually(
+            lambda: self.get("/-/ready")[0] == 200,
+            timeout,
+            "the daemon to be ready",
+            every=0.05,
+            detail=lambda: "log:\n" + "\n".join(self.log_lines),
+        )
+
+    def cycles(self) -> int:
+        """Sampling cycles the daemon completed (`gpuscope_sample_cycles_total`)."""
+        return int(value(self.metrics(), CYCLES))
+
+    def metrics_until(self, check: Callable[[str], object], timeout: float, what: str) -> str:
+        """Scrape /metrics until `check(text)` holds; that text. A timeout shows the last one."""
+        last = [""]
+
+        def scrape() -> str | None:
+            last[0] = self.metrics()
+            return last[0] if check(last[0]) else None
+
+        return eventually(scrape, timeout, what, detail=lambda: "last /metrics:\n" + last[0])
+
+    def wait_cycles(self, n: int, *, since: float | None = None, timeout: float = 10.0) -> str:
+        """Wait until the daemon completed `n` more sampling cycles than `since` (by default:
+        than now) — instead of sleeping for what should be n intervals. The /metrics text that
+        showed them; a failure if they take longer than `timeout` seconds."""
+        start = self.cycles() if since is None else since
+        return self.metrics_until(
+            lambda text: value(text, CYCLES) >= start + n,
+            timeout,
+            f"{n} sampling cycles after cycle {start:.0f}",
         )
 
     def stop(self, timeout: float = 10.0) -> int:
@@ -151,18 +181,82 @@ def running_daemon(
 
 
 def eventually(
-    check: Callable[[], T | None], timeout: float, what: str, *, every: float = 0.1
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    *,
+    every: float = 0.1,
+    detail: Callable[[], str] | None = None,
 ) -> T:
     """Poll `check` until it gives a truthy value (returned), or fail after `timeout` seconds
-    naming `what`. The one way tests wait for something to happen."""
+    naming `what` (and `detail()`, say the last answer or a log). The one way tests wait for
+    something to happen; `eventually_async` is the same for tests on the event loop."""
     deadline = time.monotonic() + timeout
     while True:
         found = check()
         if found:
             return found
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(_timed_out(timeout, what, detail))
         time.sleep(every)
+
+
+async def eventually_async(
+    check: Callable[[], T | Awaitable[T | None] | None],
+    timeout: float,  # noqa: ASYNC109 - eventually()'s signature; the deadline is checked per poll
+    what: str,
+    *,
+    every: float = 0.01,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """`eventually` for a test running on the event loop (an in-process app or `SamplingLoop`):
+    `check` may be a coroutine function, and the loop runs between polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if inspect.isawaitable(found):
+            found = await found
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(_timed_out(timeout, what, detail))
+        await asyncio.sleep(every)
+
+
+def _timed_out(timeout: float, what: str, detail: Callable[[], str] | None) -> str:
+    message = f"timed out after {timeout}s waiting for {what}"
+    return f"{message}; {detail()}" if detail is not None else message
+
+
+def loop_cycles(sampling: SamplingLoop) -> int:
+    """Cycles an in-process `SamplingLoop` completed, read as a scrape would
+    (`gpuscope_sample_cycles_total` of its latest exposition; 0 before the first), without
+    rendering it (rendering would change what the loop pre-renders)."""
+    exposition = sampling.exposition
+    if exposition is None:
+        return 0
+    return int(
+        next(
+            sample.value
+            for family in exposition.families
+            for sample in family.samples
+            if sample.name == CYCLES
+        )
+    )
+
+
+async def loop_cycles_pass(
+    sampling: SamplingLoop,
+    n: int,
+    timeout: float = 10.0,  # noqa: ASYNC109 - as eventually_async's
+) -> int:
+    """Wait until an in-process `SamplingLoop` completed `n` more cycles; the count then."""
+    start = loop_cycles(sampling)
+    return await eventually_async(
+        lambda: (now := loop_cycles(sampling)) >= start + n and now,
+        timeout,
+        f"{n} sampling cycles after cycle {start}",
+    )
 
 
 def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
