@@ -17,8 +17,8 @@ from dashboards import build, promql
 from dashboards.layout import datasource_variable
 from dashboards.panels import DATASOURCE
 from exporter.metrics.process import own_families
+from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
-from tests.test_dashboards_live import grafana_values, recorded_names
 
 if TYPE_CHECKING:
     from pathlib import Path

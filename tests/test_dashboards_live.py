@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import time
-from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 import pytest
-import yaml
 
 from dashboards import promql
-from dashboards.live import RULE_FILES, LiveStack, Prometheus
+from dashboards.live import LiveStack, Prometheus
 from dashboards.render import UNIT_PX, render_all
+from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values, rules
 from tests.demo_node import DEMO_NODES
 from tests.helpers import ROOT, require_tool
 
@@ -32,9 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-SCRAPE_SECONDS: Final = 1.0
-RANGE_SECONDS: Final = 60.0
-"""The dashboard time range the queries are run for ($__range); longer than the data there is."""
 WINDOW_SECONDS: Final = 15.0
 """How far back range queries (time series panels) look."""
 
@@ -65,34 +61,6 @@ NOT_TRIGGERED_LIVE: Final = {
     "GpuscopeKubernetesWatchDown": "the stack runs without a Kubernetes API to lose",
 }
 """Alerts covered by the promtool unit tests only, and why the live stack cannot raise them."""
-
-
-@cache
-def rule_documents() -> tuple[dict[str, Any], ...]:
-    return tuple(yaml.safe_load(path.read_text(encoding="utf-8")) for path in RULE_FILES)
-
-
-def rules() -> list[dict[str, Any]]:
-    return [
-        rule
-        for document in rule_documents()
-        for group in document["groups"]
-        for rule in group["rules"]
-    ]
-
-
-def recorded_names() -> set[str]:
-    return {rule["record"] for rule in rules() if "record" in rule}
-
-
-def grafana_values(dashboard: dict[str, Any]) -> dict[str, str]:
-    """Grafana's substitutions for a 1 s scrape interval and the test's time range."""
-    return promql.grafana_values(
-        dashboard,
-        interval=SCRAPE_SECONDS,
-        scrape_seconds=SCRAPE_SECONDS,
-        range_seconds=RANGE_SECONDS,
-    )
 
 
 def dashboards() -> list[dict[str, Any]]:
