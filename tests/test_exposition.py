@@ -16,6 +16,7 @@ from exporter.metrics.exposition import (
     accepts_gzip,
     negotiate,
 )
+from tests.golden_fleet import render_families
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -137,8 +138,6 @@ class _Registry:
 
 
 async def test_fast_renderers_equal_prometheus_client_byte_for_byte() -> None:
-    from tests.test_golden import render_families  # noqa: PLC0415 - shares the golden fleet
-
     for families in (tricky_families(), await render_families(), tricky_families()):
         exposition = Exposition(lambda families=families: families)
         assert exposition.render(TEXT).body == reference_text(_Registry(families))  # type: ignore[arg-type]
