@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.simulator import load_fleet
-from tests.fake_kube.pods import NODE, pod, serve_pods
-from tests.fake_kube.server import FakeKube
-from tests.fake_kubelet import FakeKubelet, gpu_allocations
+from tests.attributed_node import FLEET, GPU, UUIDS, Node, attributed, attributed_node
+from tests.fake_kube.pods import NODE
 from tests.helpers import (
-    FLEETS,
+    CYCLES,
     assert_promtool_accepts,
     daemon_command,
     running_daemon,
@@ -25,113 +21,27 @@ from tests.helpers import (
     series,
     value,
 )
-from tests.proc_fixture import PROC, container_id, pod_uid
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
-    from tests.helpers import Daemon
-
 pytestmark = pytest.mark.slow
-FLEET = FLEETS / "attribution.yaml"
-UUIDS = [gpu.uuid for gpu in load_fleet(FLEET).gpus]
-GPU = "nvidia.com/gpu"
 GIB = 2**30
-
-PODS = (
-    pod(
-        "infer-a-7d9c8b6f5-x2x9q",
-        pod_uid(1),
-        namespace="ml",
-        containers={"server": container_id(1)},
-        owner=("ReplicaSet", "infer-a-7d9c8b6f5"),
-        labels={"pod-template-hash": "7d9c8b6f5", "team": "vision"},
-    ),
-    pod(
-        "infer-b-0",
-        pod_uid(2),
-        namespace="ml",
-        containers={"server": container_id(2)},
-        owner=("StatefulSet", "infer-b"),
-        runtime="cri-o",
-    ),
-    pod("notebook", pod_uid(20), namespace="lab", containers={"jupyter": container_id(20)}),
-    pod(
-        "train-29471040-q8x7z",
-        pod_uid(3),
-        namespace="train",
-        containers={"main": container_id(3)},
-        owner=("Job", "train-29471040"),
-    ),
-    pod(
-        "gpu-monitor-7xk2p",
-        pod_uid(10),
-        namespace="kube-system",
-        containers={"agent": container_id(10)},
-        owner=("DaemonSet", "gpu-monitor"),
-    ),
-    pod("elsewhere", pod_uid(40), node="other-node", containers={"main": container_id(40)}),
-)
-ALLOCATIONS = gpu_allocations(
-    [
-        ("ml", "infer-a-7d9c8b6f5-x2x9q", "server", GPU, [f"{UUIDS[0]}::0"]),
-        ("ml", "infer-b-0", "server", GPU, [f"{UUIDS[0]}::1"]),
-        ("lab", "notebook", "jupyter", GPU, [UUIDS[1]]),
-        ("train", "train-29471040-q8x7z", "main", GPU, ["nvidia2"]),  # by /dev/nvidia2
-    ]
-)
-
-
-@dataclass
-class Node:
-    api: FakeKube
-    kubelet: FakeKubelet
-    args: list[str]
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    with serve_pods(FakeKube(), *PODS) as api, FakeKubelet(tmp_path / "kubelet.sock") as kubelet:
-        kubelet.set(ALLOCATIONS)
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        yield Node(
-            api,
-            kubelet,
-            [
-                f"--simulate={FLEET}",
-                f"--path.procfs={PROC}",
-                f"--kubeconfig={kubeconfig}",
-                f"--kubernetes.node-name={NODE}",
-                f"--kubelet.pod-resources-socket={kubelet.socket}",
-                "--kubernetes.pod-labels=team",
-            ],
-        )
-
-
-def wait_for(daemon: Daemon, check: Callable[[str], bool], timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = daemon.metrics()
-        if check(text):
-            return text
-        if time.monotonic() > deadline:
-            raise AssertionError("not seen in time; last /metrics:\n" + text)
-        time.sleep(0.1)
-
-
-def attributed(text: str) -> bool:
-    return bool(series(text, "gpu_pod_memory_used_bytes", pod="infer-b-0")) and bool(
-        series(text, "gpu_allocation_info", pod="notebook")
-    )
+    with attributed_node(tmp_path, "--kubernetes.pod-labels=team") as node:
+        yield node
 
 
 def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
     with running_daemon(*node.args, "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
-        text = wait_for(daemon, attributed)
-        time.sleep(1.0)
-        text = daemon.metrics()
+        daemon.metrics_until(attributed, 60, "attribution")
+        # five more cycles: utilization windows and the busy counters have something to show
+        text = daemon.wait_cycles(5)
 
     # GPU 0 is time-sliced between two pods: each gets its own memory and utilization
     a = {"gpu": "0", "pod": "infer-a-7d9c8b6f5-x2x9q", "container": "server"}
@@ -186,21 +96,23 @@ def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
     assert_promtool_accepts(text)
 
 
-def cycles(text: str) -> float:
-    return value(text, "gpuscope_sample_cycles_total")
+def watch_up(text: str) -> bool:
+    return value(text, "gpuscope_kubernetes_watch_up") == 1
 
 
 def test_a_deleted_pod_disappears_within_two_sample_intervals(node: Node) -> None:
     with running_daemon(*node.args, "--collect.interval=500ms") as daemon:
         daemon.wait_ready()
-        text = wait_for(daemon, lambda t: bool(series(t, "gpu_pod_info", pod="notebook")))
+        daemon.metrics_until(
+            lambda t: bool(series(t, "gpu_pod_info", pod="notebook")), 60, "the notebook pod"
+        )
         node.api.send_garbage()  # bad input on the way: logged once, healed by a fresh list
-        wait_for(daemon, lambda t: value(t, "gpuscope_kubernetes_watch_up") == 1)
+        daemon.metrics_until(watch_up, 60, "the watch after garbage")
         node.api.send_garbage()
-        text = wait_for(daemon, lambda t: value(t, "gpuscope_kubernetes_watch_up") == 1)
-        before = cycles(text)
+        text = daemon.metrics_until(watch_up, 60, "the watch after more garbage")
+        before = value(text, CYCLES)
         node.api.delete("pods", "lab", "notebook")
-        text = wait_for(daemon, lambda t: cycles(t) >= before + 2)
+        text = daemon.wait_cycles(2, since=before, timeout=60)
         assert not [name for name, labels in samples(text) if ("pod", "notebook") in labels], (
             "the deleted pod's series are gone two cycles after the deletion"
         )

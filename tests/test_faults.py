@@ -25,20 +25,17 @@ import pytest
 
 from exporter.calibration.profile import configmap_key, dump_profile
 from exporter.web.server import HEADER_SECONDS
-from tests.fake_kube.pods import NODE, serve_pods
-from tests.fake_kube.server import FakeKube
+from tests.attributed_node import ALLOCATIONS, GPU, PODS, UUIDS, Node, attributed, attributed_node
 from tests.fake_kubelet import FakeKubelet, gpu_allocations
 from tests.fake_nvml import XID_EVENT, FakeDevice, FakeEvent, FakeNvmlState, build_fake_nvml
-from tests.helpers import ROOT, running_daemon, series, value
+from tests.fake_nvml.node import fake_env, gpu_up, node_state, watching, xids
+from tests.helpers import CYCLES, ROOT, eventually, running_daemon, series, value
+from tests.mounted_configmap import publish
 from tests.proc_fixture import PROC
 from tests.profiles import gpu_profile
-from tests.test_calibration_e2e import publish
-from tests.test_e2e_attribution import ALLOCATIONS, FLEET, GPU, PODS, UUIDS, attributed
-from tests.test_nvml_backend import fake_env, gpu_up, node_state, wait_for
-from tests.test_nvml_deeper import watching, xids
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
     from tests.helpers import Daemon
@@ -48,19 +45,6 @@ pytestmark = pytest.mark.slow
 API_OUTAGE_SECONDS = float(os.environ.get("GPUSCOPE_TEST_API_OUTAGE_SECONDS", "60"))
 """How long the API server stays away in the outage test: a minute by default, longer than the
 pod watch's whole backoff ladder (0.5 + 1 + 2 + 5 + 10 s, then every 20 s)."""
-
-
-def metrics_until(daemon: Daemon, check: Callable[[str], bool], timeout: float, what: str) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = daemon.metrics()
-        if check(text):
-            return text
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what}; /metrics:\n{text}"
-            )
-        time.sleep(0.1)
 
 
 def devices_intact(text: str, gpus: int = 3) -> None:
@@ -74,10 +58,6 @@ def devices_intact(text: str, gpus: int = 3) -> None:
 
 def success(text: str, collector: str) -> float:
     return value(text, "gpuscope_collector_success", collector=collector)
-
-
-def cycles(text: str) -> float:
-    return value(text, "gpuscope_sample_cycles_total")
 
 
 def lines(daemon: Daemon, fragment: str) -> list[str]:
@@ -95,7 +75,7 @@ def test_gpu_lost_mid_run_and_back_after_a_driver_reinit(
         daemon.wait_ready()
         assert gpu_up(daemon, "1") == 1
         node_state(lost=True).write(state)
-        wait_for(lambda: gpu_up(daemon, "1") == 0, 5, "GPU 1 to go down")
+        eventually(lambda: gpu_up(daemon, "1") == 0, 5, "GPU 1 to go down")
         text = daemon.metrics()
         assert gpu_up(daemon, "0") == 1, "the other GPU keeps reporting"
         assert value(text, "gpu_utilization_ratio", gpu="0") == pytest.approx(0.37)
@@ -103,7 +83,7 @@ def test_gpu_lost_mid_run_and_back_after_a_driver_reinit(
         assert value(text, "gpu_busy_seconds_total", gpu="0") > 0
         assert series(text, "gpu_info", gpu="1"), "a lost GPU keeps its identity"
         node_state().write(state)
-        wait_for(lambda: gpu_up(daemon, "1") == 1, 15, "GPU 1 to come back after re-init")
+        eventually(lambda: gpu_up(daemon, "1") == 1, 15, "GPU 1 to come back after re-init")
         assert daemon.process.poll() is None
     assert lines(daemon, "GPU stopped answering")
     assert lines(daemon, "GPU answers again")
@@ -120,7 +100,7 @@ def test_nvml_init_failing_at_start_then_succeeding(fake_lib_dir: Path, tmp_path
         assert not series(text, "gpu_up")
         assert value(text, "gpuscope_build_info", version="0.1.0") == 1, "self-metrics served"
         node_state().write(state)
-        metrics_until(daemon, lambda t: success(t, "nvml") == 1, 10, "NVML to initialise")
+        daemon.metrics_until(lambda t: success(t, "nvml") == 1, 10, "NVML to initialise")
         assert gpu_up(daemon, "0") == 1
 
 
@@ -136,8 +116,7 @@ def test_a_function_missing_from_the_driver_drops_only_its_series(tmp_path: Path
     state = node_state().write(tmp_path / "state")
     with running_daemon("--collect.interval=100ms", env=fake_env(old_driver, state)) as daemon:
         daemon.wait_ready()
-        time.sleep(0.5)
-        text = daemon.metrics()
+        text = daemon.wait_cycles(5)  # cycles enough to log it again, were it logged per cycle
     assert not series(text, "gpu_energy_joules_total"), "a missing function: series absent, not 0"
     assert value(text, "gpu_power_watts", gpu="0") == pytest.approx(412.5)
     # the older functions stand in for the missing newer ones
@@ -157,18 +136,15 @@ def test_the_event_threads_wait_failing(fake_lib_dir: Path, tmp_path: Path) -> N
     write()
     with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, path)) as daemon:
         daemon.wait_ready()
-        wait_for(lambda: watching(daemon) == 1, 10, "the event set")
+        eventually(lambda: watching(daemon) == 1, 10, "the event set")
         write(wait_error=999)  # NVML_ERROR_UNKNOWN from every nvmlEventSetWait
-        wait_for(lambda: bool(lines(daemon, "waiting for NVML events failed")), 10, "the failure")
-        before = cycles(daemon.metrics())
-        time.sleep(1.0)
-        text = daemon.metrics()
-        assert cycles(text) > before, "sampling goes on"
+        eventually(lambda: bool(lines(daemon, "waiting for NVML events failed")), 10, "the failure")
+        text = daemon.wait_cycles(5, timeout=1.0)  # sampling goes on, on time
         assert all(up == 1 for up in series(text, "gpu_up").values())
         assert success(text, "nvml") == 1
         # the driver's waits work again: the next XID is counted, by the same thread
         write(FakeEvent(1, XID_EVENT, 79))
-        wait_for(lambda: xids(daemon, "0", "79") == 1, 10, "an XID after the failures")
+        eventually(lambda: xids(daemon, "0", "79") == 1, 10, "an XID after the failures")
         assert daemon.process.poll() is None
     assert len(lines(daemon, "waiting for NVML events failed")) == 1, "said once, not per wait"
     assert watching(daemon) == 1, "no re-initialisation was needed"
@@ -178,24 +154,16 @@ def test_the_event_threads_wait_failing(fake_lib_dir: Path, tmp_path: Path) -> N
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[tuple[FakeKube, FakeKubelet, list[str]]]:
-    with serve_pods(FakeKube(), *PODS) as api, FakeKubelet(tmp_path / "kubelet.sock") as kubelet:
-        kubelet.set(ALLOCATIONS)
-        args = [
-            f"--simulate={FLEET}",
-            f"--path.procfs={PROC}",
-            f"--kubeconfig={api.write_kubeconfig(tmp_path / 'kubeconfig')}",
-            f"--kubernetes.node-name={NODE}",
-            f"--kubelet.pod-resources-socket={kubelet.socket}",
-        ]
-        yield api, kubelet, args
+def node(tmp_path: Path) -> Iterator[Node]:
+    with attributed_node(tmp_path) as node:
+        yield node
 
 
-def test_kubernetes_api_down_for_a_minute(node: tuple[FakeKube, FakeKubelet, list[str]]) -> None:
-    api, _, args = node
-    with running_daemon(*args, "--collect.interval=500ms") as daemon:
+def test_kubernetes_api_down_for_a_minute(node: Node) -> None:
+    api = node.api
+    with running_daemon(*node.args, "--collect.interval=500ms") as daemon:
         daemon.wait_ready()
-        metrics_until(daemon, attributed, 30, "attribution")
+        daemon.metrics_until(attributed, 30, "attribution")
         api.go_away()
         away_since = time.monotonic()
         try:
@@ -216,8 +184,7 @@ def test_kubernetes_api_down_for_a_minute(node: tuple[FakeKube, FakeKubelet, lis
             assert success(text, "kubernetes") == 0
         finally:
             api.come_back()
-        text = metrics_until(
-            daemon,
+        text = daemon.metrics_until(
             lambda t: (
                 value(t, "gpuscope_kubernetes_watch_up") == 1
                 and not series(t, "gpu_pod_info", pod="notebook")
@@ -233,23 +200,23 @@ def test_kubernetes_api_down_for_a_minute(node: tuple[FakeKube, FakeKubelet, lis
 
 
 def test_kubernetes_api_slow_500s_410_and_garbage(
-    node: tuple[FakeKube, FakeKubelet, list[str]],
+    node: Node,
 ) -> None:
-    api, _, args = node
-    with running_daemon(*args, "--collect.interval=200ms") as daemon:
+    api = node.api
+    with running_daemon(*node.args, "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
-        metrics_until(daemon, attributed, 30, "attribution")
+        daemon.metrics_until(attributed, 30, "attribution")
 
         # 500s: every list and watch refused; the device series and the last pods stay
         api.failure = 500
         api.drop_connections()
-        text = metrics_until(
-            daemon, lambda t: success(t, "kubernetes") == 0, 20, "the watch to notice"
+        text = daemon.metrics_until(
+            lambda t: success(t, "kubernetes") == 0, 20, "the watch to notice"
         )
         devices_intact(text)
         assert series(text, "gpu_pod_memory_used_bytes", pod="infer-b-0")
         api.failure = None
-        metrics_until(daemon, lambda t: success(t, "kubernetes") == 1, 30, "recovery from 500s")
+        daemon.metrics_until(lambda t: success(t, "kubernetes") == 1, 30, "recovery from 500s")
 
         # slow: 10 s per answer; the daemon is as fast as ever meanwhile and catches up
         api.delay = 10.0
@@ -260,14 +227,13 @@ def test_kubernetes_api_slow_500s_410_and_garbage(
             devices_intact(daemon.metrics())
             time.sleep(0.5)
         api.delay = 0.0
-        metrics_until(daemon, lambda t: success(t, "kubernetes") == 1, 40, "the slow answer")
+        daemon.metrics_until(lambda t: success(t, "kubernetes") == 1, 40, "the slow answer")
 
         # 410 Gone on the next watch: listed again, and changes made meanwhile are seen
         api.answer_gone(1)
         api.drop_connections()
         api.delete("pods", "train", "train-29471040-q8x7z")
-        metrics_until(
-            daemon,
+        daemon.metrics_until(
             lambda t: not series(t, "gpu_pod_info", pod="train-29471040-q8x7z"),
             30,
             "the deletion after 410",
@@ -276,8 +242,7 @@ def test_kubernetes_api_slow_500s_410_and_garbage(
         # garbage on the stream: logged once, healed by a fresh list
         api.send_garbage()
         api.put("pods", {**PODS[0], "metadata": {**PODS[0]["metadata"], "labels": {"v": "3"}}})
-        text = metrics_until(
-            daemon,
+        text = daemon.metrics_until(
             lambda t: success(t, "kubernetes") == 1 and bool(series(t, "gpu_pod_info")),
             30,
             "the watch after garbage",
@@ -287,19 +252,15 @@ def test_kubernetes_api_slow_500s_410_and_garbage(
     assert any("410 Gone" in line for line in daemon.log_lines)
 
 
-def test_pod_resources_missing_then_appearing(
-    node: tuple[FakeKube, FakeKubelet, list[str]], tmp_path: Path
-) -> None:
-    _, _, args = node
+def test_pod_resources_missing_then_appearing(node: Node, tmp_path: Path) -> None:
     socket = tmp_path / "later" / "kubelet.sock"
     socket.parent.mkdir()
-    args = [a for a in args if not a.startswith("--kubelet.pod-resources-socket")]
+    args = [a for a in node.args if not a.startswith("--kubelet.pod-resources-socket")]
     with running_daemon(
         *args, f"--kubelet.pod-resources-socket={socket}", "--collect.interval=200ms"
     ) as daemon:
         daemon.wait_ready()
-        text = metrics_until(
-            daemon,
+        text = daemon.metrics_until(
             lambda t: bool(series(t, "gpu_pod_memory_used_bytes", pod="infer-b-0")),
             30,
             "pods from cgroups and the API",
@@ -311,8 +272,7 @@ def test_pod_resources_missing_then_appearing(
         devices_intact(text)
         with FakeKubelet(socket) as kubelet:  # the kubelet starts (or the mount appears)
             kubelet.set(ALLOCATIONS)
-            text = metrics_until(
-                daemon,
+            text = daemon.metrics_until(
                 lambda t: bool(series(t, "gpu_allocation_info", pod="notebook")),
                 20,
                 "allocations once the socket is there",
@@ -323,20 +283,19 @@ def test_pod_resources_missing_then_appearing(
 
 
 def test_pod_resources_hanging_and_naming_unknown_devices(
-    node: tuple[FakeKube, FakeKubelet, list[str]],
+    node: Node,
 ) -> None:
-    _, kubelet, args = node
-    with running_daemon(*args, "--collect.interval=200ms") as daemon:
+    kubelet = node.kubelet
+    with running_daemon(*node.args, "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
-        metrics_until(daemon, attributed, 30, "attribution")
+        daemon.metrics_until(attributed, 30, "attribution")
         kubelet.delay = 30.0  # the kubelet hangs: each call times out (at most 1 s)
-        text = metrics_until(
-            daemon, lambda t: success(t, "podresources") == 0, 20, "the timeout to show"
+        text = daemon.metrics_until(
+            lambda t: success(t, "podresources") == 0, 20, "the timeout to show"
         )
-        before = cycles(text)
-        time.sleep(2.0)
-        text = daemon.metrics()
-        assert cycles(text) >= before + 3, "sampling is not held up by the hung kubelet"
+        # Sampling is not held up by the hung kubelet: 3 cycles (of 200 ms) within 2 s, which a
+        # cycle waiting out each 1 s call could not do.
+        text = daemon.wait_cycles(3, since=value(text, CYCLES), timeout=2.0)
         assert series(text, "gpu_allocation_info", pod="notebook"), "the last answer is kept"
         devices_intact(text)
         kubelet.delay = 0.0
@@ -355,8 +314,7 @@ def test_pod_resources_hanging_and_naming_unknown_devices(
                 ]
             )
         )
-        text = metrics_until(
-            daemon,
+        text = daemon.metrics_until(
             lambda t: (
                 success(t, "podresources") == 1
                 and not series(t, "gpu_allocation_info", pod="infer-b-0")
@@ -369,13 +327,10 @@ def test_pod_resources_hanging_and_naming_unknown_devices(
     assert len(lines(daemon, "a device this node's NVML does not show")) == 2
 
 
-def test_proc_entries_vanishing_between_listing_and_reading(
-    node: tuple[FakeKube, FakeKubelet, list[str]], tmp_path: Path
-) -> None:
-    _, _, args = node
+def test_proc_entries_vanishing_between_listing_and_reading(node: Node, tmp_path: Path) -> None:
     procfs = tmp_path / "proc"
     shutil.copytree(PROC, procfs)
-    args = [a for a in args if not a.startswith("--path.procfs")]
+    args = [a for a in node.args if not a.startswith("--path.procfs")]
     churning = [1001, 1002, 1010]  # exit and come back (a new process on the same pid)
     stop = threading.Event()
 
@@ -391,7 +346,7 @@ def test_proc_entries_vanishing_between_listing_and_reading(
 
     with running_daemon(*args, f"--path.procfs={procfs}", "--collect.interval=100ms") as daemon:
         daemon.wait_ready()
-        metrics_until(daemon, attributed, 30, "attribution")
+        daemon.metrics_until(attributed, 30, "attribution")
         churner = threading.Thread(target=churn)
         churner.start()
         try:
@@ -408,7 +363,7 @@ def test_proc_entries_vanishing_between_listing_and_reading(
             stop.set()
             churner.join(10)
         assert scrapes > 10
-        metrics_until(daemon, attributed, 10, "every process attributed again")
+        daemon.metrics_until(attributed, 10, "every process attributed again")
     assert not lines(daemon, "cgroup"), "no warning: vanishing entries are normal"
 
 
@@ -426,21 +381,20 @@ def test_calibration_file_corrupted_while_mounted(tmp_path: Path) -> None:
         f"--calibration.path={profiles}",
     ) as daemon:
         daemon.wait_ready()
-        metrics_until(
-            daemon,
+        daemon.metrics_until(
             lambda t: bool(series(t, "gpu_calibrated_flops", gpu="0", dtype="bf16")),
             10,
             "the profile",
         )
         publish(profiles, {key: good[: len(good) // 2]}, generation=2)  # a torn write
-        text = metrics_until(daemon, lambda t: success(t, "calibration") == 0, 10, "the rejection")
+        text = daemon.metrics_until(lambda t: success(t, "calibration") == 0, 10, "the rejection")
         assert not series(text, "gpu_calibrated_flops", gpu="0"), "no half-read figures"
         assert series(text, "gpu_datasheet_flops", gpu="0"), "the datasheet stays"
         devices_intact(text, gpus=5)
-        time.sleep(0.5)  # five more cycles: still one log line
+        daemon.wait_cycles(5)  # five more cycles: still one log line
         publish(profiles, {key: good}, generation=3)
-        text = metrics_until(
-            daemon, lambda t: success(t, "calibration") == 1, 10, "the fixed profile"
+        text = daemon.metrics_until(
+            lambda t: success(t, "calibration") == 1, 10, "the fixed profile"
         )
         assert value(text, "gpu_calibrated_flops", gpu="0", dtype="bf16") == 7.92e14
     assert len(lines(daemon, "calibration profile rejected")) == 1
@@ -543,7 +497,7 @@ def test_sigterm_during_scrapes_stops_cleanly_within_5s() -> None:
         scrapers = [threading.Thread(target=scrape_forever) for _ in range(4)]
         for thread in scrapers:
             thread.start()
-        time.sleep(0.5)
+        eventually(lambda: len(answered) >= 20, 10, "the scrapers to be scraping")
         started = time.monotonic()
         daemon.process.send_signal(signal.SIGTERM)
         status = daemon.process.wait(10)
@@ -579,13 +533,13 @@ def test_sighup_reloads_the_web_config(tmp_path: Path) -> None:
         # a bad file and SIGHUP: refused in one line, the old password still works
         config.write_text("basic_auth_users: [\n")
         daemon.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: bool(lines(daemon, "reason=SIGHUP")), 10, "the SIGHUP reload")
+        eventually(lambda: bool(lines(daemon, "reason=SIGHUP")), 10, "the SIGHUP reload")
         assert daemon.get(headers=_basic("prometheus", "pw-alpha-7731"))[0] == 200
         assert lines(daemon, "web config rejected")
         # a good file and SIGHUP: the new password from then on
         config.write_text(users(prometheus="pw-beta-9182"))
         daemon.process.send_signal(signal.SIGHUP)
-        wait_for(
+        eventually(
             lambda: daemon.get(headers=_basic("prometheus", "pw-beta-9182"))[0] == 200,
             10,
             "the new password",
@@ -603,6 +557,6 @@ def test_sighup_without_a_web_config_is_harmless() -> None:
     with running_daemon("--simulate=1") as daemon:
         daemon.wait_ready()
         daemon.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: bool(lines(daemon, "SIGHUP")), 10, "the SIGHUP line")
+        eventually(lambda: bool(lines(daemon, "SIGHUP")), 10, "the SIGHUP line")
         assert daemon.get()[0] == 200
         assert daemon.process.poll() is None

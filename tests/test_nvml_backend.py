@@ -7,76 +7,18 @@ from __future__ import annotations
 import ctypes.util
 import os
 import subprocess
-import time
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.fake_nvml import (
-    STATE_ENV,
-    FakeDevice,
-    FakeNvmlState,
-    FakeProcess,
-    FakeProcessSample,
-)
+from tests.fake_nvml import STATE_ENV
+from tests.fake_nvml.node import GIB, fake_env, node_state
 from tests.helpers import ROOT, daemon_command, running_daemon, series, value
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
-    from tests.helpers import Daemon
-
 pytestmark = pytest.mark.slow
-GIB = 1024**3
-
-
-def node_state(*, lost: bool = False) -> FakeNvmlState:
-    return FakeNvmlState(
-        driver_version="550.54.15",
-        cuda_version=12040,
-        devices=[
-            FakeDevice.numbered(
-                0,
-                name="NVIDIA H100 80GB HBM3",
-                util_gpu_percent=37,
-                util_memory_percent=12,
-                memory_total_bytes=80 * GIB,
-                memory_used_bytes=30 * GIB,
-                power_usage_mw=412_500,
-                power_limit_mw=700_000,
-                energy_mj=123_456_789,
-                temperature_c=61,
-                clock_sm_mhz=1755,
-                clock_event_reasons=0x4 | 0x20,
-                ecc_corrected_volatile=3,
-                performance_state=0,
-                processes=[FakeProcess(4242, 20 * GIB), FakeProcess(4343, 10 * GIB)],
-                process_samples=[
-                    FakeProcessSample(4242, 2_000_000_000_000_000, sm_util=30, mem_util=9),
-                    FakeProcessSample(4242, 2_000_000_000_100_000, sm_util=20, mem_util=5),
-                ],
-            ),
-            FakeDevice.numbered(1, num_fans=2, fan_speed_percent=55, lost=lost),
-        ],
-    )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def fake_env(lib_dir: Path, state: Path) -> dict[str, str]:
-    return {"LD_LIBRARY_PATH": str(lib_dir), STATE_ENV: str(state)}
-
-
-def gpu_up(daemon: Daemon, gpu: str) -> float:
-    return value(daemon.metrics(), "gpu_up", gpu=gpu)
 
 
 def test_values_read_through_real_pynvml(fake_lib_dir: Path, tmp_path: Path) -> None:

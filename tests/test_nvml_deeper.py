@@ -20,8 +20,8 @@ from tests.fake_nvml import (
     FakeProcess,
     build_fake_nvml,
 )
-from tests.helpers import assert_promtool_accepts, running_daemon, series, value
-from tests.test_nvml_backend import fake_env, wait_for
+from tests.fake_nvml.node import fake_env, watching, xids
+from tests.helpers import assert_promtool_accepts, eventually, running_daemon, series, value
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -143,12 +143,12 @@ def test_gpm_mig_throttle_and_health_through_real_pynvml(
                 )
             )
 
-        wait_for(lambda: complete(daemon.metrics()), 10, "GPM windows and the PCIe thread")
+        eventually(lambda: complete(daemon.metrics()), 10, "GPM windows and the PCIe thread")
         text = daemon.metrics()
 
         # Layout change: slot 2 destroyed, slot 1 created.
         deeper_state(changed=True).write(state)
-        wait_for(
+        eventually(
             lambda: (
                 mig_uuids(daemon)
                 == {
@@ -215,15 +215,6 @@ def test_gpm_mig_throttle_and_health_through_real_pynvml(
     assert_promtool_accepts(text)
 
 
-def xids(daemon: Daemon, gpu: str, xid: str) -> float:
-    found = series(daemon.metrics(), "gpu_xid_errors_total", gpu=gpu, xid=xid)
-    return next(iter(found.values())) if found else 0.0
-
-
-def watching(daemon: Daemon) -> int:
-    return sum("watching XID and ECC events" in line for line in daemon.log_lines)
-
-
 def test_xid_raised_twice_counts_two_and_the_event_thread_survives_a_lost_gpu(
     fake_lib_dir: Path, tmp_path: Path
 ) -> None:
@@ -239,20 +230,20 @@ def test_xid_raised_twice_counts_two_and_the_event_thread_survives_a_lost_gpu(
     write(early)
     with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, path)) as daemon:
         daemon.wait_ready()
-        wait_for(lambda: watching(daemon) == 1, 10, "the event set")
+        eventually(lambda: watching(daemon) == 1, 10, "the event set")
         first = FakeEvent(2, XID_EVENT, 79)
         write(early, first)
-        wait_for(lambda: xids(daemon, "0", "79") == 1, 10, "the first XID 79")
+        eventually(lambda: xids(daemon, "0", "79") == 1, 10, "the first XID 79")
         second = FakeEvent(3, XID_EVENT, 79)
         write(early, first, second)
-        wait_for(lambda: xids(daemon, "0", "79") == 2, 10, "the second XID 79")
+        eventually(lambda: xids(daemon, "0", "79") == 2, 10, "the second XID 79")
         text = daemon.metrics()
         assert value(text, "gpu_last_xid_timestamp_seconds", gpu="0") > time.time() - 60
         assert xids(daemon, "0", "13") == 0, "an event from before registration"
 
         ecc = FakeEvent(4, DOUBLE_BIT_ECC_EVENT)
         write(early, first, second, ecc, ecc=5)
-        wait_for(
+        eventually(
             lambda: (
                 value(daemon.metrics(), "gpu_ecc_errors_total", gpu="0", type="uncorrected") == 5
             ),
@@ -262,12 +253,12 @@ def test_xid_raised_twice_counts_two_and_the_event_thread_survives_a_lost_gpu(
 
         # GPU 1 falls off the bus and comes back: NVML re-initialises, the thread carries on.
         write(early, first, second, ecc, lost=True, ecc=5)
-        wait_for(lambda: value(daemon.metrics(), "gpu_up", gpu="1") == 0, 10, "GPU 1 down")
+        eventually(lambda: value(daemon.metrics(), "gpu_up", gpu="1") == 0, 10, "GPU 1 down")
         write(early, first, second, ecc, ecc=5)
-        wait_for(lambda: value(daemon.metrics(), "gpu_up", gpu="1") == 1, 15, "GPU 1 back")
-        wait_for(lambda: watching(daemon) == 2, 10, "a new event set after re-init")
+        eventually(lambda: value(daemon.metrics(), "gpu_up", gpu="1") == 1, 15, "GPU 1 back")
+        eventually(lambda: watching(daemon) == 2, 10, "a new event set after re-init")
         write(early, first, second, ecc, FakeEvent(5, XID_EVENT, 48), ecc=5)
-        wait_for(lambda: xids(daemon, "1", "48") == 1, 10, "an XID after re-init")
+        eventually(lambda: xids(daemon, "1", "48") == 1, 10, "an XID after re-init")
         assert xids(daemon, "0", "79") == 2, "counters survive re-init; nothing is re-delivered"
         assert daemon.process.poll() is None
 
@@ -290,8 +281,7 @@ def test_absent_when_the_driver_lacks_the_deeper_functions(tmp_path: Path) -> No
     state = deeper_state().write(tmp_path / "state")
     with running_daemon("--collect.interval=100ms", env=fake_env(old_driver, state)) as daemon:
         daemon.wait_ready()
-        time.sleep(0.6)
-        text = daemon.metrics()
+        text = daemon.wait_cycles(5)  # time for GPM windows and PCIe figures, were they there
     for name in (
         "gpu_sm_active_ratio",
         "gpu_pcie_transmit_bytes_per_second",

@@ -29,8 +29,18 @@ from exporter.simulator import SimulatedNvml, default_fleet
 from exporter.simulator.fleet import parse_fleet
 from exporter.supervise import SupervisedThread, TaskHealth, supervised
 from tests.fake_nvml import FakeDevice, FakeNvmlState
-from tests.helpers import FLEETS, ManualClock, eventually, running_daemon, series, value
-from tests.test_nvml_backend import fake_env
+from tests.fake_nvml.node import fake_env
+from tests.helpers import (
+    CYCLES,
+    FLEETS,
+    ManualClock,
+    eventually,
+    eventually_async,
+    loop_cycles_pass,
+    running_daemon,
+    series,
+    value,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -41,10 +51,6 @@ if TYPE_CHECKING:
 
 STORM_SECONDS = float(os.environ.get("GPUSCOPE_TEST_STORM_SECONDS", "60"))
 """How long the scrape storm lasts: a minute by default (the README's soak runs ten)."""
-
-
-def cycles(daemon: Daemon) -> float:
-    return value(daemon.metrics(), "gpuscope_sample_cycles_total")
 
 
 def log_lines(daemon: Daemon, fragment: str) -> list[str]:
@@ -100,10 +106,10 @@ def test_a_scrape_storm_in_both_formats_never_stalls_the_sampler() -> None:
         ]
         for client in clients:
             client.start()
-        seen = cycles(daemon)
+        seen = daemon.cycles()
         while time.monotonic() < stop:
-            time.sleep(2.0)
-            now = cycles(daemon)
+            time.sleep(2.0)  # the storm lasts STORM_SECONDS: cycles are counted every 2 s of it
+            now = daemon.cycles()
             assert now > seen + 5, f"sampling stalled at cycle {now:.0f}"
             seen = now
         for client in clients:
@@ -143,7 +149,7 @@ def test_a_reading_that_raises_is_logged_counted_and_sampling_goes_on(tmp_path: 
         assert series(during, "gpu_power_watts", gpu="1"), "the other GPU is unaffected"
         assert value(during, "gpu_up", gpu="0") == 1, "the rest of GPU 0 is still read"
         assert series(during, "gpu_temperature_celsius", gpu="0")
-        before = cycles(daemon)
+        before = daemon.cycles()
         after = eventually(
             lambda: (
                 (text := daemon.metrics()) and series(text, "gpu_power_watts", gpu="0") and text
@@ -151,10 +157,10 @@ def test_a_reading_that_raises_is_logged_counted_and_sampling_goes_on(tmp_path: 
             10,
             "the reading to come back once the fault ends",
         )
-        assert value(after, "gpuscope_sample_cycles_total") > before
+        assert value(after, CYCLES) > before
         settled = value(after, "gpuscope_sample_errors_total")
-        time.sleep(0.5)
-        assert value(daemon.metrics(), "gpuscope_sample_errors_total") == settled
+        later = daemon.wait_cycles(5)
+        assert value(later, "gpuscope_sample_errors_total") == settled
     errors = log_lines(daemon, "unexpected error reading NVML")
     assert len([line for line in errors if "level=error" in line]) == 1, "logged once"
     assert "TypeError: simulated TypeError in nvmlDeviceGetPowerUsage" in errors[0]
@@ -186,12 +192,12 @@ async def test_a_cycle_that_raises_is_one_bad_cycle(caplog: pytest.LogCaptureFix
     sampling.cycle = sometimes_failing  # type: ignore[method-assign]
     task = sampling.begin()
     try:
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            exposition = sampling.exposition
-            if exposition is not None and failing["left"] == 0:
-                break
-        await asyncio.sleep(0.2)
+        await eventually_async(
+            lambda: sampling.exposition is not None and failing["left"] == 0,
+            4,
+            "the failing cycles and a good one",
+        )
+        await loop_cycles_pass(sampling, 3)
         assert not task.done()
         assert sampling.ready() == (True, "OK")
         text = sampling.exposition.render("text").body.decode()  # type: ignore[union-attr]
@@ -261,17 +267,13 @@ def test_a_gpu_hung_in_the_real_driver_costs_only_that_gpu(
         assert value(down, "gpu_down_reason", gpu="1", reason="hung") == 1
         assert not series(down, "gpu_utilization_ratio", gpu="1"), "stale values are dropped"
         assert series(down, "gpu_info", gpu="1"), "it keeps its identity"
-        # The others keep their cadence: their counters advance, cycles complete, all scrapes answer.
+        # The others keep their cadence: 5 cycles (of 100 ms) within a second, their counters
+        # advance, all scrapes answer.
         before = down
-        time.sleep(1.0)
-        during = daemon.metrics()
+        during = daemon.wait_cycles(5, since=value(before, CYCLES), timeout=1.0)
         for gpu in ("0", "2"):
             assert value(during, "gpu_up", gpu=gpu) == 1
             assert _busy(during, gpu) > _busy(before, gpu)
-        assert (
-            value(during, "gpuscope_sample_cycles_total")
-            >= value(before, "gpuscope_sample_cycles_total") + 5
-        )
         assert daemon.get("/-/ready")[0] == 200
         assert daemon.get("/-/healthy")[0] == 200
         _hung_node(hang=False).write(state)
@@ -343,11 +345,12 @@ CONFIG = replace(ServeConfig(), collect_interval=0.05)
 
 async def _client(aiohttp_client: Any) -> TestClient:
     client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))
-    for _ in range(200):
-        if (await client.get("/-/ready")).status == 200:
-            return client
-        await asyncio.sleep(0.02)
-    raise AssertionError("not ready")
+
+    async def ready() -> bool:
+        return (await client.get("/-/ready")).status == 200
+
+    await eventually_async(ready, 4, "the app to be ready", every=0.02)
+    return client
 
 
 async def test_a_wedged_sampling_loop_fails_ready_then_healthy(aiohttp_client: Any) -> None:
@@ -363,21 +366,24 @@ async def test_a_wedged_sampling_loop_fails_ready_then_healthy(aiohttp_client: A
 
     sampling.cycle = wedged  # type: ignore[method-assign]
     try:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # wedged past ready_seconds, not yet past alive_seconds
         ready = await client.get("/-/ready")
         assert ready.status == 503
         assert "no sampling cycle finished" in await ready.text()
         assert (await client.get("/-/healthy")).status == 200, "slow is not dead yet"
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # and now past alive_seconds
         healthy = await client.get("/-/healthy")
         assert healthy.status == 503
         assert "no sampling cycle finished" in await healthy.text()
         assert (await client.get("/metrics")).status == 200, "the last sample is still served"
     finally:
         release.set()
-    await asyncio.sleep(0.3)
-    assert (await client.get("/-/healthy")).status == 200
-    assert (await client.get("/-/ready")).status == 200
+
+    async def recovered() -> bool:
+        healthy = (await client.get("/-/healthy")).status == 200
+        return healthy and (await client.get("/-/ready")).status == 200
+
+    await eventually_async(recovered, 5, "healthy and ready once a cycle completes again")
 
 
 @pytest.mark.timeout(90)
@@ -415,9 +421,10 @@ def test_a_driver_wedged_as_a_whole_fails_the_probes_and_still_stops(tmp_path: P
 async def test_a_dead_sampling_loop_fails_healthy(aiohttp_client: Any) -> None:
     client = await _client(aiohttp_client)
     sampling = client.app[SAMPLING]
-    assert sampling.task is not None
-    sampling.task.cancel()
-    await asyncio.sleep(0.05)
+    task = sampling.task
+    assert task is not None
+    task.cancel()
+    await eventually_async(task.done, 5, "the loop's task to end")
     healthy = await client.get("/-/healthy")
     assert healthy.status == 503
     assert "not running" in await healthy.text()
@@ -461,10 +468,9 @@ async def test_a_crashing_task_is_restarted_and_reported() -> None:
         await asyncio.sleep(10)
 
     task = asyncio.create_task(supervised(health, watch, backoff=(0.05,)))
-    await asyncio.sleep(0.02)
+    await eventually_async(lambda: calls["n"] == 1, 5, "the first run", every=0.001)
     assert not health.healthy, "unhealthy while waiting to restart"
-    await asyncio.sleep(0.1)
-    assert calls["n"] == 2
+    await eventually_async(lambda: calls["n"] == 2, 5, "the restart")
     assert states == [True]
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -477,15 +483,13 @@ async def test_background_tasks_show_as_collectors(aiohttp_client: Any, tmp_path
     config = replace(CONFIG, web_config_file=web_config)
     client: TestClient = await aiohttp_client(init_app(config, SimulatedNvml(default_fleet(1))))
     client.app[WEB_WATCH].healthy = False
-    text = None
-    for _ in range(100):
+
+    async def reported() -> str | None:
         response = await client.get("/metrics")
-        if response.status == 200:
-            text = await response.text()
-            if 'collector="web_config"} 0.0' in text:
-                break
-        await asyncio.sleep(0.02)
-    assert text is not None
+        text = await response.text() if response.status == 200 else ""
+        return text if 'collector="web_config"} 0.0' in text else None
+
+    text = await eventually_async(reported, 4, "the web-config watch reported", every=0.02)
     assert re.search(r'gpuscope_collector_success\{collector="events"\} 1\.0', text)
     assert 'gpuscope_collector_success{collector="web_config"} 0.0' in text
     assert 'gpuscope_collector_duration_seconds{collector="events"}' not in text
