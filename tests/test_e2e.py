@@ -139,7 +139,7 @@ def test_bad_config_file_and_fleet_file_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         (
-            f"gpuscope: error: --simulate {fleet}: gpus[0]: model: unknown GPU model 'quantum-9000' "
+            f"gpuscope: error: --simulate {fleet}: gpus[0].model: unknown GPU model 'quantum-9000' "
             "(known: v100-sxm2-32gb, t4, a10g, l4, l40s, rtx6000-ada, a100-sxm4-40gb, a100-sxm4-80gb, h100-pcie, "
             "h100-sxm, h100-nvl, h200-sxm, b200)"
         )
