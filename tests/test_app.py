@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -10,22 +9,33 @@ from typing import TYPE_CHECKING
 from exporter.app import SAMPLING, init_app
 from exporter.config import ServeConfig
 from exporter.simulator import SimulatedNvml, default_fleet
+from tests.helpers import eventually_async, loop_cycles_pass
 
 if TYPE_CHECKING:
     from aiohttp.test_utils import TestClient
 
-    from tests.helpers import ManualClock  # noqa: F401
+    from exporter.metrics.exposition import Exposition
+    from exporter.sampling import SamplingLoop
 
 CONFIG = replace(ServeConfig(), collect_interval=0.1, telemetry_path="/gpu-metrics")
 
 
 async def ready_client(aiohttp_client: object) -> TestClient:
     client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))  # type: ignore[operator]
-    for _ in range(100):
-        if (await client.get("/-/ready")).status == 200:
-            return client
-        await asyncio.sleep(0.02)
-    raise AssertionError("not ready")
+
+    async def ready() -> bool:
+        return (await client.get("/-/ready")).status == 200
+
+    await eventually_async(ready, 4, "the app to be ready", every=0.02)
+    return client
+
+
+async def next_exposition(sampling: SamplingLoop) -> Exposition:
+    """The loop's next snapshot, once its cycle published one."""
+    previous = sampling.exposition
+    return await eventually_async(
+        lambda: sampling.exposition is not previous and sampling.exposition, 5, "the next snapshot"
+    )
 
 
 async def test_metrics_on_the_configured_path(aiohttp_client: object) -> None:
@@ -53,7 +63,7 @@ async def test_openmetrics_and_gzip(aiohttp_client: object) -> None:
 async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(aiohttp_client: object) -> None:
     client = await ready_client(aiohttp_client)
     sampling = client.app[SAMPLING]
-    await asyncio.sleep(0.25)  # cycles (every 0.1 s) nobody scraped
+    await loop_cycles_pass(sampling, 2)  # cycles nobody scraped
     idle = sampling.exposition
     assert idle is not None
     assert idle.rendered("text") is None, "nobody scraped: nothing rendered"
@@ -63,11 +73,7 @@ async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(aiohttp_clien
     assert idle.served == {"text"}
     # Scraped every cycle from here on, every snapshot arrives rendered.
     for _ in range(5):
-        previous = sampling.exposition
-        while sampling.exposition is previous:  # noqa: ASYNC110 - polls the loop's own state
-            await asyncio.sleep(0.01)
-        current = sampling.exposition
-        assert current is not None
+        current = await next_exposition(sampling)
         assert current.rendered("text") is not None
         assert (await client.get("/gpu-metrics")).status == 200
 

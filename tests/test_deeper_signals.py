@@ -55,6 +55,8 @@ from exporter.simulator.fleet import parse_fleet
 from tests.helpers import (
     ManualClock,
     assert_promtool_accepts,
+    eventually,
+    eventually_async,
     running_daemon,
     series,
     value,
@@ -115,15 +117,6 @@ def physical(gpus: tuple[GpuSample, ...]) -> dict[int, GpuSample]:
 
 def instances(gpus: tuple[GpuSample, ...]) -> dict[str, GpuSample]:
     return {g.identity.uuid: g for g in gpus if g.identity.is_mig_instance}
-
-
-def wait_until(condition: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- GPM ------------------------------------------------------------------------------------
@@ -398,7 +391,12 @@ def test_an_xid_raised_twice_counts_two(closing: list[NvmlSampler]) -> None:
     def counts() -> dict[int, dict[str, float]]:
         return {i: xids_of(g) for i, g in physical(sampler.sample()[0]).items()}
 
-    wait_until(lambda: counts() == {0: {"79": 2}, 1: {"13": 1}}, "two XID 79 and one XID 13")
+    eventually(
+        lambda: counts() == {0: {"79": 2}, 1: {"13": 1}},
+        10,
+        "two XID 79 and one XID 13",
+        every=0.01,
+    )
     gpu = physical(sampler.sample()[0])[0]
     assert gpu.value(LAST_XID) == pytest.approx(1.7e9 + 2.5)
 
@@ -412,9 +410,11 @@ def test_ecc_event_refreshes_the_ecc_counters_between_cycles(closing: list[NvmlS
     # Without a new cycle, the store already holds the totals the event thread read.
     watcher = sampler._events
     assert watcher is not None
-    wait_until(
+    eventually(
         lambda: (watcher.store.get(stale.identity.uuid) or GpuEvents()).ecc_corrected == 5,
+        10,
         "the ECC totals read after the event",
+        every=0.01,
     )
     (fresh,) = sampler.overlay_events((stale,))
     assert fresh.value(ECC_CORRECTED) == 5
@@ -454,7 +454,12 @@ def test_the_event_thread_outlives_failing_waits_and_detaches_in_bounded_time() 
     handles = [driver.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
     assert watcher.attach([("GPU-a", handles[0]), ("GPU-b", handles[1])]) == 2
     clock.now = 2
-    wait_until(lambda: watcher.store.get("GPU-a") is not None, "an XID after three failed waits")
+    eventually(
+        lambda: watcher.store.get("GPU-a") is not None,
+        10,
+        "an XID after three failed waits",
+        every=0.01,
+    )
     started = time.monotonic()
     watcher.detach()
     assert time.monotonic() - started < 5, "detach waits for one wait at most"
@@ -498,16 +503,16 @@ async def test_an_event_is_published_before_the_next_cycle() -> None:
     )
     await sampling.start()
     task = asyncio.create_task(sampling.run())
+
+    def with_the_xid() -> str | None:
+        exposition = sampling.exposition
+        if exposition is None:
+            return None
+        text = exposition.render(TEXT).body.decode()
+        return text if series(text, "gpu_xid_errors_total") else None
+
     try:
-        for _ in range(500):
-            exposition = sampling.exposition
-            if exposition is not None:
-                text = exposition.render(TEXT).body.decode()
-                if series(text, "gpu_xid_errors_total"):
-                    break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the XID never reached /metrics")
+        text = await eventually_async(with_the_xid, 5, "the XID to reach /metrics")
         assert value(text, "gpu_xid_errors_total", xid="94") == 1
         assert value(text, "gpuscope_sample_cycles_total") == 1, "no new cycle was needed"
     finally:
@@ -575,10 +580,17 @@ def test_a_pcie_read_stuck_in_the_driver_costs_only_its_gpu(closing: list[NvmlSa
         assert not physical(gpus)[0].up
     finally:
         release.set()
-    wait_until(lambda: physical(sampler.sample()[0])[0].up, "GPU 0 back once the read returns")
-    wait_until(
+    eventually(
+        lambda: physical(sampler.sample()[0])[0].up,
+        10,
+        "GPU 0 back once the read returns",
+        every=0.01,
+    )
+    eventually(
         lambda: physical(sampler.sample()[0])[1].value(PCIE_RECEIVE) is not None,
+        10,
         "PCIe figures",
+        every=0.01,
     )
 
 
@@ -586,17 +598,29 @@ def test_pcie_figures_go_stale_rather_than_linger(closing: list[NvmlSampler]) ->
     sampler, clock, driver = make({"gpus": [{"model": "l4"}]})
     closing.append(sampler)
     sampler.sample()
-    wait_until(
+    eventually(
         lambda: physical(sampler.sample()[0])[0].value(PCIE_TRANSMIT) is not None,
+        10,
         "a first figure",
+        every=0.01,
     )
 
+    failed: list[int] = []
+
     def failing(handle: object, counter: int) -> int:
+        failed.append(counter)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    def read_through_the_failing_driver() -> bool:
+        if not failed:
+            sampler.sample()  # a job, should the worker have been busy when the last was offered
+        return bool(failed)
 
     driver.nvmlDeviceGetPcieThroughput = failing  # type: ignore[method-assign]
     sampler.sample()
-    time.sleep(0.2)  # a read still in its 20 ms window when the driver was swapped has finished
+    # The worker reads PCIe after each job, one at a time: once a read went to the failing
+    # driver, any read still in its 20 ms window when the driver was swapped has finished.
+    eventually(read_through_the_failing_driver, 10, "a PCIe read that fails", every=0.01)
     clock.advance(10)
     sampler.sample()
     assert physical(sampler.sample()[0])[0].value(PCIE_TRANSMIT) is None
@@ -865,15 +889,16 @@ def test_the_daemon_serves_the_deeper_signals_end_to_end(tmp_path: Path) -> None
     fleet.write_text(E2E_FLEET)
     with running_daemon(f"--simulate={fleet}", "--collect.interval=100ms") as daemon:
         daemon.wait_ready()
-        wait_until(
+        eventually(
             lambda: (
                 series(daemon.metrics(), "gpu_xid_errors_total", xid="79")
                 and value(daemon.metrics(), "gpu_xid_errors_total", xid="79") == 2
             ),
+            10,
             "XID 79 twice",
         )
         before = daemon.metrics()
-        wait_until(
+        eventually(
             lambda: (
                 {
                     dict(labels)["mig_profile"]
@@ -882,10 +907,12 @@ def test_the_daemon_serves_the_deeper_signals_end_to_end(tmp_path: Path) -> None
                 }
                 == {"7g.80gb"}
             ),
+            10,
             "the new MIG layout",
         )
-        wait_until(
+        eventually(
             lambda: series(daemon.metrics(), "gpu_pcie_receive_bytes_per_second", gpu="2"),
+            10,
             "the PCIe thread's figures",
         )
         after = daemon.metrics()

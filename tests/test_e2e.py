@@ -9,13 +9,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 
 from tests.helpers import (
+    CYCLES,
     FLEETS,
     ROOT,
     assert_promtool_accepts,
@@ -49,8 +49,7 @@ def run(
 def test_simulated_node_serves_realistic_metrics_that_pass_promtool() -> None:
     with running_daemon(f"--simulate={EXAMPLE_FLEET}", "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
-        time.sleep(1.0)
-        text = daemon.metrics()
+        text = daemon.wait_cycles(5)  # GPM activity needs two samples; utilization settles
         status, headers, openmetrics = daemon.get(
             headers={"Accept": "application/openmetrics-text;version=1.0.0"}
         )
@@ -89,8 +88,7 @@ def test_busy_counter_rate_is_the_average_utilization() -> None:
     ) as daemon:
         daemon.wait_ready()
         first = daemon.metrics()
-        time.sleep(2.0)
-        second = daemon.metrics()
+        second = daemon.wait_cycles(20, since=value(first, CYCLES))  # 2 s of busy time to average
     elapsed = value(second, "gpuscope_last_sample_timestamp_seconds") - value(
         first, "gpuscope_last_sample_timestamp_seconds"
     )
@@ -159,7 +157,7 @@ def test_port_in_use_is_a_one_line_error() -> None:
 
 def test_json_logs() -> None:
     with running_daemon("--simulate=1", "--log.format=json") as daemon:
-        time.sleep(0.5)
+        daemon.wait_ready()
     # the listening line is logfmt-matched by the helper only for logfmt; check JSON parses
     records = [json.loads(line) for line in daemon.log_lines if line.startswith("{")]
     assert any(record["msg"] == "stopped" for record in records)
