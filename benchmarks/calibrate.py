@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.calibration.profile import (  # noqa: E402 - after the path is set
+from exporter.calibration.parse import parse_profile_text  # noqa: E402 - after the path is set
+from exporter.calibration.profile import (  # noqa: E402
     Figure,
     configmap_key,
     dump_profile,
-    parse_profile_text,
 )
 from exporter.config import ServeConfig  # noqa: E402
 from exporter.metrics.families import BuildInfo  # noqa: E402

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import pynvml
 
+from exporter.catalog import ARCHITECTURES
 from exporter.series import Family, Series
 from exporter.structs import filled
 
@@ -29,18 +30,6 @@ if TYPE_CHECKING:
 
     from exporter.catalog import GpuModel
 
-ARCHITECTURES: Final = (
-    "kepler",
-    "maxwell",
-    "pascal",
-    "volta",
-    "turing",
-    "ampere",
-    "ada",
-    "hopper",
-    "blackwell",
-)
-"""NVIDIA's GPU architectures, oldest first: a reading's `since` is one of them."""
 
 _MHZ: Final = 1e6
 _MIG_ARCHITECTURES: Final = frozenset({"ampere", "hopper", "blackwell"})

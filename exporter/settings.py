@@ -61,6 +61,9 @@ class Setting:
     """A boolean given as `--name` / `--no-name` on the command line (node_exporter's style)."""
     repeated: bool = False
     """A list: the flag may be repeated; the variable and a YAML string are comma-separated."""
+    separator: str = ","
+    """What separates a repeated setting's values in one string (a newline where a value may
+    hold commas, as an HTTP header's does)."""
     required: bool = False
     group: str = ""
     """The `--help` section it is listed in."""
@@ -213,26 +216,28 @@ class SettingsTable:
 
 def _parse(setting: Setting, source: str, value: object) -> Any:
     if setting.repeated:
-        value = _items(value)
+        value = _items(value, setting.separator)
     try:
         return setting.parse(value)
     except ValueError as error:
         raise ConfigError(source, str(error)) from error
 
 
-def _items(value: object) -> list[object]:
-    """A repeated setting's values: the flag's list, a YAML list, or comma-separated text."""
+def _items(value: object, separator: str) -> list[object]:
+    """A repeated setting's values: the flag's list, a YAML list, or text split at `separator`."""
     if isinstance(value, list):
         return [
-            part for item in value for part in (_split(item) if isinstance(item, str) else [item])
+            part
+            for item in value
+            for part in (_split(item, separator) if isinstance(item, str) else [item])
         ]
     if isinstance(value, str):
-        return list(_split(value))
+        return list(_split(value, separator))
     return [value]
 
 
-def _split(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
+def _split(text: str, separator: str) -> list[str]:
+    return [part.strip() for part in text.split(separator) if part.strip()]
 
 
 def _flatten(document: Mapping[str, Any], prefix: str) -> list[tuple[str, object]]:

@@ -6,7 +6,7 @@ is a value or the parser's one documented error — never another exception.
 | cgroup files (`exporter.attribution.cgroups`) | `CgroupFormatError` |
 | durations (`exporter.durations`) | `DurationError` |
 | settings from flags, environment and YAML (`exporter.config`) | `ConfigError` |
-| calibration profiles (`exporter.calibration.profile`) | `ProfileError` |
+| calibration profiles (`exporter.calibration.parse`) | `ProfileError` |
 | the web config (`exporter.web.config`) | `WebConfigError` |
 
 Each property runs a bounded number of examples (hypothesis keeps the failing ones in
@@ -31,12 +31,8 @@ from exporter.attribution.cgroups import (
     container_from_cgroup_file,
     container_from_cgroup_path,
 )
-from exporter.calibration.profile import (
-    ProfileError,
-    dump_profile,
-    parse_profile,
-    parse_profile_text,
-)
+from exporter.calibration.parse import parse_profile, parse_profile_text
+from exporter.calibration.profile import ProfileError, dump_profile
 from exporter.durations import DurationError, format_duration, parse_duration
 from exporter.web.config import SECTION_KEYS, WebConfigError, parse_web_config
 from tests.profiles import gpu_profile

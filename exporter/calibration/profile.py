@@ -48,7 +48,7 @@ import yaml
 from exporter.catalog import DTYPES
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
     from exporter.documents import Format
 
@@ -286,18 +286,3 @@ def format_for(name: str) -> Format | None:
     if lowered.endswith((".yaml", ".yml")):
         return "yaml"
     return None
-
-
-_MOVED: Final = frozenset({"parse_profile", "parse_profile_text"})
-
-
-def __getattr__(name: str) -> Callable[..., Profile]:
-    """`parse_profile` and `parse_profile_text` are `exporter.calibration.parse`'s (which imports
-    this module, so this one cannot import it at the top); they stay importable from here for
-    callers written before the split (tests/test_fuzz.py, benchmarks/calibrate.py)."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from exporter.calibration import parse  # noqa: PLC0415 - see above
-
-    function: Callable[..., Profile] = getattr(parse, name)
-    return function

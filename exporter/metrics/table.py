@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
+from exporter.catalog import ARCHITECTURES
 from exporter.metrics.families import ALL_FAMILIES
-from exporter.readings import ARCHITECTURES, all_readings
+from exporter.readings import all_readings
 
 if TYPE_CHECKING:
     from exporter.series import Family

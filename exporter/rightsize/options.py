@@ -198,20 +198,16 @@ def parse_username(value: object) -> str:
 
 
 def parse_headers(values: object) -> tuple[tuple[str, str], ...]:
-    """`Name: value` headers. A repeated setting's values come split at commas; a piece that is
-    not `Name: value` is the rest of the header before it (`Accept: a, b`)."""
+    """`Name: value` headers (a value may hold commas: `Accept: a, b`)."""
     headers: list[tuple[str, str]] = []
     for value in listed(values):
         spelled = text(value).strip()
         if not spelled.isprintable():
             raise ValueError(f"{quote(spelled)} has control characters")
         name, colon, content = spelled.partition(":")
-        if colon and _HEADER_NAME.fullmatch(name.strip()):
-            headers.append((name.strip(), content.strip()))
-        elif headers:
-            headers[-1] = (headers[-1][0], f"{headers[-1][1]}, {spelled}")
-        else:
+        if not colon or not _HEADER_NAME.fullmatch(name.strip()):
             raise ValueError(f"{quote(spelled)} is not 'Name: value'")
+        headers.append((name.strip(), content.strip()))
     return tuple(headers)
 
 
@@ -365,9 +361,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "prometheus.header",
         "headers",
         parse_headers,
-        "Extra request header, e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex (repeatable).",
+        "Extra request header, e.g. 'X-Scope-OrgID: team-a' for Mimir or Cortex (repeatable; "
+        "one per line in the variable).",
         "'NAME: VALUE'",
         repeated=True,
+        separator="\n",
         group="connection",
     ),
     Setting(

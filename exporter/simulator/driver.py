@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.readings import ARCHITECTURES, SIMULATED_CALLS, not_supported
+from exporter.catalog import ARCHITECTURES
+from exporter.readings import SIMULATED_CALLS, not_supported
 from exporter.simulator import activity
 from exporter.simulator.behaviour import demand, lag, noise, running
 from exporter.simulator.fleet import EXCEPTIONS
