@@ -8,7 +8,8 @@ valid client's answer out of the cache (only a client that knows a password can 
 answer). bcrypt runs in one thread of its own (`exporter.web.security`), so a flood of wrong
 passwords costs one core at most and never delays the event loop or the sampler. An unknown user
 is checked against a fixed hash, so the answer takes as long as for a known one, and the hash
-comparison itself is bcrypt's constant-time one.
+comparison itself is bcrypt's constant-time one. (Under a flood of guesses, checks for unknown
+user names are shed first, so user names are not secret from someone who floods.)
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class BasicAuth:
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._sizes = {True: valid_cache_size, False: cache_size}
         self._lock = threading.Lock()
+
+    def knows(self, user: str) -> bool:
+        """Whether the config names this user (cheap)."""
+        return user in self._users
 
     def _key(self, user: str, password: str) -> tuple[bytes, bytes]:
         hashed = self._users.get(user, _UNKNOWN_USER_HASH)

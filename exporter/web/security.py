@@ -12,8 +12,9 @@ Per request, in order: a request that is not HTTP/1.x gets 400; health probes (`
 is spent: a client certificate where one is required (403), its allowed SANs (the connection is
 closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and the concurrent
 request limit (503). Credentials cached as valid are answered on the event loop; others wait
-for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once and one per client
-address, none for `AUTH_RETRY_SECONDS` after one of its fails (429 at once otherwise). The
+for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once (half of them for user
+names the config does not have) and one per client address, none for `AUTH_RETRY_SECONDS` after
+one of its fails (429 at once otherwise). The
 configured headers go on every response. Nothing secret is logged: not a password, a hash or a
 key, nor the YAML around them.
 """
@@ -367,13 +368,15 @@ class WebSecurity:
 
     async def _check(self, address: str, auth: BasicAuth, given: tuple[str, str]) -> bool | None:
         """bcrypt's answer for credentials not in the cache, or None when the check is shed: with
-        `AUTH_QUEUE` checks under way, or while this client address has one under way or had
-        one fail within `AUTH_RETRY_SECONDS`. So bcrypt's work stays bounded, and guesses cost
-        one check per address per `AUTH_RETRY_SECONDS`."""
+        `AUTH_QUEUE` checks under way (half of it for a user the config does not name), or while
+        this client address has one under way or had one fail within `AUTH_RETRY_SECONDS`. So
+        bcrypt's work stays bounded, guesses cost one check per address per
+        `AUTH_RETRY_SECONDS`, and guesses at user names leave room for the users' own checks."""
         loop = asyncio.get_running_loop()
         clients = self._auth_clients
         until = clients.get(address)
-        if self._checking >= AUTH_QUEUE or (until is not None and until > loop.time()):
+        room = AUTH_QUEUE if auth.knows(given[0]) else AUTH_QUEUE // 2
+        if self._checking >= room or (until is not None and until > loop.time()):
             return None
         clients.pop(address, None)
         clients[address] = math.inf  # under way
