@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import yaml
 
 if TYPE_CHECKING:
-    import re
     from pathlib import Path
 
 MAX_DOCUMENT_BYTES: Final = 1024 * 1024
@@ -169,9 +169,9 @@ def load_text(
         document = parse(decode(data), fmt=fmt, secret=secret)
         return build(document)
     except Invalid as problem:
-        raise error(one_line(f"{source}: {problem}")) from None
+        raise error(one_line(f"{source}: {problem}" if source else str(problem))) from None
     except RecursionError:
-        raise error(f"{source}: nested too deeply") from None
+        raise error(f"{source}: nested too deeply" if source else "nested too deeply") from None
 
 
 def parse(text: str, *, fmt: Format = "yaml", secret: bool = False) -> object:
@@ -182,7 +182,10 @@ def parse(text: str, *, fmt: Format = "yaml", secret: bool = False) -> object:
 
 
 class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
-    """The safe loader, refusing a key given twice in one mapping."""
+    """The safe loader, refusing a key given twice in one mapping (named only where the
+    document holds no secrets)."""
+
+    secret = False
 
     def construct_mapping(
         self,
@@ -202,16 +205,16 @@ class _StrictLoader(_SafeLoader):  # type: ignore[valid-type,misc]
                     "", f"a key at line {key_node.start_mark.line + 1} is not a scalar"
                 ) from None
             if repeated:
-                raise Invalid(
-                    "",
-                    f"key {quote(key)} appears twice in one mapping (line {key_node.start_mark.line + 1})",
-                )
+                line = key_node.start_mark.line + 1
+                named = "a key" if self.secret else f"key {quote(key)}"
+                raise Invalid("", f"{named} appears twice in one mapping (line {line})")
         mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
         return mapping
 
 
 def _parse_yaml(text: str, *, secret: bool) -> object:
     loader = _StrictLoader(text)
+    loader.secret = secret
     try:
         try:
             node = loader.get_single_node()
@@ -330,6 +333,8 @@ def _json_extent(document: object) -> tuple[int, int]:
 
 # -- checks: each takes a value and where it was found, returns it typed or raises Invalid -----
 
+_FIELD_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+
 
 def mapping(
     value: object,
@@ -338,8 +343,11 @@ def mapping(
     required: Collection[str] = (),
     optional: Collection[str] | None = None,
     null_is_empty: bool = False,
+    secret: bool = False,
 ) -> dict[str, Any]:
-    """A mapping with string keys; `optional` given: no keys but those and `required`."""
+    """A mapping with string keys; `optional` given: no keys but those and `required`. In a
+    document holding secrets, an unknown key is quoted only if it looks like a field name (a
+    password hash or a key written in the wrong place is named by its position instead)."""
     if value is None and null_is_empty:
         return {}
     if not isinstance(value, Mapping):
@@ -348,9 +356,15 @@ def mapping(
         if not isinstance(key, str):
             raise Invalid(path, f"keys must be strings, got {quote(key)}")
     if optional is not None:
-        unknown = [key for key in value if key not in optional and key not in required]
+        unknown = [
+            key if not secret or _FIELD_NAME.fullmatch(key) else f"(entry {position})"
+            for position, key in enumerate(value, start=1)
+            if key not in optional and key not in required
+        ]
         if unknown:
-            shown = ", ".join(quote(key, 40) for key in unknown[:5])
+            shown = ", ".join(
+                key if key.startswith("(entry") else quote(key, 40) for key in unknown[:5]
+            )
             more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
             raise Invalid(path, f"unknown field{'s' if len(unknown) > 1 else ''} {shown}{more}")
     missing = [key for key in required if key not in value]

@@ -14,6 +14,7 @@ from exporter.web.config import (
     WebConfigError,
     parse_web_config,
 )
+from tests.yaml_bombs import alias_bomb
 
 HERE = Path("/etc/gpuscope/web")
 ALICE = "$2y$10$mDwo.lAisC94iLAyP81MCesa29IzH37oigHC/42V2pdJlUprsJPze"
@@ -84,7 +85,7 @@ def test_secrets_stay_out_of_reprs() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("- a list", "the web config: expected a mapping, got list"),
+        ("- a list", "the web config: expected a mapping, got a list"),
         ("tls_config: {}", "the web config: unknown field 'tls_config'"),
         (
             "tls_server_config: {cert_file: a}",
@@ -168,10 +169,10 @@ def test_secrets_stay_out_of_reprs() -> None:
         ("rate_limit: {interval: 2h}", "more than 1h between requests"),
         (
             "tls_server_config: {cert_file: [a]}",
-            "tls_server_config.cert_file: expected a string, got list",
+            "tls_server_config.cert_file: expected a string, got a list",
         ),
-        ("a: [", "not valid YAML at line 1"),
-        ("{1: 2}", "field names must be strings, got 1"),
+        ("a: [", "not valid YAML at line 2"),
+        ("{1: 2}", "keys must be strings, got 1"),
     ],
 )
 def test_refusals_name_the_field(text: str, message: str) -> None:
@@ -191,6 +192,20 @@ def test_no_refusal_quotes_a_secret() -> None:
         with pytest.raises(WebConfigError) as refused:
             parse(text)
         assert "xxxx" not in str(refused.value)
+
+
+def test_a_user_given_twice_is_refused_without_naming_it() -> None:
+    hashed = "$2b$10$laMuVCNilHXuVdop5.sJdOvvrCKFdT1GcJT2rlglGvh/yvhfNTi.u"
+    with pytest.raises(WebConfigError) as refused:
+        parse(
+            f"basic_auth_users:\n  prometheus-reader: '{hashed}'\n  prometheus-reader: '{hashed}'\n"
+        )
+    assert str(refused.value) == "a key appears twice in one mapping (line 3)"
+
+
+def test_an_alias_bomb_is_refused_at_once() -> None:
+    with pytest.raises(WebConfigError, match="expands to more than 100,000 values"):
+        parse("basic_auth_users: {}\n" + alias_bomb())
 
 
 def test_undecodable_and_huge_inputs() -> None:

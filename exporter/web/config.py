@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-import yaml
-
+from exporter import documents
+from exporter.documents import quote
 from exporter.durations import DurationError, parse_duration
 
 if TYPE_CHECKING:
@@ -105,7 +105,6 @@ _HEADER_VALUES: Final = {
 _BCRYPT: Final = re.compile(r"\$2[abxy]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}")
 """Version, cost, 22 characters of salt (16 bytes: the last character carries 2 bits) and 31 of
 hash, in bcrypt's base64."""
-_FIELD_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
 MAX_BCRYPT_COST: Final = 16
 """About 4 s per check here; a higher cost would let each wrong password stall authentication."""
 _MAX_USERS: Final = 1000
@@ -174,80 +173,35 @@ class WebConfig:
 
 
 def parse_web_config(text: str | bytes, *, directory: Path) -> WebConfig:
-    """The config in `text`; relative paths are resolved against `directory` (the file's)."""
-    if len(text) > MAX_BYTES:
-        raise WebConfigError(f"larger than {MAX_BYTES} bytes")
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise WebConfigError("not UTF-8 text") from error
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        # Only the line: PyYAML's message quotes the text around the problem, which may be a key.
-        mark = getattr(error, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise WebConfigError(f"not valid YAML{line}") from error
-    except RecursionError as error:
-        raise WebConfigError("nested too deeply") from error
-    except ValueError as error:  # PyYAML's int/float constructors on absurd numbers
-        raise WebConfigError("not valid YAML (a value cannot be read)") from error
-    try:
-        return _web_config(document, directory)
-    except RecursionError as error:
-        raise WebConfigError("nested too deeply") from error
+    """The config in `text`; relative paths are resolved against `directory` (the file's).
+    Read the way every document is (`exporter.documents`), as one holding secrets: no error
+    quotes its text."""
+    return documents.load_text(
+        text,
+        lambda document: _web_config(document, directory),
+        WebConfigError,
+        source="",
+        limit=MAX_BYTES,
+        secret=True,
+    )
 
 
 # -- the document ----------------------------------------------------------------------------
 
 
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _mapping(value: object, where: str, known: tuple[str, ...]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
-    for number, key in enumerate(value, start=1):
-        if not isinstance(key, str):
-            raise WebConfigError(f"{where}: field names must be strings, got {_short(key)}")
-        if key not in known:
-            # Quoted only if it looks like a field name: a misplaced hash or key must not be.
-            name = _short(key) if _FIELD_NAME.fullmatch(key) else f"(entry {number})"
-            raise WebConfigError(f"{where}: unknown field {name}")
-    return value
-
-
-def _join(where: str, name: str) -> str:
-    return f"{where}.{name}" if where else name
+    return documents.mapping(value, where, optional=known, null_is_empty=True, secret=True)
 
 
 def _text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise WebConfigError(f"{where}: expected a string, got {type(value).__name__}")
-    if len(value) > _MAX_TEXT:
-        raise WebConfigError(f"{where}: longer than {_MAX_TEXT} characters")
-    return value
+    return documents.text(value, where, max_length=_MAX_TEXT, allow_empty=True, printable=False)
 
 
 def _strings(value: object, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list):
-        raise WebConfigError(f"{where}: expected a list of strings, got {type(value).__name__}")
-    if len(value) > _MAX_LIST:
-        raise WebConfigError(f"{where}: more than {_MAX_LIST} entries")
-    return tuple(_text(item, f"{where}[{index}]") for index, item in enumerate(value))
-
-
-def _boolean(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise WebConfigError(f"{where}: expected true or false, got {_short(value)}")
-    return value
+    items = documents.sequence(value, where, max_items=_MAX_LIST)
+    return tuple(_text(item, documents.join(where, index)) for index, item in enumerate(items))
 
 
 def _web_config(document: object, directory: Path) -> WebConfig:
@@ -271,14 +225,16 @@ def _pem(
         if not isinstance(inline, str) or "-----BEGIN" not in inline:
             # Never echo it: an inline key is a secret.
             kind = "a PEM-encoded key" if secret else "PEM-encoded certificates"
-            raise WebConfigError(f"{_join(where, inline_key)}: expected {kind}")
+            raise WebConfigError(f"{documents.join(where, inline_key)}: expected {kind}")
         if len(inline) > MAX_BYTES:
-            raise WebConfigError(f"{_join(where, inline_key)}: larger than {MAX_BYTES} bytes")
+            raise WebConfigError(
+                f"{documents.join(where, inline_key)}: larger than {MAX_BYTES} bytes"
+            )
         return Pem(inline=inline)
     if path is not None:
-        name = _text(path, _join(where, file_key)).strip()
+        name = _text(path, documents.join(where, file_key)).strip()
         if not name or "\x00" in name:
-            raise WebConfigError(f"{_join(where, file_key)}: not a file name")
+            raise WebConfigError(f"{documents.join(where, file_key)}: not a file name")
         return Pem(path=directory / name)
     return None
 
@@ -294,7 +250,7 @@ def _client_auth(section: dict[str, Any], client_ca: Pem | None) -> tuple[str, t
         )
     if auth not in CLIENT_AUTH_TYPES:
         raise WebConfigError(
-            f"{where}.client_auth_type: {_short(auth)} is not one of {', '.join(CLIENT_AUTH_TYPES)}"
+            f"{where}.client_auth_type: {quote(auth)} is not one of {', '.join(CLIENT_AUTH_TYPES)}"
         )
     if client_ca is not None and auth == NO_CLIENT_CERT:
         raise WebConfigError(
@@ -332,7 +288,7 @@ def _tls(value: object, directory: Path) -> TlsServerConfig | None:
         version = default if version is None else _text(version, f"{where}.{name}")
         if version not in TLS_VERSIONS:
             raise WebConfigError(
-                f"{where}.{name}: {_short(version)} is not one of {', '.join(TLS_VERSIONS)}"
+                f"{where}.{name}: {quote(version)} is not one of {', '.join(TLS_VERSIONS)}"
             )
         versions.append(version)
     if TLS_VERSIONS.index(versions[0]) > TLS_VERSIONS.index(versions[1]):
@@ -343,7 +299,7 @@ def _tls(value: object, directory: Path) -> TlsServerConfig | None:
     for index, suite in enumerate(_strings(section.get("cipher_suites"), f"{where}.cipher_suites")):
         if suite not in CIPHER_SUITES:
             raise WebConfigError(
-                f"{where}.cipher_suites[{index}]: unknown or unsupported suite {_short(suite)}"
+                f"{where}.cipher_suites[{index}]: unknown or unsupported suite {quote(suite)}"
             )
         suites.append(CIPHER_SUITES[suite])
     prefer = section.get("prefer_server_cipher_suites")
@@ -358,7 +314,7 @@ def _tls(value: object, directory: Path) -> TlsServerConfig | None:
         cipher_suites=tuple(suites),
         prefer_server_cipher_suites=True
         if prefer is None
-        else _boolean(prefer, f"{where}.prefer_server_cipher_suites"),
+        else documents.boolean(prefer, f"{where}.prefer_server_cipher_suites"),
     )
 
 
@@ -396,7 +352,7 @@ def _http(value: object) -> tuple[tuple[str, str], ...]:
     where = "http_server_config"
     section = _mapping(value, where, SECTION_KEYS[where])
     if section.get("http2") is not None:
-        _boolean(section["http2"], f"{where}.http2")
+        documents.boolean(section["http2"], f"{where}.http2")
     headers = _mapping(section.get("headers"), f"{where}.headers", HEADERS)
     found = []
     for name, given in headers.items():
@@ -408,7 +364,7 @@ def _http(value: object) -> tuple[tuple[str, str], ...]:
         allowed = _HEADER_VALUES.get(name)
         if allowed is not None and text.lower() not in allowed:
             raise WebConfigError(
-                f"{where}.headers.{name}: {_short(text)} is not one of {', '.join(allowed)}"
+                f"{where}.headers.{name}: {quote(text)} is not one of {', '.join(allowed)}"
             )
         found.append((name, text))
     return tuple(sorted(found))
