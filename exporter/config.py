@@ -123,7 +123,9 @@ def parse_simulate(value: object) -> str:
             raise ValueError(f"{quote(spelled)} GPUs: simulate between 1 and 64")
         return spelled
     if not spelled or "\x00" in spelled or not Path(spelled).is_file():
-        raise ValueError(f"{quote(spelled, PATH_QUOTE_LIMIT)} is neither a GPU count nor a readable fleet file")
+        raise ValueError(
+            f"{quote(spelled, PATH_QUOTE_LIMIT)} is neither a GPU count nor a readable fleet file"
+        )
     return spelled
 
 

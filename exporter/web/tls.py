@@ -24,7 +24,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from exporter.web.config import Pem, TlsServerConfig, WebConfigError
+from exporter.documents import Invalid, read_bounded
+from exporter.web.config import MAX_BYTES, Pem, TlsServerConfig, WebConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,18 +50,27 @@ def _no_password() -> bytes:
     return b""
 
 
+def _pem_text(pem: Pem, inline_key: str, file_key: str) -> str:
+    """The PEM's text: inline, or its file's first `MAX_BYTES` (a larger file, or one that never
+    ends, is refused before OpenSSL reads it: OpenSSL would scan it whole for a PEM header)."""
+    if pem.path is None:
+        assert pem.inline is not None
+        return pem.inline
+    try:
+        data = read_bounded(pem.path, MAX_BYTES)
+    except Invalid as problem:
+        raise WebConfigError(f"{_where(pem, inline_key, file_key)}: {problem}") from None
+    return data.decode("ascii", errors="replace")
+
+
 @contextmanager
-def _pem_file(pem: Pem, what: str) -> Iterator[str]:
-    """A path to the PEM: its own file, or the inline text in a private temporary file (OpenSSL
-    loads certificate chains and keys only from files)."""
-    if pem.path is not None:
-        yield str(pem.path)
-        return
-    assert pem.inline is not None
+def _pem_file(text: str, what: str) -> Iterator[str]:
+    """The PEM text in a private temporary file (OpenSSL loads certificate chains and keys only
+    from files)."""
     descriptor, name = tempfile.mkstemp(prefix=f"gpuscope-{what}-", suffix=".pem")
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:  # mkstemp: mode 0600
-            file.write(pem.inline)
+        with os.fdopen(descriptor, "w", encoding="ascii") as file:  # mkstemp: mode 0600
+            file.write(text)
         yield name
     finally:
         Path(name).unlink(missing_ok=True)
@@ -82,29 +92,18 @@ def server_context(config: TlsServerConfig) -> ssl.SSLContext:
     """A new server context for `config`; raises `WebConfigError` naming what failed to load."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     configure(context, config)
-    for pem, inline_key, file_key in (
-        (config.cert, "cert", "cert_file"),
-        (config.key, "key", "key_file"),
-    ):
-        if pem.path is not None:
-            try:
-                pem.path.open("rb").close()  # unreadable: say so, before OpenSSL says "not PEM"
-            except OSError as error:
-                raise WebConfigError(
-                    f"{_where(pem, inline_key, file_key)}: {_reason(error)}"
-                ) from error
+    cert_text = _pem_text(config.cert, "cert", "cert_file")
+    key_text = _pem_text(config.key, "key", "key_file")
     try:
-        with _pem_file(config.cert, "cert") as cert, _pem_file(config.key, "key") as key:
+        with _pem_file(cert_text, "cert") as cert, _pem_file(key_text, "key") as key:
             context.load_cert_chain(cert, key, password=_no_password)
     except OSError as error:  # both readable: not PEM, or a key that is not the certificate's
         where = f"{_where(config.cert, 'cert', 'cert_file')} and its key"
         raise WebConfigError(f"{where}: {_reason(error)}") from error
     if config.client_ca is not None:
+        cadata = _pem_text(config.client_ca, "client_ca", "client_ca_file")
         try:
-            if config.client_ca.path is not None:
-                context.load_verify_locations(cafile=str(config.client_ca.path))
-            else:
-                context.load_verify_locations(cadata=config.client_ca.inline)
+            context.load_verify_locations(cadata=cadata)
         except (OSError, ValueError) as error:
             reason = _reason(error) if isinstance(error, OSError) else "not PEM certificates"
             raise WebConfigError(
