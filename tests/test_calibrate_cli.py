@@ -22,7 +22,7 @@ from exporter.cli import build_parser
 from tests.fake_kube.configmaps import add_configmap_routes
 from tests.helpers import FLEETS, ROOT
 from tests.profiles import gpu_profile, require_pytorch
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

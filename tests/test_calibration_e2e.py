@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -14,41 +12,16 @@ import pytest
 from exporter.calibration.profile import configmap_key, dump_profile
 from exporter.documents import MAX_DOCUMENT_BYTES
 from tests.helpers import ROOT, assert_promtool_accepts, running_daemon, series, value
+from tests.mounted_configmap import publish
 from tests.profiles import gpu_profile
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from pathlib import Path
 
 pytestmark = pytest.mark.slow
 FLEET = str(ROOT / "examples" / "fleet.yaml")  # GPUs 0, 1: H100; 2: A100 80GB; 3: L4
 H100, L4 = "NVIDIA H100 80GB HBM3", "NVIDIA L4"
-
-
-def publish(root: Path, files: dict[str, str], generation: int) -> None:
-    """Write `files` the way the kubelet updates a mounted ConfigMap (see test_calibration_source)."""
-    root.mkdir(exist_ok=True)
-    version = root / f"..2026_11_22_{generation:02d}"
-    version.mkdir()
-    for key, text in files.items():
-        (version / key).write_text(text)
-    (root / "..data_tmp").symlink_to(version.name)
-    os.replace(root / "..data_tmp", root / "..data")
-    for key in files:
-        if not (root / key).is_symlink():
-            (root / key).symlink_to(f"..data/{key}")
-
-
-def wait_for(
-    daemon_metrics: Callable[[], str], check: Callable[[str], bool], timeout: float = 10.0
-) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        text = daemon_metrics()
-        if check(text) or time.monotonic() > deadline:
-            return text
-        time.sleep(0.1)
 
 
 def test_daemon_exports_calibrated_and_datasheet_series_and_survives_a_corrupt_profile(
@@ -76,7 +49,7 @@ def test_daemon_exports_calibrated_and_datasheet_series_and_survives_a_corrupt_p
         f"--catalog.file={catalog}",
     ) as daemon:
         daemon.wait_ready()
-        time.sleep(1.0)  # ten cycles: the corrupt profile must still be reported only once
+        daemon.wait_cycles(10)  # the corrupt profile must still be reported only once
         text = daemon.metrics()
 
         assert value(text, "gpu_calibrated_flops", gpu="0", dtype="bf16") == 7.92e14
@@ -108,9 +81,10 @@ def test_daemon_exports_calibrated_and_datasheet_series_and_survives_a_corrupt_p
             },
             generation=2,
         )
-        text = wait_for(
-            daemon.metrics,
+        text = daemon.metrics_until(
             lambda t: bool(series(t, "gpu_calibrated_flops", gpu="3", dtype="fp32")),
+            10,
+            "the fixed L4 profile's series",
         )
         assert value(text, "gpu_calibrated_flops", gpu="3", dtype="fp32") == 5.1e13
         assert value(text, "gpuscope_collector_success", collector="calibration") == 1

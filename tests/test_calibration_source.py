@@ -15,7 +15,7 @@ from exporter.calibration.profile import configmap_key, dump_profile
 from exporter.calibration.source import CeilingsSource, ProfileDirectory, ceilings_for
 from exporter.catalog import builtin_catalog
 from tests.profiles import gpu_profile
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from pathlib import Path

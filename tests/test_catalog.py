@@ -10,7 +10,7 @@ import pytest
 
 from exporter.catalog import CatalogError, builtin_catalog, catalog_from_file, load_catalog
 from exporter.documents import MAX_DOCUMENT_BYTES
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from pathlib import Path

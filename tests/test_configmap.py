@@ -19,7 +19,7 @@ from exporter.calibrate.configmap import (
     merge_profile,
 )
 from tests.fake_kube.configmaps import ConfigMapStore, add_configmap_routes
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -20,6 +20,7 @@ from exporter.settings import (
     parse_safe_regex,
     text,
 )
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,16 +36,6 @@ def load(data: bytes | str, *, fmt: documents.Format = "yaml", secret: bool = Fa
     return documents.load_text(
         data, lambda document: document, Bad, source="doc", fmt=fmt, secret=secret
     )
-
-
-def alias_bomb(levels: int = 9, width: int = 9) -> str:
-    """Nine levels of mappings, each repeating the previous one nine times by alias: 9^9 values."""
-    keys = [f"k{n}" for n in range(width)]
-    lines = ["l0: &l0 {" + ", ".join(f"{key}: 1" for key in keys) + "}"]
-    for level in range(1, levels):
-        body = ", ".join(f"{key}: *l{level - 1}" for key in keys)
-        lines.append(f"l{level}: &l{level} {{{body}}}")
-    return "\n".join(lines) + "\n"
 
 
 def test_an_alias_bomb_is_refused_before_anything_walks_it() -> None:

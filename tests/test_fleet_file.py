@@ -27,7 +27,7 @@ from exporter.simulator import fleet as fleet_module
 from exporter.simulator.fleet import Fleet, FleetError, fleet_from_document, load_fleet, parse_fleet
 from exporter.simulator.fleet_values import parse_bytes
 from tests.helpers import FLEETS, ROOT, daemon_command
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
     from collections.abc import Callable

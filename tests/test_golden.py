@@ -6,53 +6,11 @@ intended change, regenerate with `pytest tests/test_golden.py --update-golden` a
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
-
-from exporter.config import ServeConfig
-from exporter.metrics.exposition import OPENMETRICS, TEXT, Exposition
-from exporter.metrics.families import BuildInfo
-from exporter.sampling import SamplingLoop
-from exporter.simulator import SimulatedNvml, load_fleet
-from tests.helpers import FLEETS, ROOT, ManualClock, assert_promtool_accepts
-
-if TYPE_CHECKING:
-    from prometheus_client.core import Metric
+from tests.golden_fleet import render_fleet
+from tests.helpers import ROOT, assert_promtool_accepts
 
 GOLDEN = ROOT / "tests" / "golden" / "metrics.prom"
 GOLDEN_OPENMETRICS = ROOT / "tests" / "golden" / "metrics.openmetrics"
-WALL_START = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-
-
-async def render_families() -> list[Metric]:
-    """The families of the golden fleet after five deterministic cycles."""
-    return (await _golden_exposition()).families
-
-
-async def render_fleet() -> tuple[bytes, bytes]:
-    exposition = await _golden_exposition()
-    return exposition.render(TEXT).body, exposition.render(OPENMETRICS).body
-
-
-async def _golden_exposition() -> Exposition:
-    clock = ManualClock()
-    wall = lambda: WALL_START + clock()  # noqa: E731 - a clock is a function
-    driver = SimulatedNvml(load_fleet(FLEETS / "golden.yaml"), clock=clock, wall=wall)
-    sampling = SamplingLoop(
-        replace(ServeConfig(), collect_interval=1.0),
-        driver,
-        build=BuildInfo(version="0.0.0+golden", python_version="3.11.0"),
-        clock=clock,
-        wall=wall,
-    )
-    await sampling.start()
-    try:
-        for _ in range(5):
-            exposition = sampling.cycle()
-            clock.advance(1.0)
-    finally:
-        await sampling.close()
-    return exposition
 
 
 async def test_metrics_match_the_golden_files(update_golden: bool) -> None:

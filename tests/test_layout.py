@@ -6,7 +6,7 @@ test file never changes another."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from tests.helpers import ROOT
 
@@ -14,18 +14,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 TESTS = ROOT / "tests"
-
-NOT_YET_MOVED: Final = {
-    ("tests/test_calibration_e2e.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_calibration_source.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_catalog.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_configmap.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_profile.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_calibrate_cli.py", "tests.test_documents"): "tests/yaml_bombs.py",
-    ("tests/test_fleet_file.py", "tests.test_documents"): "tests/yaml_bombs.py",
-}
-"""Imports left to move, each with the helper module that now holds what it imports. Delete an
-entry when its file imports from the helper instead; add none."""
 
 
 def module_name(path: Path) -> str:
@@ -67,7 +55,6 @@ def test_no_module_under_tests_imports_another_test_module() -> None:
         for line, module in imported_test_modules(
             path.read_text(encoding="utf-8"), module_name(path)
         )
-        if (str(path.relative_to(ROOT)), module) not in NOT_YET_MOVED
     ]
     assert not offenders, (
         "a test module imports another; move what they share into a helper module under tests/ "

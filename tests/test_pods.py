@@ -17,21 +17,14 @@ from exporter.attribution.pods import PodCache
 from exporter.config import ConfigError
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
+from tests.helpers import eventually
 from tests.proc_fixture import STATIC_UID, container_id, pod_uid
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from pathlib import Path
 
 FAST_BACKOFF = (0.05, 0.1, 0.2)
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 # -- pure: workloads and pod objects -------------------------------------------------------------
@@ -249,19 +242,23 @@ def names(cache: PodCache) -> set[str]:
 def test_lists_this_nodes_pods_and_follows_changes(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         status = cache.status()
         assert status.watch_up
         assert status.cache_age_seconds == 0.0
         assert status.pods_cached == 2
         server.put("pods", pod("c", pod_uid(4), containers={"main": container_id(4)}))
-        eventually(lambda: names(cache) == {"a", "b", "c"})
+        eventually(lambda: names(cache) == {"a", "b", "c"}, 10, "names(cache) == {'a', 'b', 'c'}")
         server.put("pods", pod("a", pod_uid(1), containers={"main": container_id(5)}))
-        eventually(lambda: cache.view().by_uid[pod_uid(1)].containers == {container_id(5): "main"})
+        eventually(
+            lambda: cache.view().by_uid[pod_uid(1)].containers == {container_id(5): "main"},
+            10,
+            "cache.view().by_uid[pod_uid(1)].containers == {container_id(5): 'main'}",
+        )
         server.delete("pods", "default", "b")
-        eventually(lambda: names(cache) == {"a", "c"})
+        eventually(lambda: names(cache) == {"a", "c"}, 10, "names(cache) == {'a', 'c'}")
         server.put("pods", pod("c", pod_uid(4), phase="Succeeded"))
-        eventually(lambda: names(cache) == {"a"})
+        eventually(lambda: names(cache) == {"a"}, 10, "names(cache) == {'a'}")
     finally:
         cache.stop()
     queries = [q for q in server.requests if "watch=true" in q]
@@ -275,15 +272,15 @@ def test_410_gone_lists_again(server: FakeKube, tmp_path: Path, as_event: bool) 
     server.gone_as_event = as_event
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         lists = sum("watch" not in q for q in server.requests)
         server.expire()  # open watches get an ERROR 410 event
         server.put("pods", pod("c", pod_uid(4)))
-        eventually(lambda: names(cache) == {"a", "b", "c"})
+        eventually(lambda: names(cache) == {"a", "b", "c"}, 10, "names(cache) == {'a', 'b', 'c'}")
         server.answer_gone()
         server.drop_connections()
         server.delete("pods", "default", "a")
-        eventually(lambda: names(cache) == {"b", "c"})
+        eventually(lambda: names(cache) == {"b", "c"}, 10, "names(cache) == {'b', 'c'}")
         assert sum("watch" not in q for q in server.requests) >= lists + 2
     finally:
         cache.stop()
@@ -292,13 +289,17 @@ def test_410_gone_lists_again(server: FakeKube, tmp_path: Path, as_event: bool) 
 def test_dropped_connections_resume_without_losing_events(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         lists = sum("watch" not in q for q in server.requests)
         for n in range(3):
             server.drop_connections()
             server.put("pods", pod(f"new{n}", pod_uid(10 + n)))
-        eventually(lambda: names(cache) == {"a", "b", "new0", "new1", "new2"})
-        eventually(lambda: cache.status().watch_up)
+        eventually(
+            lambda: names(cache) == {"a", "b", "new0", "new1", "new2"},
+            10,
+            "names(cache) == {'a', 'b', 'new0', 'new1', 'new2'}",
+        )
+        eventually(lambda: cache.status().watch_up, 10, "cache.status().watch_up")
         assert sum("watch" not in q for q in server.requests) == lists, "resumed, not re-listed"
     finally:
         cache.stop()
@@ -310,11 +311,11 @@ def test_garbage_in_the_stream_is_logged_once_and_the_cache_heals(
     caplog.set_level(logging.WARNING)
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         for n in range(3):
             server.send_garbage()
             server.put("pods", pod(f"g{n}", pod_uid(20 + n)))
-            eventually(lambda n=n: f"g{n}" in names(cache))
+            eventually(lambda n=n: f"g{n}" in names(cache), 10, "f'g{n}' in names(cache)")
     finally:
         cache.stop()
     malformed = [r for r in caplog.records if "malformed" in r.getMessage()]
@@ -327,10 +328,10 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
     caplog.set_level(logging.WARNING)
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         server.send_endless_line(pods.MAX_EVENT_BYTES + 1024 * 1024)
         server.put("pods", pod("after", pod_uid(30)))
-        eventually(lambda: "after" in names(cache))
+        eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")
     finally:
         cache.stop()
     refused = [r for r in caplog.records if "larger than 4 MiB" in str(r.__dict__)]
@@ -350,11 +351,13 @@ def test_a_pod_list_past_its_limit_is_refused_until_it_fits(
         eventually(
             lambda: any(
                 "pod list is larger than 100 bytes" in str(r.__dict__) for r in caplog.records
-            )
+            ),
+            10,
+            "any( 'pod list is larger than 100 bytes' in str(r.__dict__) for r in caplog.records )",
         )
         assert names(cache) == set()
         monkeypatch.setattr(pods, "MAX_LIST_BYTES", 64 * 1024 * 1024)
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
     finally:
         cache.stop()
 
@@ -364,16 +367,16 @@ def test_api_away_keeps_the_last_pods_and_comes_back_by_itself(
 ) -> None:
     cache = start_cache(server, tmp_path)
     try:
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         with server.away():
-            eventually(lambda: not cache.status().watch_up)
+            eventually(lambda: not cache.status().watch_up, 10, "not cache.status().watch_up")
             time.sleep(0.3)
             status = cache.status()
             assert names(cache) == {"a", "b"}
             assert status.cache_age_seconds is not None
             assert status.cache_age_seconds > 0.2
             server.put("pods", pod("while-away", pod_uid(30)))
-        eventually(lambda: "while-away" in names(cache))
+        eventually(lambda: "while-away" in names(cache), 10, "'while-away' in names(cache)")
         assert cache.status().watch_up
         assert cache.status().cache_age_seconds == 0.0
     finally:
@@ -385,7 +388,7 @@ def test_a_slow_api_server(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
     try:
         assert cache.status().cache_age_seconds is None, "nothing known before the first list"
-        eventually(lambda: names(cache) == {"a", "b"})
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
     finally:
         cache.stop()
 
@@ -406,7 +409,11 @@ def test_refusals_are_logged_once(
     cache = PodCache(KubernetesClient(access), NODE, backoff=(0.02,))
     cache.start()
     try:
-        eventually(lambda: sum("watch" not in q for q in server.requests) >= 3)
+        eventually(
+            lambda: sum("watch" not in q for q in server.requests) >= 3,
+            10,
+            "sum('watch' not in q for q in server.requests) >= 3",
+        )
         assert not cache.status().watch_up
         assert names(cache) == set()
     finally:
@@ -418,7 +425,11 @@ def test_refusals_are_logged_once(
 
 def test_stop_interrupts_an_open_watch_promptly(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
-    eventually(lambda: cache.status().watch_up and any("watch=true" in q for q in server.requests))
+    eventually(
+        lambda: cache.status().watch_up and any("watch=true" in q for q in server.requests),
+        10,
+        "cache.status().watch_up and any('watch=true' in q for q in server.requests)",
+    )
     time.sleep(0.1)
     started = time.monotonic()
     cache.stop()

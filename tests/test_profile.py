@@ -29,7 +29,7 @@ from exporter.calibration.profile import (
     profile_document,
 )
 from tests.profiles import gpu_profile
-from tests.test_documents import alias_bomb
+from tests.yaml_bombs import alias_bomb
 
 pytestmark = pytest.mark.timeout(60)
 
