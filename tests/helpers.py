@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -64,9 +65,18 @@ def assert_promtool_accepts(exposition: str | bytes) -> None:
 
 @dataclass
 class Daemon:
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[bytes]
     port: int
     log_lines: list[str] = field(default_factory=list)
+    """Its standard error, line by line (the log)."""
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    """Every byte it wrote to each, kept."""
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    def output(self) -> bytes:
+        """Everything it wrote so far, standard output then standard error."""
+        return bytes(self.stdout) + bytes(self.stderr)
 
     @property
     def url(self) -> str:
@@ -122,9 +132,13 @@ class Daemon:
         )
 
     def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM; its exit status, once every byte it wrote has been read."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
+        status = self.process.wait(timeout)
+        for pump in self.pumps:
+            pump.join(timeout)
+        return status
 
 
 def daemon_command(*args: str) -> list[str]:
@@ -133,41 +147,51 @@ def daemon_command(*args: str) -> list[str]:
 
 @contextmanager
 def running_daemon(
-    *args: str, env: Mapping[str, str] | None = None, startup_timeout: float = 20.0
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    startup_timeout: float = 20.0,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[Daemon]:
-    """`gpuscope serve ARGS` on a free loopback port; stopped with SIGTERM afterwards."""
+    """`gpuscope serve ARGS` on a free loopback port, every byte it writes kept; stopped with
+    SIGTERM afterwards. `preexec` runs in the child before it starts (e.g. a resource limit)."""
     command = daemon_command("--web.listen-address=127.0.0.1:0", *args)
-    full_env = {**os.environ, **(env or {})}
     process = subprocess.Popen(
         command,
         stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=full_env,
+        stdout=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
         cwd=ROOT,
+        preexec_fn=preexec,  # noqa: PLW1509 - only what a test asks for, before exec
     )
-    lines: list[str] = []
+    daemon = Daemon(process, 0)
     port_found = threading.Event()
-    port: list[int] = []
 
-    def pump() -> None:
+    def pump_err() -> None:
         assert process.stderr is not None
-        for line in process.stderr:
-            lines.append(line.rstrip("\n"))
+        for raw in process.stderr:
+            daemon.stderr.extend(raw)
+            line = raw.decode(errors="replace").rstrip("\n")
+            daemon.log_lines.append(line)
             match = re.search(
                 r'"?msg"?[=:]"?listening\b.*"?address"?[=:]"?127\.0\.0\.1:(\d+)', line
             )
-            if match and not port:
-                port.append(int(match[1]))
+            if match and not daemon.port:
+                daemon.port = int(match[1])
                 port_found.set()
         port_found.set()
 
-    threading.Thread(target=pump, daemon=True).start()
-    if not port_found.wait(startup_timeout) or not port:
+    def pump_out() -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            daemon.stdout.extend(raw)
+
+    daemon.pumps = [threading.Thread(target=pump, daemon=True) for pump in (pump_err, pump_out)]
+    for pump in daemon.pumps:
+        pump.start()
+    if not port_found.wait(startup_timeout) or not daemon.port:
         process.kill()
         process.wait()
-        raise AssertionError("daemon did not start; log:\n" + "\n".join(lines))
-    daemon = Daemon(process, port[0], lines)
+        raise AssertionError("daemon did not start; log:\n" + "\n".join(daemon.log_lines))
     try:
         yield daemon
     finally:
@@ -178,6 +202,59 @@ def running_daemon(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """How a command ended, what it wrote, and its own peak resident memory."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_rss_bytes: int
+    seconds: float
+
+
+_MEASURE = (
+    "import resource, subprocess, sys\n"
+    "status = subprocess.run(sys.argv[2:], check=False).returncode\n"
+    "with open(sys.argv[1], 'w') as file:\n"
+    "    file.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024))\n"
+    "sys.exit(status)\n"
+)
+"""Runs a command and writes its peak memory to a file. Linux keeps a process's peak across
+fork and exec, so a direct child of the (large) test process would report the test process's
+own size; a child of this small wrapper reports its own."""
+
+
+def run_measured(
+    command: list[str], *, timeout: float, env: Mapping[str, str] | None = None
+) -> Measured:
+    """Run `command` to its end with its own peak resident memory; killed (and the test failed)
+    past `timeout` seconds."""
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as peak:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-c", _MEASURE, peak.name, *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            pytest.fail(f"{' '.join(command)} still running after {timeout}s")
+        return Measured(
+            process.returncode,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            int(peak.read() or 0),
+            time.monotonic() - started,
+        )
 
 
 def eventually(

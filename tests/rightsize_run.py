@@ -7,17 +7,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pytest
 from aiohttp import web
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, Measured, run_measured
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
@@ -39,42 +35,10 @@ def rightsize(
     )
 
 
-@dataclass(frozen=True)
-class Measured:
-    returncode: int
-    stdout: str
-    stderr: str
-    peak_rss_bytes: int
-    seconds: float
-
-
 def measured(*args: str, timeout: float) -> Measured:
-    """Run the job and measure its peak resident memory (its own, from wait4: not that of
-    other children of the test process). Killed, and the test failed, past `timeout`."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        started = time.monotonic()
-        process = subprocess.Popen([*COMMAND, *args], stdout=out, stderr=err, cwd=ROOT)
-        while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - started > timeout:
-                process.kill()
-                os.wait4(process.pid, 0)
-                process.returncode = -9
-                pytest.fail(f"gpuscope rightsize {' '.join(args)} ran past {timeout}s")
-            time.sleep(0.05)
-        process.returncode = os.waitstatus_to_exitcode(status)
-        seconds = time.monotonic() - started
-        out.seek(0)
-        err.seek(0)
-        return Measured(
-            process.returncode,
-            out.read().decode(),
-            err.read().decode(),
-            usage.ru_maxrss * 1024,  # KiB on Linux
-            seconds,
-        )
+    """Run the job and measure its own peak resident memory; killed, and the test failed, past
+    `timeout`."""
+    return run_measured([*COMMAND, *args], timeout=timeout)
 
 
 @contextmanager

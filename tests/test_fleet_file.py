@@ -6,13 +6,7 @@ bomb, /dev/urandom, 50 MB values, random structures — the answer is a Fleet or
 from __future__ import annotations
 
 import copy
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +20,7 @@ from exporter import documents
 from exporter.simulator import fleet as fleet_module
 from exporter.simulator.fleet import Fleet, FleetError, fleet_from_document, load_fleet, parse_fleet
 from exporter.simulator.fleet_values import parse_bytes
-from tests.helpers import FLEETS, ROOT, daemon_command
+from tests.helpers import FLEETS, ROOT, Measured, daemon_command, run_measured
 from tests.yaml_bombs import alias_bomb
 
 if TYPE_CHECKING:
@@ -507,47 +501,10 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
 # -- gpuscope serve --simulate FILE: one line, exit 2, at once, bounded memory -------------------
 
 
-@dataclass(frozen=True)
-class Exit:
-    status: int
-    lines: list[str]
-    seconds: float
-    peak_rss: int
-
-
-_MEASURED = (
-    "import resource, subprocess, sys\n"
-    "status = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=False).returncode\n"
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n"
-    "sys.exit(status)\n"
-)
-"""Runs a command and prints its peak memory. Linux keeps a process's peak across fork and
-exec, so a child of the test process would report the test process's own peak instead."""
-
-
-def serve(fleet: Path) -> Exit:
+def serve(fleet: Path) -> Measured:
     """`gpuscope serve --simulate FLEET` until it exits (killed after `EXIT_WITHIN` seconds)."""
     command = daemon_command("--web.listen-address=127.0.0.1:0", f"--simulate={fleet}")
-    started = time.monotonic()
-    process = subprocess.Popen(
-        [sys.executable, "-c", _MEASURED, *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        out, err = process.communicate(timeout=EXIT_WITHIN)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        pytest.fail(f"serve --simulate {fleet} still running after {EXIT_WITHIN}s")
-    return Exit(
-        process.returncode,
-        err.decode(errors="replace").splitlines(),
-        time.monotonic() - started,
-        int(out),
-    )
+    return run_measured(command, timeout=EXIT_WITHIN)
 
 
 def _write(tmp_path: Path, content: bytes) -> Path:
@@ -615,13 +572,14 @@ def test_serve_refuses_a_hostile_fleet_file_with_one_line(case: str, tmp_path: P
     make, expected = HOSTILE_FILES[case]
     fleet = make(tmp_path)
     result = serve(fleet)
-    assert result.status == 2, result.lines
-    assert len(result.lines) == 1, result.lines
-    line = result.lines[0]
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, lines
+    assert len(lines) == 1, lines
+    line = lines[0]
     assert line.startswith("gpuscope: error: " + expected.format(path=fleet)), line
     assert len(line) < 300
     assert result.seconds < EXIT_WITHIN
-    assert result.peak_rss < MAX_RSS, f"{result.peak_rss / 2**20:.0f} MiB"
+    assert result.peak_rss_bytes < MAX_RSS, f"{result.peak_rss_bytes / 2**20:.0f} MiB"
 
 
 # -- whatever the input: a Fleet or a FleetError ------------------------------------------------

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import random
-import re
 import resource
-import signal
 import socket
 import string
 import subprocess
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import bcrypt
@@ -28,7 +24,15 @@ import pytest
 import trustme
 
 from exporter.web.server import MAX_CONNECTIONS, SPARE_FILES
-from tests.helpers import ROOT, Daemon, daemon_command, eventually, unavailable, value
+from tests.helpers import (
+    ROOT,
+    Daemon,
+    daemon_command,
+    eventually,
+    running_daemon,
+    unavailable,
+    value,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -44,87 +48,20 @@ ATTACKERS = 41
 """One more than the default --web.max-requests."""
 
 
-@dataclass
-class Run:
-    """A daemon whose stdout and stderr are both kept, byte for byte."""
-
-    daemon: Daemon
-    out: bytearray = field(default_factory=bytearray)
-    err: bytearray = field(default_factory=bytearray)
-    pumps: list[threading.Thread] = field(default_factory=list)
-
-    @property
-    def port(self) -> int:
-        return self.daemon.port
-
-    def output(self) -> bytes:
-        return bytes(self.out) + bytes(self.err)
-
-    def metrics(self, credentials: bytes | None = None) -> str:
-        head = AUTHORIZATION + b"\r\n" if credentials else b""
-        status, body = request(self.port, b"/metrics", head)
-        assert status == 200, body
-        return body.decode()
-
-    def stop(self) -> int:
-        """SIGTERM, then every byte written until the end."""
-        status = self.daemon.stop()
-        for pump in self.pumps:
-            pump.join(10)
-        return status
+def scrape(daemon: Daemon, credentials: bytes | None = None) -> str:
+    """/metrics, with these basic-auth credentials if given."""
+    head = AUTHORIZATION + b"\r\n" if credentials else b""
+    status, body = request(daemon.port, b"/metrics", head)
+    assert status == 200, body
+    return body.decode()
 
 
 @contextlib.contextmanager
-def serving(*args: str, preexec: Callable[[], None] | None = None) -> Iterator[Run]:
-    """`gpuscope serve --simulate=1 ARGS` on a free loopback port, every byte it writes kept."""
-    process = subprocess.Popen(
-        daemon_command("--web.listen-address=127.0.0.1:0", "--simulate=1", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        env=dict(os.environ),
-        preexec_fn=preexec,  # noqa: PLW1509 - only setrlimit, before exec
-    )
-    lines: list[str] = []
-    out, err = bytearray(), bytearray()
-    port: list[int] = []
-    found = threading.Event()
-
-    def pump_err() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            err.extend(line)
-            lines.append(line.decode(errors="replace").rstrip("\n"))
-            match = re.search(rb"msg=listening address=127\.0\.0\.1:(\d+)", line)
-            if match and not port:
-                port.append(int(match[1]))
-                found.set()
-        found.set()
-
-    def pump_out() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            out.extend(line)
-
-    pumps = [threading.Thread(target=pump, daemon=True) for pump in (pump_err, pump_out)]
-    for pump in pumps:
-        pump.start()
-    if not found.wait(20) or not port:
-        process.kill()
-        process.wait()
-        raise AssertionError("daemon did not start; log:\n" + "\n".join(lines))
-    daemon = Daemon(process, port[0], lines)  # type: ignore[arg-type]
-    try:
-        eventually(lambda: request(daemon.port, b"/-/ready")[0] == 200, 15, "readiness")
-        yield Run(daemon, out, err, pumps)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+def serving(*args: str, preexec: Callable[[], None] | None = None) -> Iterator[Daemon]:
+    """`gpuscope serve --simulate=1 ARGS`, ready, every byte it writes kept."""
+    with running_daemon("--simulate=1", *args, preexec=preexec) as daemon:
+        daemon.wait_ready()
+        yield daemon
 
 
 def exchange(port: int, data: bytes, *, source: str = "127.0.0.1", timeout: float = 10) -> bytes:
@@ -215,7 +152,7 @@ def test_a_flood_of_wrong_credentials_does_not_lock_out_a_valid_client(
         assert probes == [200] * len(probes)
         assert set(guessed) <= {401, 429}, guessed
         assert sum(guessed.values()) > len(scrapes), "the flood ran"
-        text = run.metrics(CREDENTIALS)
+        text = scrape(run, CREDENTIALS)
     assert value(text, "gpuscope_http_requests_refused_total", reason="busy") == 0
 
 
@@ -247,8 +184,8 @@ MALFORMED = {
 }
 
 
-def bad_requests(run: Run, credentials: bytes | None = None) -> float:
-    return value(run.metrics(credentials), "gpuscope_http_bad_requests_total")
+def bad_requests(run: Daemon, credentials: bytes | None = None) -> float:
+    return value(scrape(run, credentials), "gpuscope_http_bad_requests_total")
 
 
 def assert_no_credentials(output: bytes) -> None:
@@ -319,8 +256,8 @@ def _raise_own_file_limit(wanted: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def evicted(run: Run) -> float:
-    return value(run.metrics(), "gpuscope_http_connections_closed_total", reason="evicted")
+def evicted(run: Daemon) -> float:
+    return value(scrape(run), "gpuscope_http_connections_closed_total", reason="evicted")
 
 
 @pytest.mark.timeout(120)
@@ -335,7 +272,7 @@ def test_idle_connections_past_the_cap_never_shut_out_the_probes() -> None:
             assert request(run.port, b"/-/healthy")[0] == 200
             assert request(run.port, b"/-/ready")[0] == 200
             eventually(lambda: evicted(run) >= count - MAX_CONNECTIONS, 10, "the evictions")
-            text = run.metrics()
+            text = scrape(run)
             assert value(text, "gpuscope_http_connections_max") == MAX_CONNECTIONS
             assert value(text, "gpuscope_http_connections_open") <= MAX_CONNECTIONS
         finally:
@@ -353,11 +290,11 @@ def test_the_cap_shrinks_to_the_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     with serving(preexec=small_limit) as run:
-        assert any("capped by the open-file limit" in line for line in run.daemon.log_lines)
+        assert any("capped by the open-file limit" in line for line in run.log_lines)
         idle = _open_idle(run.port, 1100)
         try:
             assert request(run.port, b"/-/healthy")[0] == 200
-            text = run.metrics()
+            text = scrape(run)
             assert value(text, "gpuscope_http_connections_max") == limit - SPARE_FILES
         finally:
             for connection in idle:

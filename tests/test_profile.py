@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.calibration import profile as profile_module
 from exporter.calibration.parse import (
     MAX_PROFILE_BYTES,
     load_profile,
@@ -259,14 +258,6 @@ def test_a_profile_file_is_read_bounded(tmp_path: Path) -> None:
         with pytest.raises(ProfileError) as raised:
             load_profile(path, source=path.name if path.name != "big.json" else None)
         assert str(raised.value) == message
-
-
-def test_the_parsers_are_still_importable_from_the_schema_module() -> None:
-    # tests/test_fuzz.py and benchmarks/calibrate.py import them from there
-    assert profile_module.parse_profile is parse_profile
-    assert profile_module.parse_profile_text is parse_profile_text
-    with pytest.raises(AttributeError, match="has no attribute 'load_profil'"):
-        _ = profile_module.load_profil  # type: ignore[attr-defined]
 
 
 def test_deeply_nested_values_inside_a_valid_shape_are_refused() -> None:
