@@ -14,6 +14,7 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
+import pynvml
 import pytest
 
 from tests.fake_nvml import (
@@ -23,6 +24,7 @@ from tests.fake_nvml import (
     FakeDevice,
     FakeEvent,
     FakeMigInstance,
+    FakeNvLink,
     FakeNvmlState,
     FakeProcess,
     FakeProcessSample,
@@ -98,6 +100,18 @@ EXPECTED_EXPORTS = {
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait_v2",
     "nvmlEventSetFree",
+    # NVLink, the PCIe link, power limits, modes, process names
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPowerManagementLimitConstraints",
+    "nvmlDeviceGetPowerManagementDefaultLimit",
+    "nvmlDeviceGetComputeMode",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlSystemGetProcessName",
     # what nvitop calls beside, for the peer benchmark (benchmarks/peers.py)
     "nvmlDeviceGetEncoderUtilization",
     "nvmlDeviceGetDecoderUtilization",
@@ -150,6 +164,18 @@ def read_all(lib_dir: Path, state: Path | None) -> dict[str, object]:
     return readings
 
 
+def expected_nvlinks(d: FakeDevice) -> list[list[int]]:
+    """What probe.read_device() must report for ``d``'s links: up to the highest listed one,
+    an unlisted one inactive with nothing counted."""
+    listed = {n.link: n for n in d.nvlinks}
+    return [
+        [link, int(n.active), n.tx_kib, n.rx_kib, n.crc_flit, n.crc_data, n.replay, n.recovery]
+        if (n := listed.get(link)) is not None
+        else [link, 0, 0, 0, 0, 0, 0, 0]
+        for link in range(max(listed, default=-1) + 1)
+    ]
+
+
 def expected_device(d: FakeDevice) -> dict[str, object]:
     """What probe.read_device() must report for ``d``."""
     domain, bus, dev_fn = d.pci_bus_id.split(":")
@@ -180,8 +206,16 @@ def expected_device(d: FakeDevice) -> dict[str, object]:
         "memory_v1": [d.memory_total_bytes, d.memory_reserved_bytes + d.memory_used_bytes, free],
         "power_usage_mw": d.power_usage_mw,
         "power_limit_mw": d.power_limit_mw,
+        "power_min_limit_mw": d.power_min_limit_mw,
+        "power_max_limit_mw": d.power_max_limit_mw,
+        "power_default_limit_mw": d.power_default_limit_mw,
         "energy_mj": d.energy_mj,
         "temperature_c": d.temperature_c,
+        "memory_temperature_c": (
+            None
+            if pynvml.NVML_FI_DEV_MEMORY_TEMP in d.not_supported_fields
+            else d.memory_temperature_c
+        ),
         **{
             f"{prefix}clock_{domain}_mhz": getattr(d, f"{prefix}clock_{domain}_mhz")
             for prefix in ("", "max_")
@@ -192,10 +226,14 @@ def expected_device(d: FakeDevice) -> dict[str, object]:
         "num_fans": d.num_fans,
         "fan_speeds": [d.fan_speed_percent] * d.num_fans,
         "ecc_corrected_volatile": d.ecc_corrected_volatile,
-        "ecc_corrected_aggregate": d.ecc_corrected_volatile,
+        "ecc_corrected_aggregate": d.ecc_corrected_volatile + d.ecc_corrected_before_load,
         "ecc_uncorrected_volatile": d.ecc_uncorrected_volatile,
-        "ecc_uncorrected_aggregate": d.ecc_uncorrected_volatile,
+        "ecc_uncorrected_aggregate": d.ecc_uncorrected_volatile + d.ecc_uncorrected_before_load,
         "pcie_replay_count": d.pcie_replay_count,
+        "pcie_link": [d.pcie_generation, d.pcie_max_generation, d.pcie_width, d.pcie_max_width],
+        "compute_mode": d.compute_mode,
+        "persistence_mode": int(d.persistence_mode),
+        "nvlinks": expected_nvlinks(d),
         "performance_state": d.performance_state,
         "encoder_util_percent": d.encoder_util_percent,
         "decoder_util_percent": d.decoder_util_percent,
@@ -246,7 +284,18 @@ def test_reads_back_every_value(fake_lib_dir: Path, state_file: Path) -> None:
         fan_speed_percent=55,
         ecc_corrected_volatile=3,
         ecc_uncorrected_volatile=1,
+        ecc_corrected_before_load=40,
+        ecc_uncorrected_before_load=2,
         pcie_replay_count=17,
+        pcie_generation=3,
+        pcie_max_generation=5,
+        pcie_width=8,
+        power_min_limit_mw=200_000,
+        power_max_limit_mw=700_000,
+        power_default_limit_mw=650_000,
+        compute_mode=3,  # exclusive process
+        persistence_mode=False,
+        memory_temperature_c=58,
         performance_state=2,
         processes=[FakeProcess(4242, 20 * GIB), FakeProcess(4243, None)],
         mps_processes=[FakeProcess(5000, GIB, gpu_instance_id=1, compute_instance_id=0)],
@@ -255,8 +304,18 @@ def test_reads_back_every_value(fake_lib_dir: Path, state_file: Path) -> None:
             FakeProcessSample(4243, 1_700_000_000_500_000, 5, 6),
         ],
     )
-    # Lower-case hex and a non-zero domain: the fake must reformat like the driver.
-    other = FakeDevice.numbered(1, name="NVIDIA H100 80GB HBM3", pci_bus_id="00000001:b7:00.0")
+    # Lower-case hex and a non-zero domain: the fake must reformat like the driver. Its NVLink:
+    # two links up, link 1 between them down; no memory temperature field.
+    other = FakeDevice.numbered(
+        1,
+        name="NVIDIA H100 80GB HBM3",
+        pci_bus_id="00000001:b7:00.0",
+        nvlinks=[
+            FakeNvLink(0, tx_kib=2**40, rx_kib=5, crc_flit=1, crc_data=2, replay=3, recovery=4),
+            FakeNvLink(2, tx_kib=7, rx_kib=8),
+        ],
+        not_supported_fields={pynvml.NVML_FI_DEV_MEMORY_TEMP},
+    )
     state = FakeNvmlState(driver_version="570.86.15", cuda_version=12080, devices=[busy, other])
     state.write(state_file)
 
@@ -306,18 +365,20 @@ def test_lost_gpu_fails_until_reinit(fake_lib_dir: Path, state_file: Path) -> No
     run_python(
         f"""
         from tests.fake_nvml.state import (
-            FakeDevice, FakeMigInstance, FakeNvmlState, FakeProcessSample
+            FakeDevice, FakeMigInstance, FakeNvLink, FakeNvmlState, FakeProcessSample
         )
         assert set(DEVICE_CALLS) == set({sorted(PER_DEVICE_EXPORTS)!r})
         path = os.environ["FAKE_NVML_STATE"]
         def write(lost):
-            # A fan, a sample and a MIG instance, so that every call succeeds on a healthy GPU.
+            # A fan, a sample, a MIG instance and an NVLink link, so that every call succeeds
+            # on a healthy GPU.
             sample = FakeProcessSample(pid=1, timestamp_us=1)
             mig = FakeMigInstance(slot=0, gpu_instance=7, uuid="MIG-0000-aaaa")
             gpu0 = FakeDevice.numbered(
                 0,
                 lost=lost,
                 num_fans=1,
+                nvlinks=[FakeNvLink(0)],
                 process_samples=[sample],
                 mig_mode=True,
                 mig_instances=[mig],
@@ -758,6 +819,56 @@ def test_throttle_time_memory_health_and_pcie(fake_lib_dir: Path, state_file: Pa
     )
 
 
+def test_nvlink_field_values_and_process_names(fake_lib_dir: Path, state_file: Path) -> None:
+    """Per-link NVLink state, data and error counters; field values answering slot by slot;
+    a GPU without NVLink; process names."""
+    sxm = FakeDevice.numbered(
+        0,
+        memory_temperature_c=61,
+        nvlinks=[FakeNvLink(0, tx_kib=100, rx_kib=200, replay=5), FakeNvLink(2, tx_kib=1)],
+    )
+    pcie = FakeDevice.numbered(
+        1, name="NVIDIA L4", not_supported_fields={pynvml.NVML_FI_DEV_MEMORY_TEMP}
+    )
+    FakeNvmlState(devices=[sxm, pcie], process_names={4242: "/usr/bin/python3"}).write(state_file)
+    run_python(
+        """
+        pynvml.nvmlInit()
+        sxm, pcie = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+        tx, rx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+        assert [pynvml.nvmlDeviceGetNvLinkState(sxm, link) for link in range(3)] == [1, 0, 1]
+        expect_error(pynvml.NVMLError_InvalidArgument, pynvml.nvmlDeviceGetNvLinkState, sxm, 3)
+        expect_error(pynvml.NVMLError_NotSupported, pynvml.nvmlDeviceGetNvLinkState, pcie, 0)
+        replay = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+        assert pynvml.nvmlDeviceGetNvLinkErrorCounter(sxm, 0, replay) == 5
+        assert pynvml.nvmlDeviceGetNvLinkErrorCounter(sxm, 1, replay) == 0
+        expect_error(
+            pynvml.NVMLError_NotSupported,
+            pynvml.nvmlDeviceGetNvLinkErrorCounter, sxm, 0, pynvml.NVML_NVLINK_ERROR_DL_ECC_DATA,
+        )
+        expect_error(
+            pynvml.NVMLError_NotSupported, pynvml.nvmlDeviceGetNvLinkErrorCounter, pcie, 0, replay
+        )
+
+        # One call, each slot answering alone.
+        asked = [82, (tx, 0), (rx, 0), (tx, 1), (tx, 2), (tx, 3), (tx, 0xFFFFFFFF), 1]
+        values = pynvml.nvmlDeviceGetFieldValues(sxm, asked)
+        assert [v.nvmlReturn for v in values] == [0, 0, 0, 0, 0, 2, 0, 3]
+        assert values[0].valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        assert values[0].value.uiVal == 61
+        assert [v.value.ullVal for v in values[1:5]] == [100, 200, 0, 1]
+        assert values[6].value.ullVal == 101, "scope UINT_MAX: every link summed"
+        values = pynvml.nvmlDeviceGetFieldValues(pcie, [82, (tx, 0), 74])
+        assert [v.nvmlReturn for v in values] == [3, 3, 0], "NotSupported slot by slot"
+
+        assert pynvml.nvmlSystemGetProcessName(4242) == "/usr/bin/python3"
+        expect_error(pynvml.NVMLError_NotFound, pynvml.nvmlSystemGetProcessName, 4243)
+        """,
+        lib_dir=fake_lib_dir,
+        state=state_file,
+    )
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -768,6 +879,11 @@ def test_throttle_time_memory_health_and_pcie(fake_lib_dir: Path, state_file: Pa
         ("mig 0 1 0 1 10 0 GPU-x 1g.10gb", "does not start with MIG-"),
         ("mig_gpm_metric 4 2 1.0", "bad mig_gpm_metric"),
         ("event 1 8", "bad event"),
+        ("nvlink 36 1 0 0 0 0 0 0", "bad nvlink"),
+        ("nvlink 0 2 0 0 0 0 0 0", "bad nvlink"),
+        ("nvlink 0 1 0 0 0 0 0 0\nnvlink 0 0 0 0 0 0 0 0", "link 0 listed twice"),
+        ("not_supported_field memory", "bad not_supported_field"),
+        ("process_name 12", "bad process_name"),
     ],
 )
 def test_bad_deeper_state_lines(

@@ -32,6 +32,11 @@
  * registered, so a test injects an event by rewriting the state file with a new line.
  * nvmlEventSetWait_v2 polls the state file until an event is due or the timeout passes
  * (then NVML_ERROR_TIMEOUT); nvmlDeviceGetPcieThroughput blocks 20 ms like the real one.
+ *
+ * NVLink: a device's `nvlink LINK ...` lines are its links (a device without any has no
+ * NVLink: NOT_SUPPORTED); links up to the highest listed one exist, an unlisted one among them
+ * is inactive. Field values answer per slot, as the real driver does: `not_supported_field ID`
+ * makes that field answer NOT_SUPPORTED in its own slot while the others still answer.
  */
 #define _GNU_SOURCE
 #ifndef NVML_NO_UNVERSIONED_FUNC_DEFS
@@ -39,6 +44,7 @@
 #endif
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -65,6 +71,7 @@
 #define FAKE_DEFAULT_EVENTS \
     (nvmlEventTypeXidCriticalError | nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError)
 #define FAKE_PCIE_WINDOW_NS 20000000L /* nvmlDeviceGetPcieThroughput counts over 20 ms */
+#define FAKE_PROCESS_NAME_MAX 256     /* a process name, NUL included */
 #define FAKE_POLL_NS 5000000L         /* an event wait looks at the state file this often */
 
 /* ------------------------------------------------------------------------------------ */
@@ -115,6 +122,30 @@ struct event_list {
     size_t count, cap;
 };
 
+/* One NVLink link: whether it is up, its data counters (KiB) and its error counters. */
+struct fake_nvlink {
+    unsigned int link, active;
+    unsigned long long tx_kib, rx_kib;
+    unsigned long long error[NVML_NVLINK_ERROR_COUNT]; /* by nvmlNvLinkErrorCounter_t */
+};
+struct nvlink_list {
+    struct fake_nvlink *items;
+    size_t count, cap;
+};
+struct field_id_list {
+    unsigned int *items;
+    size_t count, cap;
+};
+
+struct fake_process_name {
+    unsigned int pid;
+    char name[FAKE_PROCESS_NAME_MAX];
+};
+struct process_name_list {
+    struct fake_process_name *items;
+    size_t count, cap;
+};
+
 /* Everything the state file says about one GPU.  Member names double as file keys. */
 struct fake_device {
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
@@ -125,13 +156,18 @@ struct fake_device {
     unsigned int util_gpu_percent, util_memory_percent;
     unsigned long long memory_total_bytes, memory_reserved_bytes, memory_used_bytes;
     unsigned int power_usage_mw, power_limit_mw;
+    unsigned int power_min_limit_mw, power_max_limit_mw, power_default_limit_mw;
     unsigned long long energy_mj;
-    unsigned int temperature_c;
+    unsigned int temperature_c, memory_temperature_c;
     unsigned int clock_mhz[NVML_CLOCK_COUNT], max_clock_mhz[NVML_CLOCK_COUNT];
     unsigned long long clock_event_reasons;
     unsigned int num_fans, fan_speed_percent;
     unsigned long long ecc_corrected_volatile, ecc_uncorrected_volatile;
+    /* errors from before the driver loaded: the aggregate counts add them */
+    unsigned long long ecc_corrected_before_load, ecc_uncorrected_before_load;
     unsigned int pcie_replay_count;
+    unsigned int pcie_generation, pcie_max_generation, pcie_width, pcie_max_width;
+    unsigned int compute_mode, persistence_mode;
     unsigned int performance_state;
     unsigned int encoder_util_percent, decoder_util_percent;
     unsigned int lost;
@@ -152,6 +188,9 @@ struct fake_device {
     unsigned int pcie_tx_kbps, pcie_rx_kbps;
     unsigned long long supported_events;
     struct event_list events;
+    struct nvlink_list nvlinks;
+    unsigned int nvlink_count; /* derived: the highest listed link + 1 (0: no NVLink) */
+    struct field_id_list not_supported_fields;
 };
 
 struct fake_state {
@@ -161,6 +200,7 @@ struct fake_state {
     unsigned int event_wait_error; /* an nvmlReturn_t that nvmlEventSetWait_v2 fails with */
     struct fake_device *devices;
     size_t device_count, device_cap;
+    struct process_name_list process_names; /* nvmlSystemGetProcessName: NOT_FOUND for others */
 };
 
 /*
@@ -262,6 +302,8 @@ static void free_device(struct fake_device *d)
     free(d->samples.items);
     free(d->migs.items);
     free(d->events.items);
+    free(d->nvlinks.items);
+    free(d->not_supported_fields.items);
 }
 
 static void free_state(struct fake_state *s)
@@ -271,6 +313,7 @@ static void free_state(struct fake_state *s)
     for (size_t i = 0; i < s->device_count; i++)
         free_device(&s->devices[i]);
     free(s->devices);
+    free(s->process_names.items);
     free(s);
 }
 
@@ -302,8 +345,18 @@ static void set_default_device(struct fake_device *d)
     d->memory_reserved_bytes = 605028352ULL;  /* 577 MiB */
     d->power_usage_mw = 62000;
     d->power_limit_mw = 400000;
+    d->power_min_limit_mw = 100000;
+    d->power_max_limit_mw = 400000;
+    d->power_default_limit_mw = 400000;
     d->energy_mj = 35000000ULL;
     d->temperature_c = 32;
+    d->memory_temperature_c = 35;
+    d->pcie_generation = 1; /* an idle A100 trains its link down */
+    d->pcie_max_generation = 4;
+    d->pcie_width = 16;
+    d->pcie_max_width = 16;
+    d->compute_mode = NVML_COMPUTEMODE_DEFAULT;
+    d->persistence_mode = NVML_FEATURE_ENABLED;
     d->clock_mhz[NVML_CLOCK_GRAPHICS] = 210;
     d->clock_mhz[NVML_CLOCK_SM] = 210;
     d->clock_mhz[NVML_CLOCK_MEM] = 1593;
@@ -358,8 +411,12 @@ static const struct field device_fields[] = {
     DEV_U64("memory_used_bytes", memory_used_bytes),
     DEV_U32("power_usage_mw", power_usage_mw, UINT32_MAX),
     DEV_U32("power_limit_mw", power_limit_mw, UINT32_MAX),
+    DEV_U32("power_min_limit_mw", power_min_limit_mw, UINT32_MAX),
+    DEV_U32("power_max_limit_mw", power_max_limit_mw, UINT32_MAX),
+    DEV_U32("power_default_limit_mw", power_default_limit_mw, UINT32_MAX),
     DEV_U64("energy_mj", energy_mj),
     DEV_U32("temperature_c", temperature_c, UINT32_MAX),
+    DEV_U32("memory_temperature_c", memory_temperature_c, UINT32_MAX),
     DEV_U32("clock_graphics_mhz", clock_mhz[NVML_CLOCK_GRAPHICS], UINT32_MAX),
     DEV_U32("clock_sm_mhz", clock_mhz[NVML_CLOCK_SM], UINT32_MAX),
     DEV_U32("clock_mem_mhz", clock_mhz[NVML_CLOCK_MEM], UINT32_MAX),
@@ -373,7 +430,15 @@ static const struct field device_fields[] = {
     DEV_U32("fan_speed_percent", fan_speed_percent, 100),
     DEV_U64("ecc_corrected_volatile", ecc_corrected_volatile),
     DEV_U64("ecc_uncorrected_volatile", ecc_uncorrected_volatile),
+    DEV_U64("ecc_corrected_before_load", ecc_corrected_before_load),
+    DEV_U64("ecc_uncorrected_before_load", ecc_uncorrected_before_load),
     DEV_U32("pcie_replay_count", pcie_replay_count, UINT32_MAX),
+    DEV_U32("pcie_generation", pcie_generation, 6),
+    DEV_U32("pcie_max_generation", pcie_max_generation, 6),
+    DEV_U32("pcie_width", pcie_width, 32),
+    DEV_U32("pcie_max_width", pcie_max_width, 32),
+    DEV_U32("compute_mode", compute_mode, NVML_COMPUTEMODE_COUNT - 1),
+    DEV_U32("persistence_mode", persistence_mode, 1),
     DEV_U32("performance_state", performance_state, NVML_PSTATE_UNKNOWN),
     DEV_U32("encoder_util_percent", encoder_util_percent, 100),
     DEV_U32("decoder_util_percent", decoder_util_percent, 100),
@@ -608,6 +673,78 @@ static bool parse_event(struct event_list *list, char *rest)
     return true;
 }
 
+/* "nvlink LINK ACTIVE TX_KIB RX_KIB CRC_FLIT CRC_DATA REPLAY RECOVERY" */
+static bool parse_nvlink(struct nvlink_list *list, char *rest)
+{
+    unsigned long long link, active, tx, rx, flit, data, replay, recovery;
+    if (!take_number(&rest, NVML_NVLINK_MAX_LINKS - 1, &link) || !take_number(&rest, 1, &active) ||
+        !take_number(&rest, UINT64_MAX, &tx) || !take_number(&rest, UINT64_MAX, &rx) ||
+        !take_number(&rest, UINT64_MAX, &flit) || !take_number(&rest, UINT64_MAX, &data) ||
+        !take_number(&rest, UINT64_MAX, &replay) || !take_number(&rest, UINT64_MAX, &recovery) ||
+        !at_end(rest))
+        return false;
+    struct fake_nvlink *l = LIST_PUSH(list);
+    if (!l)
+        return false;
+    l->link = (unsigned int)link;
+    l->active = (unsigned int)active;
+    l->tx_kib = tx;
+    l->rx_kib = rx;
+    l->error[NVML_NVLINK_ERROR_DL_CRC_FLIT] = flit;
+    l->error[NVML_NVLINK_ERROR_DL_CRC_DATA] = data;
+    l->error[NVML_NVLINK_ERROR_DL_REPLAY] = replay;
+    l->error[NVML_NVLINK_ERROR_DL_RECOVERY] = recovery;
+    return true;
+}
+
+/* "not_supported_field ID" */
+static bool parse_field_id(struct field_id_list *list, char *rest)
+{
+    unsigned long long id;
+    if (!take_number(&rest, UINT32_MAX, &id) || !at_end(rest))
+        return false;
+    unsigned int *slot = LIST_PUSH(list);
+    if (!slot)
+        return false;
+    *slot = (unsigned int)id;
+    return true;
+}
+
+/* "process_name PID NAME": the name runs to the end of the line. */
+static bool parse_process_name(struct process_name_list *list, char *rest)
+{
+    unsigned long long pid;
+    if (!take_number(&rest, UINT32_MAX, &pid))
+        return false;
+    while (*rest == ' ')
+        rest++;
+    if (*rest == '\0' || strlen(rest) >= FAKE_PROCESS_NAME_MAX)
+        return false;
+    struct fake_process_name *n = LIST_PUSH(list);
+    if (!n)
+        return false;
+    n->pid = (unsigned int)pid;
+    memcpy(n->name, rest, strlen(rest) + 1);
+    return true;
+}
+
+/* Links up to the highest listed exist; two lines for one link are an error. */
+static bool check_nvlinks(struct fake_device *d, size_t index, char *err, size_t errlen)
+{
+    d->nvlink_count = 0;
+    for (size_t i = 0; i < d->nvlinks.count; i++) {
+        unsigned int link = d->nvlinks.items[i].link;
+        for (size_t j = 0; j < i; j++)
+            if (d->nvlinks.items[j].link == link) {
+                snprintf(err, errlen, "device %zu: NVLink link %u listed twice", index, link);
+                return false;
+            }
+        if (link + 1 > d->nvlink_count)
+            d->nvlink_count = link + 1;
+    }
+    return true;
+}
+
 static bool check_migs(const struct fake_device *d, size_t index, char *err, size_t errlen)
 {
     for (size_t i = 0; i < d->migs.count; i++) {
@@ -655,7 +792,7 @@ static bool check_device(struct fake_device *d, size_t index, char *err, size_t 
         snprintf(err, errlen, "device %zu: uuid '%s' does not start with GPU-", index, d->uuid);
         return false;
     }
-    return check_migs(d, index, err, errlen);
+    return check_nvlinks(d, index, err, errlen) && check_migs(d, index, err, errlen);
 }
 
 /*
@@ -678,6 +815,9 @@ static bool check_device(struct fake_device *d, size_t index, char *err, size_t 
  *   mig SLOT GI CI SLICES TOTAL USED MIG-UUID PROFILE   a MIG instance ("-": unnamed profile)
  *   mig_gpm_metric GI ID VALUE           GPM of that instance
  *   event SEQ TYPE DATA                  an event the driver queued (SEQ orders delivery)
+ *   nvlink LINK ACTIVE TX_KIB RX_KIB CRC_FLIT CRC_DATA REPLAY RECOVERY   an NVLink link
+ *   not_supported_field ID               a field value answering NOT_SUPPORTED in its slot
+ *   process_name PID NAME                what nvmlSystemGetProcessName says (a system key)
  *
  * Anything else is an error: a key the writer knows but we do not must fail loudly.
  */
@@ -738,6 +878,11 @@ static struct fake_state *parse_state(FILE *in, const char *path, char *err, siz
         } else if ((f = find_field(state_fields, key))) {
             if (!set_field(f, s, rest, what, sizeof(what)))
                 goto fail;
+        } else if (strcmp(key, "process_name") == 0) {
+            if (!parse_process_name(&s->process_names, rest)) {
+                snprintf(what, sizeof(what), "bad process_name '%.80s' (want PID NAME)", rest);
+                goto fail;
+            }
         } else if (!dev) {
             snprintf(what, sizeof(what), "unknown key '%.80s' (or device key before 'device')", key);
             goto fail;
@@ -779,6 +924,18 @@ static struct fake_state *parse_state(FILE *in, const char *path, char *err, siz
         } else if (strcmp(key, "event") == 0) {
             if (!parse_event(&dev->events, rest)) {
                 snprintf(what, sizeof(what), "bad event '%.80s' (want SEQ TYPE DATA)", rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "nvlink") == 0) {
+            if (!parse_nvlink(&dev->nvlinks, rest)) {
+                snprintf(what, sizeof(what),
+                         "bad nvlink '%.80s' (want LINK ACTIVE TX RX FLIT DATA REPLAY RECOVERY)",
+                         rest);
+                goto fail;
+            }
+        } else if (strcmp(key, "not_supported_field") == 0) {
+            if (!parse_field_id(&dev->not_supported_fields, rest)) {
+                snprintf(what, sizeof(what), "bad not_supported_field '%.80s' (want ID)", rest);
                 goto fail;
             }
         } else {
@@ -1542,10 +1699,13 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorTyp
         (!eccCounts || (unsigned int)errorType >= NVML_MEMORY_ERROR_TYPE_COUNT ||
          (unsigned int)counterType >= NVML_ECC_COUNTER_TYPE_COUNT))
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    /* Aggregate counts equal the volatile ones: the fake "driver" never reloads. */
-    if (rc == NVML_SUCCESS)
-        *eccCounts = errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED ? d->ecc_corrected_volatile
-                                                                   : d->ecc_uncorrected_volatile;
+    /* Aggregate counts are the volatile ones plus those from before the driver loaded. */
+    if (rc == NVML_SUCCESS) {
+        bool corrected = errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED;
+        *eccCounts = corrected ? d->ecc_corrected_volatile : d->ecc_uncorrected_volatile;
+        if (counterType == NVML_AGGREGATE_ECC)
+            *eccCounts += corrected ? d->ecc_corrected_before_load : d->ecc_uncorrected_before_load;
+    }
     return leave(rc);
 }
 #endif
@@ -1758,36 +1918,233 @@ nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyTyp
 }
 #endif
 
+/* The link record of `link` (NULL for a link that exists but is not listed: inactive). */
+static FAKE_MAYBE_UNUSED const struct fake_nvlink *find_nvlink(const struct fake_device *d,
+                                                               unsigned int link)
+{
+    for (size_t i = 0; i < d->nvlinks.count; i++)
+        if (d->nvlinks.items[i].link == link)
+            return &d->nvlinks.items[i];
+    return NULL;
+}
+
+/* Whether the device can be asked about `link`: it has NVLink, and that link. */
+static FAKE_MAYBE_UNUSED nvmlReturn_t check_link(const struct fake_device *d, unsigned int link)
+{
+    if (d->nvlink_count == 0)
+        return NVML_ERROR_NOT_SUPPORTED; /* a GPU without NVLink (a PCIe card) */
+    return link < d->nvlink_count ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+static FAKE_MAYBE_UNUSED bool field_refused(const struct fake_device *d, unsigned int field)
+{
+    for (size_t i = 0; i < d->not_supported_fields.count; i++)
+        if (d->not_supported_fields.items[i] == field)
+            return true;
+    return false;
+}
+
+/* One field's answer in its own slot: the value, or why not. */
+static FAKE_MAYBE_UNUSED void field_value(const struct fake_device *d, nvmlFieldValue_t *v)
+{
+    unsigned int policy = NVML_PERF_POLICY_COUNT;
+    unsigned long long ns = 0;
+    v->timestamp = now_us();
+    v->latencyUsec = 0;
+    v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    v->value.ullVal = 0;
+    v->nvmlReturn = NVML_SUCCESS;
+    if (field_refused(d, v->fieldId)) {
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+    switch (v->fieldId) {
+    case NVML_FI_DEV_MEMORY_TEMP:
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        v->value.uiVal = d->memory_temperature_c;
+        return;
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: {
+        bool tx = v->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+        if (v->scopeId == UINT_MAX && d->nvlink_count) { /* every link, summed */
+            for (size_t i = 0; i < d->nvlinks.count; i++)
+                v->value.ullVal += tx ? d->nvlinks.items[i].tx_kib : d->nvlinks.items[i].rx_kib;
+            return;
+        }
+        v->nvmlReturn = check_link(d, v->scopeId);
+        const struct fake_nvlink *l = find_nvlink(d, v->scopeId);
+        if (v->nvmlReturn == NVML_SUCCESS && l)
+            v->value.ullVal = tx ? l->tx_kib : l->rx_kib;
+        return;
+    }
+    case NVML_FI_DEV_PERF_POLICY_POWER: policy = NVML_PERF_POLICY_POWER; break;
+    case NVML_FI_DEV_PERF_POLICY_THERMAL:
+    case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: policy = NVML_PERF_POLICY_THERMAL; break;
+    case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: policy = NVML_PERF_POLICY_SYNC_BOOST; break;
+    case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: policy = NVML_PERF_POLICY_BOARD_LIMIT; break;
+    case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: policy = NVML_PERF_POLICY_LOW_UTILIZATION; break;
+    case NVML_FI_DEV_PERF_POLICY_RELIABILITY: policy = NVML_PERF_POLICY_RELIABILITY; break;
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_APP_CLOCKS; break;
+    case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_BASE_CLOCKS; break;
+    default: break;
+    }
+    v->nvmlReturn = violation_of(d, policy, &ns) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+    v->value.ullVal = ns;
+}
+
 #ifndef FAKE_OMIT_nvmlDeviceGetFieldValues
-/* The perf-policy fields, in nanoseconds; any other field id answers NOT_SUPPORTED in its slot. */
+/*
+ * Throttle time (the perf-policy fields, in nanoseconds), memory temperature and per-link
+ * NVLink data (KiB; the link in scopeId, UINT_MAX for all of them summed); any other field id,
+ * or one the state lists as not_supported_field, answers NOT_SUPPORTED in its own slot.
+ */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
     const struct fake_device *d;
     nvmlReturn_t rc = enter_device(device, __func__, &d);
     if (rc == NVML_SUCCESS && (valuesCount <= 0 || !values))
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; rc == NVML_SUCCESS && i < valuesCount; i++) {
-        nvmlFieldValue_t *v = &values[i];
-        unsigned int policy;
-        switch (v->fieldId) {
-        case NVML_FI_DEV_PERF_POLICY_POWER: policy = NVML_PERF_POLICY_POWER; break;
-        case NVML_FI_DEV_PERF_POLICY_THERMAL:
-        case NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: policy = NVML_PERF_POLICY_THERMAL; break;
-        case NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: policy = NVML_PERF_POLICY_SYNC_BOOST; break;
-        case NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: policy = NVML_PERF_POLICY_BOARD_LIMIT; break;
-        case NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: policy = NVML_PERF_POLICY_LOW_UTILIZATION; break;
-        case NVML_FI_DEV_PERF_POLICY_RELIABILITY: policy = NVML_PERF_POLICY_RELIABILITY; break;
-        case NVML_FI_DEV_PERF_POLICY_TOTAL_APP_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_APP_CLOCKS; break;
-        case NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: policy = NVML_PERF_POLICY_TOTAL_BASE_CLOCKS; break;
-        default: policy = NVML_PERF_POLICY_COUNT; break;
-        }
-        unsigned long long ns = 0;
-        v->timestamp = now_us();
-        v->latencyUsec = 0;
-        v->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-        v->nvmlReturn = violation_of(d, policy, &ns) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
-        v->value.ullVal = ns;
+    for (int i = 0; rc == NVML_SUCCESS && i < valuesCount; i++)
+        field_value(d, &values[i]);
+    return leave(rc);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* NVLink, PCIe link, power limits, modes, process names                                */
+/* ------------------------------------------------------------------------------------ */
+
+#ifndef FAKE_OMIT_nvmlDeviceGetNvLinkState
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                      nvmlEnableState_t *isActive)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS)
+        rc = check_link(d, link);
+    if (rc == NVML_SUCCESS && !isActive)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        const struct fake_nvlink *l = find_nvlink(d, link);
+        *isActive = l && l->active ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetNvLinkErrorCounter
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                             nvmlNvLinkErrorCounter_t counter,
+                                             unsigned long long *counterValue)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS)
+        rc = check_link(d, link);
+    if (rc == NVML_SUCCESS && (!counterValue || (unsigned int)counter >= NVML_NVLINK_ERROR_COUNT))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    else if (rc == NVML_SUCCESS && counter == NVML_NVLINK_ERROR_DL_ECC_DATA)
+        rc = NVML_ERROR_NOT_SUPPORTED; /* not modelled */
+    if (rc == NVML_SUCCESS) {
+        const struct fake_nvlink *l = find_nvlink(d, link);
+        *counterValue = l ? l->error[counter] : 0;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetCurrPcieLinkGeneration
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen)
+{
+    return get_u32(device, __func__, FIELD_OF(pcie_generation), currLinkGen);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetMaxPcieLinkGeneration
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen)
+{
+    return get_u32(device, __func__, FIELD_OF(pcie_max_generation), maxLinkGen);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetCurrPcieLinkWidth
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth)
+{
+    return get_u32(device, __func__, FIELD_OF(pcie_width), currLinkWidth);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetMaxPcieLinkWidth
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth)
+{
+    return get_u32(device, __func__, FIELD_OF(pcie_max_width), maxLinkWidth);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetPowerManagementLimitConstraints
+nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
+                                                          unsigned int *minLimit,
+                                                          unsigned int *maxLimit)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && (!minLimit || !maxLimit))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *minLimit = d->power_min_limit_mw;
+        *maxLimit = d->power_max_limit_mw;
+    }
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetPowerManagementDefaultLimit
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *defaultLimit)
+{
+    return get_u32(device, __func__, FIELD_OF(power_default_limit_mw), defaultLimit);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetComputeMode
+nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && !mode)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *mode = (nvmlComputeMode_t)d->compute_mode;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlDeviceGetPersistenceMode
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    const struct fake_device *d;
+    nvmlReturn_t rc = enter_device(device, __func__, &d);
+    if (rc == NVML_SUCCESS && !mode)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *mode = d->persistence_mode ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return leave(rc);
+}
+#endif
+
+#ifndef FAKE_OMIT_nvmlSystemGetProcessName
+nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, unsigned int length)
+{
+    nvmlReturn_t rc = enter_library();
+    if (rc != NVML_SUCCESS)
+        return leave(rc);
+    if (!name || length == 0)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    rc = NVML_ERROR_NOT_FOUND; /* no such process, as the driver sees it */
+    for (size_t i = 0; i < g.state->process_names.count; i++)
+        if (g.state->process_names.items[i].pid == pid) {
+            rc = copy_out_string(g.state->process_names.items[i].name, name, length);
+            break;
+        }
     return leave(rc);
 }
 #endif

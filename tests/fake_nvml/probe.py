@@ -81,6 +81,21 @@ DEVICE_CALLS: dict[str, Callable[[Any], object]] = {
     "nvmlDeviceRegisterEvents": lambda h: pynvml.nvmlDeviceRegisterEvents(
         h, pynvml.nvmlEventTypeXidCriticalError, pynvml.nvmlEventSetCreate()
     ),
+    # NVLink, the PCIe link, power limits and modes
+    "nvmlDeviceGetNvLinkState": lambda h: pynvml.nvmlDeviceGetNvLinkState(h, 0),
+    "nvmlDeviceGetNvLinkErrorCounter": lambda h: pynvml.nvmlDeviceGetNvLinkErrorCounter(
+        h, 0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+    ),
+    "nvmlDeviceGetCurrPcieLinkGeneration": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
+    "nvmlDeviceGetMaxPcieLinkGeneration": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
+    "nvmlDeviceGetCurrPcieLinkWidth": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
+    "nvmlDeviceGetMaxPcieLinkWidth": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
+    "nvmlDeviceGetPowerManagementLimitConstraints": (
+        pynvml.nvmlDeviceGetPowerManagementLimitConstraints
+    ),
+    "nvmlDeviceGetPowerManagementDefaultLimit": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
+    "nvmlDeviceGetComputeMode": pynvml.nvmlDeviceGetComputeMode,
+    "nvmlDeviceGetPersistenceMode": pynvml.nvmlDeviceGetPersistenceMode,
     # what nvitop calls beside (benchmarks/peers.py)
     "nvmlDeviceGetEncoderUtilization": pynvml.nvmlDeviceGetEncoderUtilization,
     "nvmlDeviceGetDecoderUtilization": pynvml.nvmlDeviceGetDecoderUtilization,
@@ -105,6 +120,39 @@ def expect_error(exc: type[BaseException], fn: Callable[..., object], *args: obj
 
 def _processes(procs: list[Any]) -> list[list[object]]:
     return [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId] for p in procs]
+
+
+def _memory_temperature(h: object) -> int | None:
+    (value,) = pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+    return int(value.value.uiVal) if value.nvmlReturn == pynvml.NVML_SUCCESS else None
+
+
+def _nvlinks(h: object) -> list[list[int]]:
+    """[link, active, tx KiB, rx KiB, crc flit, crc data, replay, recovery] per link."""
+    links = []
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            active = pynvml.nvmlDeviceGetNvLinkState(h, link)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            break
+        tx, rx = pynvml.nvmlDeviceGetFieldValues(
+            h,
+            [
+                (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link),
+                (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link),
+            ],
+        )
+        errors = [
+            pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter)
+            for counter in (
+                pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+                pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+                pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+            )
+        ]
+        links.append([link, active, tx.value.ullVal, rx.value.ullVal, *errors])
+    return links
 
 
 def read_device(h: object) -> dict[str, object]:
@@ -142,6 +190,7 @@ def read_device(h: object) -> dict[str, object]:
         samples = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
     except pynvml.NVMLError_NotFound:
         samples = []
+    power_min, power_max = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h)
     return {
         "name": pynvml.nvmlDeviceGetName(h),
         "uuid": pynvml.nvmlDeviceGetUUID(h),
@@ -157,8 +206,12 @@ def read_device(h: object) -> dict[str, object]:
         "memory_v1": [mem_v1.total, mem_v1.used, mem_v1.free],
         "power_usage_mw": pynvml.nvmlDeviceGetPowerUsage(h),
         "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+        "power_min_limit_mw": power_min,
+        "power_max_limit_mw": power_max,
+        "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit(h),
         "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
         "temperature_c": pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        "memory_temperature_c": _memory_temperature(h),
         **clocks,
         "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
         "clock_throttle_reasons": pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
@@ -166,6 +219,15 @@ def read_device(h: object) -> dict[str, object]:
         "fan_speeds": [pynvml.nvmlDeviceGetFanSpeed_v2(h, i) for i in range(num_fans)],
         **ecc,
         "pcie_replay_count": pynvml.nvmlDeviceGetPcieReplayCounter(h),
+        "pcie_link": [
+            pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+            pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h),
+            pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+            pynvml.nvmlDeviceGetMaxPcieLinkWidth(h),
+        ],
+        "compute_mode": pynvml.nvmlDeviceGetComputeMode(h),
+        "persistence_mode": pynvml.nvmlDeviceGetPersistenceMode(h),
+        "nvlinks": _nvlinks(h),
         "performance_state": pynvml.nvmlDeviceGetPerformanceState(h),
         "encoder_util_percent": pynvml.nvmlDeviceGetEncoderUtilization(h)[0],
         "decoder_util_percent": pynvml.nvmlDeviceGetDecoderUtilization(h)[0],

@@ -84,6 +84,21 @@ class FakeEvent:
     data: int = 0  # the XID for an XID event
 
 
+@dataclass
+class FakeNvLink:
+    """One NVLink link of a GPU: its data counters (KiB, as the field values count them) and
+    its data-link error counters."""
+
+    link: int
+    active: bool = True
+    tx_kib: int = 0
+    rx_kib: int = 0
+    crc_flit: int = 0
+    crc_data: int = 0
+    replay: int = 0
+    recovery: int = 0
+
+
 XID_EVENT = 0x8
 SINGLE_BIT_ECC_EVENT = 0x1
 DOUBLE_BIT_ECC_EVENT = 0x2
@@ -106,8 +121,12 @@ class FakeDevice:
     memory_used_bytes: int = 0  # free = total - reserved - used
     power_usage_mw: int = 62_000
     power_limit_mw: int = 400_000
+    power_min_limit_mw: int = 100_000
+    power_max_limit_mw: int = 400_000
+    power_default_limit_mw: int = 400_000
     energy_mj: int = 35_000_000
     temperature_c: int = 32
+    memory_temperature_c: int = 35  # the NVML_FI_DEV_MEMORY_TEMP field (HBM)
     clock_graphics_mhz: int = 210
     clock_sm_mhz: int = 210
     clock_mem_mhz: int = 1593
@@ -121,7 +140,16 @@ class FakeDevice:
     fan_speed_percent: int = 0
     ecc_corrected_volatile: int = 0
     ecc_uncorrected_volatile: int = 0
+    # errors from before the driver loaded: the aggregate counts are volatile + these
+    ecc_corrected_before_load: int = 0
+    ecc_uncorrected_before_load: int = 0
     pcie_replay_count: int = 0
+    pcie_generation: int = 1  # an idle A100 trains its link down
+    pcie_max_generation: int = 4
+    pcie_width: int = 16
+    pcie_max_width: int = 16
+    compute_mode: int = 0  # NVML_COMPUTEMODE_DEFAULT
+    persistence_mode: bool = True
     performance_state: int = 0
     encoder_util_percent: int = 0  # video engines: read by nvitop (benchmarks/peers.py)
     decoder_util_percent: int = 0
@@ -150,6 +178,9 @@ class FakeDevice:
     supported_events: int = XID_EVENT | SINGLE_BIT_ECC_EVENT | DOUBLE_BIT_ECC_EVENT
     # Exported symbol names (e.g. "nvmlDeviceGetFanSpeed_v2") answering NOT_SUPPORTED.
     not_supported: set[str] = field(default_factory=set)
+    # Field ids (NVML_FI_DEV_*) answering NOT_SUPPORTED in their own slot of a field-value call.
+    not_supported_fields: set[int] = field(default_factory=set)
+    nvlinks: list[FakeNvLink] = field(default_factory=list)  # none: a GPU without NVLink
     processes: list[FakeProcess] = field(default_factory=list)
     mps_processes: list[FakeProcess] = field(default_factory=list)
     process_samples: list[FakeProcessSample] = field(default_factory=list)
@@ -177,6 +208,8 @@ _LIST_FIELDS = frozenset(
         "gpm_metrics",
         "mig_instances",
         "events",
+        "not_supported_fields",
+        "nvlinks",
     }
 )
 
@@ -222,6 +255,12 @@ def _device_lines(device: FakeDevice) -> list[str]:
             for metric, value in mig.gpm_metrics.items()
         ]
     lines += [f"event {e.seq} {e.type} {e.data}" for e in device.events]
+    lines += [f"not_supported_field {n}" for n in sorted(device.not_supported_fields)]
+    lines += [
+        f"nvlink {n.link} {int(n.active)} {n.tx_kib} {n.rx_kib} {n.crc_flit} {n.crc_data} "
+        f"{n.replay} {n.recovery}"
+        for n in device.nvlinks
+    ]
     return lines
 
 
@@ -234,6 +273,8 @@ class FakeNvmlState:
     devices: list[FakeDevice] = field(default_factory=lambda: [FakeDevice()])
     init_error: int = 0  # nvmlReturn_t for nvmlInit to fail with, e.g. 9 = DRIVER_NOT_LOADED
     event_wait_error: int = 0  # nvmlReturn_t every nvmlEventSetWait_v2 fails with, e.g. 999
+    # What nvmlSystemGetProcessName says per pid (others: NOT_FOUND).
+    process_names: dict[int, str] = field(default_factory=dict)
 
     def to_text(self) -> str:
         for attr in ("uuid", "pci_bus_id"):
@@ -247,6 +288,10 @@ class FakeNvmlState:
             f"cuda_version {self.cuda_version}",
             f"init_error {self.init_error}",
             f"event_wait_error {self.event_wait_error}",
+        ]
+        lines += [
+            f"process_name {pid} {_scalar('process_name', name)}"
+            for pid, name in self.process_names.items()
         ]
         for device in self.devices:
             lines += _device_lines(device)
