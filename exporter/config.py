@@ -82,8 +82,11 @@ class ServeConfig:
     collector_gpm: bool = True
     collector_mig: bool = True
     collector_pcie: bool = True
+    collector_nvlink: bool = True
     collector_events: bool = True
     collector_attribution: bool = True
+    process_names: bool = False
+    """Label per-process series with the process's name (`--collect.process-names`)."""
 
     @property
     def collectors(self) -> frozenset[str]:
@@ -162,7 +165,13 @@ def parse_resource_names(value: object) -> tuple[str, ...]:
 _DEFAULTS: Final = ServeConfig()
 
 COLLECTORS: Final = (
-    ("device", "utilization, memory, power, energy, temperature, fans, P-state"),
+    (
+        "device",
+        (
+            "utilization, memory, power and its limits, energy, temperatures, fans, P-state, "
+            "video engines, compute and persistence modes"
+        ),
+    ),
     ("clocks", "current and maximum clocks, clock-event (throttle) reasons"),
     ("health", "ECC errors, PCIe replays, throttle time, remapped rows, retired pages"),
     (
@@ -171,7 +180,8 @@ COLLECTORS: Final = (
     ),
     ("gpm", "GPM profiling activity and NVLink throughput (Hopper and newer)"),
     ("mig", "MIG mode and MIG instances as devices of their own"),
-    ("pcie", "PCIe throughput"),
+    ("pcie", "PCIe throughput, link generation and width"),
+    ("nvlink", "per-link NVLink traffic and error counters (GPUs with NVLink)"),
     ("events", "the thread waiting for XID and ECC events"),
     ("attribution", "pods, allocations and workloads (with a Kubernetes cluster)"),
 )
@@ -316,6 +326,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         parse_bool,
         "The same as --[no-]collector.processes (the name of earlier releases).",
         "BOOL",
+    ),
+    Setting(
+        "collect.process-names",
+        "process_names",
+        parse_bool,
+        "Label the per-process series with each process's name as the driver gives it "
+        "(process_name). Off by default: every distinct name is a series of its own, and a "
+        "name (an executable's path) can say more than the metrics' readers should see.",
+        "BOOL",
+        switch=True,
     ),
 )
 

@@ -49,6 +49,9 @@ class ProcessSample:
     sm_utilization: float | None
     """Share of the sample window in which this process had a kernel running, 0..1."""
     memory_utilization: float | None
+    name: str | None = None
+    """The process's name as the driver gives it, with `--collect.process-names` ("" where the
+    driver cannot name it); None when names are not read."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,10 +4,12 @@ oldest architecture that has it, the series it fills, and what the simulator ans
 From these declarations come the sampler's reads (`exporter.nvml.device`), the snapshot's values
 (`GpuSample.values`, keyed by the declared `Series`), the metric families (`exporter.metrics`),
 the simulator's answers (`exporter.simulator`, which serves every declared call) and the README's
-metrics table. Adding a plain metric is one declaration here (and its family in `FAMILIES`)
-plus a test; readings that are not one call and a conversion — process lists, GPM, throttle
-time from field values, MIG enumeration — have code of their own, with their families declared
-beside them.
+metrics table. Adding a plain metric is one declaration here (and its family in
+`VALUE_FAMILIES`) plus a test. A declaration may also be read once per fan or per active NVLink
+link (`per`), or be a field value (`field`: a GPU's field values are read together, in one
+`nvmlDeviceGetFieldValues` call per cycle). Readings that are not one call and a conversion —
+process lists, GPM, throttle time, MIG enumeration — have code of their own, with their
+families declared beside them.
 
 A declaration's `simulated` function answers in the driver's own form (milliwatts, a struct, a
 bitmask), from a `SimulatedGpu`; it may raise pynvml's errors, as the driver does.
@@ -71,6 +73,14 @@ class SimulatedGpu(Protocol):
     def working(self) -> bool:
         """Some process runs on it now."""
 
+    @property
+    def nvlink_links(self) -> int:
+        """Active NVLink links (0: a card without NVLink)."""
+
+    @property
+    def nvlink_bytes(self) -> tuple[float, float]:
+        """Bytes sent and received over all its NVLink links since the driver loaded."""
+
     def clock_mhz(self, kind: str) -> int: ...
     def clock_events(self) -> int: ...
     def memory(self, position: int | None) -> tuple[int, int, int]:
@@ -105,8 +115,15 @@ class Reading:
     """Read once per NVML initialisation (a fact that does not change, such as a peak clock)."""
     period: float | None = None
     """Read at most this often (in seconds): counters and states that change rarely."""
-    per_fan: bool = False
-    """Read once per fan, the fan's index the last argument and its `fan` label."""
+    per: str | None = None
+    """`fan`: read once per fan of the GPU; `link`: once per NVLink link that was active when
+    NVML initialised. The index is the first argument after the handle (a field value's
+    `scopeId`) and a label of the outputs' series (`fan` or `link`): the outputs are templates,
+    `each(series, per, index)` the series one index fills."""
+    field: int | None = None
+    """A field value (`NVML_FI_DEV_*`; `call` is then `nvmlDeviceGetFieldValues`). A GPU's field
+    values are read together, in one call per cycle, and each answers alone: a field the GPU
+    lacks drops only its series. Read every cycle, on whole GPUs."""
     fallback: Reading | None = None
     """Read instead where this one is unavailable (an older function of an older driver)."""
     simulated: Callable[..., Any] | None = None
@@ -117,6 +134,23 @@ class Reading:
     def __post_init__(self) -> None:
         if self.since not in ARCHITECTURES:
             raise ValueError(f"{self.name}: unknown architecture {self.since!r}")
+        if self.per not in (None, "fan", "link"):
+            raise ValueError(f"{self.name}: per {self.per!r} is not fan or link")
+        if self.per is not None and self.fallback is not None:
+            raise ValueError(f"{self.name}: a per-{self.per} reading has no fallback")
+        if self.field is not None and (
+            self.call != "nvmlDeviceGetFieldValues"
+            or self.per == "fan"
+            or self.args
+            or self.once
+            or self.period is not None
+            or self.mig
+            or self.fallback is not None
+        ):
+            raise ValueError(
+                f"{self.name}: a field value is called as nvmlDeviceGetFieldValues, with no "
+                "arguments, every cycle, on whole GPUs, per GPU or per link, without a fallback"
+            )
 
 
 def _percent(value: float | None) -> float | None:
@@ -299,6 +333,136 @@ RETIRED_PAGES_PENDING_FAMILY: Final = Family(
     doc="1 while a page retirement waits for a GPU reset",
     collector="health",
 )
+MEMORY_FREE_FAMILY: Final = Family(
+    "gpu_memory_free_bytes",
+    "Frame buffer memory free for processes.",
+    unit="bytes",
+    doc="frame buffer free: installed minus reserved minus used",
+    collector="device",
+)
+MEMORY_TEMPERATURE_FAMILY: Final = Family(
+    "gpu_memory_temperature_celsius",
+    "Device memory (HBM) temperature.",
+    unit="celsius",
+    doc="device memory temperature, on HBM boards (V100, A100, H100, …); GDDR boards (T4, A10G, "
+    "L4, L40S, …) have no sensor NVML reads: absent there (a field value)",
+    collector="device",
+)
+ENCODER_FAMILY: Final = Family(
+    "gpu_encoder_utilization_ratio",
+    "Share of the last sample period in which the video encoder (NVENC) was busy.",
+    unit="ratio",
+    doc="share of the last sample period the video encoders (NVENC) were busy; 0, not absent, on "
+    "boards without NVENC (A100, H100)",
+    collector="device",
+)
+DECODER_FAMILY: Final = Family(
+    "gpu_decoder_utilization_ratio",
+    "Share of the last sample period in which the video decoder (NVDEC) was busy.",
+    unit="ratio",
+    doc="the same for the video decoders (NVDEC)",
+    collector="device",
+)
+POWER_LIMIT_MIN_FAMILY: Final = Family(
+    "gpu_power_limit_min_watts",
+    "Lowest power limit the board accepts.",
+    unit="watts",
+    doc="lowest power limit the board accepts (`nvidia-smi -pl`); absent where the limit cannot "
+    "be changed",
+    collector="device",
+)
+POWER_LIMIT_MAX_FAMILY: Final = Family(
+    "gpu_power_limit_max_watts",
+    "Highest power limit the board accepts.",
+    unit="watts",
+    doc="highest power limit the board accepts; `gpu_power_limit_watts` is the one enforced now",
+    collector="device",
+)
+POWER_LIMIT_DEFAULT_FAMILY: Final = Family(
+    "gpu_power_limit_default_watts",
+    "Power limit the board starts with.",
+    unit="watts",
+    doc="power limit the board starts with (below it, someone lowered the limit)",
+    collector="device",
+)
+COMPUTE_MODE_FAMILY: Final = Family(
+    "gpu_compute_mode_info",
+    "The GPU's compute mode (who may create CUDA contexts on it); always 1.",
+    labels=("mode",),
+    labels_doc="`mode` (`default`, `exclusive_thread`, `prohibited`, `exclusive_process`)",
+    doc="the GPU's compute mode: who may create CUDA contexts on it; always 1",
+    collector="device",
+)
+PERSISTENCE_MODE_FAMILY: Final = Family(
+    "gpu_persistence_mode_enabled",
+    "1 if persistence mode is on (the driver stays initialised with no client), else 0.",
+    doc="1 if persistence mode is on (the driver stays initialised with no client), 0 if off",
+    collector="device",
+)
+PCIE_GENERATION_FAMILY: Final = Family(
+    "gpu_pcie_link_generation",
+    "PCIe generation the link runs at now (an idle GPU drops it to save power).",
+    doc="PCIe generation the link runs at now (an idle GPU drops it to save power)",
+    collector="pcie",
+)
+PCIE_MAX_GENERATION_FAMILY: Final = Family(
+    "gpu_pcie_link_max_generation",
+    "Highest PCIe generation the GPU and its slot support together.",
+    collector="pcie",
+)
+PCIE_WIDTH_FAMILY: Final = Family(
+    "gpu_pcie_link_width",
+    "PCIe lanes the link uses now.",
+    collector="pcie",
+)
+PCIE_MAX_WIDTH_FAMILY: Final = Family(
+    "gpu_pcie_link_max_width",
+    "Most PCIe lanes the GPU and its slot support together.",
+    doc="most PCIe lanes the GPU and its slot support together (a x16 GPU trained narrower says "
+    "so in `gpu_pcie_link_width`)",
+    collector="pcie",
+)
+ECC_AGGREGATE_FAMILY: Final = Family(
+    "gpu_ecc_errors_aggregate",
+    "ECC memory errors over the board's life (kept across driver reloads), by type.",
+    kind="counter",
+    labels=("type",),
+    labels_doc="`type` (`corrected`, `uncorrected`)",
+    doc="ECC errors over the board's life, kept in its InfoROM across driver reloads (until "
+    "cleared); absent on boards without ECC or with ECC off",
+    collector="health",
+)
+NVLINK_ERRORS_FAMILY: Final = Family(
+    "gpu_nvlink_errors",
+    "NVLink errors since the driver was loaded, by link and type.",
+    kind="counter",
+    labels=("link", "type"),
+    labels_doc="`link`, `type` (`crc_flit`, `crc_data`, `replay`, `recovery`)",
+    doc="NVLink data-link errors per active link since the driver loaded: CRC errors in "
+    "flow-control units and in data, replays, recoveries (the link retrained); absent on GPUs "
+    "without NVLink and where the driver does not count them (nvml.h marks these counters "
+    "unsupported from Blackwell on)",
+    collector="nvlink",
+)
+NVLINK_TRANSMIT_TOTAL_FAMILY: Final = Family(
+    "gpu_nvlink_transmit_bytes",
+    "Data the GPU sent over this NVLink link since the driver was loaded.",
+    kind="counter",
+    unit="bytes",
+    labels=("link",),
+    doc="data sent over that NVLink link since the driver loaded (payload, without protocol "
+    "overhead; a field value); absent on GPUs without NVLink",
+    collector="nvlink",
+)
+NVLINK_RECEIVE_TOTAL_FAMILY: Final = Family(
+    "gpu_nvlink_receive_bytes",
+    "Data the GPU received over this NVLink link since the driver was loaded.",
+    kind="counter",
+    unit="bytes",
+    labels=("link",),
+    doc="data received over that NVLink link since the driver loaded",
+    collector="nvlink",
+)
 BUSY_FAMILY: Final = Family(
     "gpu_busy_seconds",
     "Utilization integrated over time at the sampling rate; rate() gives the true average.",
@@ -308,6 +472,15 @@ BUSY_FAMILY: Final = Family(
     collector="device",
 )
 GPM_RATIO_FAMILIES: Final = (
+    Family(
+        "gpu_graphics_active_ratio",
+        "Share of time the graphics or compute engine was active (GPM).",
+        unit="ratio",
+        doc="share of time the graphics or compute engine was active (GPM: Hopper and newer; "
+        "absent on older GPUs, where gpuscope puts nothing in its place — the nearest is "
+        "`gpu_utilization_ratio`, NVML's sampled share of time a kernel ran)",
+        collector="gpm",
+    ),
     Family(
         "gpu_sm_active_ratio",
         "Share of time the SMs had at least one warp resident, averaged over the SMs (GPM).",
@@ -489,7 +662,46 @@ RETIRED_DOUBLE_BIT: Final = Series(RETIRED_PAGES_FAMILY, (("cause", "double_bit"
 RETIRED_PENDING: Final = Series(RETIRED_PAGES_PENDING_FAMILY)
 MIG_MODE: Final = Series(MIG_MODE_FAMILY)
 BUSY: Final = Series(BUSY_FAMILY)
+MEMORY_FREE: Final = Series(MEMORY_FREE_FAMILY)
+MEMORY_TEMPERATURE: Final = Series(MEMORY_TEMPERATURE_FAMILY)
+ENCODER: Final = Series(ENCODER_FAMILY)
+DECODER: Final = Series(DECODER_FAMILY)
+POWER_LIMIT_MIN: Final = Series(POWER_LIMIT_MIN_FAMILY)
+POWER_LIMIT_MAX: Final = Series(POWER_LIMIT_MAX_FAMILY)
+POWER_LIMIT_DEFAULT: Final = Series(POWER_LIMIT_DEFAULT_FAMILY)
+COMPUTE_MODES: Final = {
+    pynvml.NVML_COMPUTEMODE_DEFAULT: "default",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "exclusive_thread",
+    pynvml.NVML_COMPUTEMODE_PROHIBITED: "prohibited",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "exclusive_process",
+}
+COMPUTE_MODE: Final = {
+    name: Series(COMPUTE_MODE_FAMILY, (("mode", name),)) for name in COMPUTE_MODES.values()
+}
+PERSISTENCE_MODE: Final = Series(PERSISTENCE_MODE_FAMILY)
+PCIE_GENERATION: Final = Series(PCIE_GENERATION_FAMILY)
+PCIE_MAX_GENERATION: Final = Series(PCIE_MAX_GENERATION_FAMILY)
+PCIE_WIDTH: Final = Series(PCIE_WIDTH_FAMILY)
+PCIE_MAX_WIDTH: Final = Series(PCIE_MAX_WIDTH_FAMILY)
+ECC_AGGREGATE_CORRECTED: Final = Series(ECC_AGGREGATE_FAMILY, (("type", "corrected"),))
+ECC_AGGREGATE_UNCORRECTED: Final = Series(ECC_AGGREGATE_FAMILY, (("type", "uncorrected"),))
+NVLINK_ERROR_TYPES: Final = (
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
+NVLINK_ERRORS: Final = {
+    name: Series(NVLINK_ERRORS_FAMILY, (("type", name),)) for name, _ in NVLINK_ERROR_TYPES
+}
+_NVLINK_COUNTERS: Final = frozenset(counter for _, counter in NVLINK_ERROR_TYPES)
+"""Per-link templates, as the two below: link N fills `link_series(template, N)`."""
+NVLINK_TRANSMIT_TOTAL: Final = Series(NVLINK_TRANSMIT_TOTAL_FAMILY)
+NVLINK_RECEIVE_TOTAL: Final = Series(NVLINK_RECEIVE_TOTAL_FAMILY)
+FAN: Final = Series(FAN_FAMILY)
+"""The per-fan template: fan N fills `fan_series(N)`."""
 (
+    GRAPHICS_ACTIVE,
     SM_ACTIVE,
     SM_OCCUPANCY,
     TENSOR_ACTIVE,
@@ -507,6 +719,7 @@ SM_ACTIVE_SECONDS, TENSOR_ACTIVE_SECONDS, DRAM_ACTIVE_SECONDS = (
 LAST_XID: Final = Series(LAST_XID_FAMILY)
 
 GPM_METRICS: Final = (
+    (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, GRAPHICS_ACTIVE, 0.01, 1.0),
     (pynvml.NVML_GPM_METRIC_SM_UTIL, SM_ACTIVE, 0.01, 1.0),
     (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, SM_OCCUPANCY, 0.01, 1.0),
     (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, TENSOR_ACTIVE, 0.01, 1.0),
@@ -574,9 +787,20 @@ THROTTLE: Final = {
 
 
 @cache
+def each(template: Series, per: str, index: int) -> Series:
+    """The series fan or link `index` fills, from a per-fan or per-link reading's template (made
+    once per index: series are compared by identity)."""
+    return Series(template.family, ((per, str(index)), *template.labels))
+
+
 def fan_series(fan: int) -> Series:
-    """The speed series of fan number `fan` (made once per index)."""
-    return Series(FAN_FAMILY, (("fan", str(fan)),))
+    """The speed series of fan number `fan`."""
+    return each(FAN, "fan", fan)
+
+
+def link_series(template: Series, link: int) -> Series:
+    """A per-link template's series for NVLink link `link`."""
+    return each(template, "link", link)
 
 
 @cache
@@ -592,20 +816,37 @@ VALUE_FAMILIES: Final = (
     MEMORY_USED_FAMILY,
     MEMORY_TOTAL_FAMILY,
     MEMORY_RESERVED_FAMILY,
+    MEMORY_FREE_FAMILY,
     POWER_FAMILY,
     POWER_LIMIT_FAMILY,
+    POWER_LIMIT_MIN_FAMILY,
+    POWER_LIMIT_MAX_FAMILY,
+    POWER_LIMIT_DEFAULT_FAMILY,
     ENERGY_FAMILY,
     TEMPERATURE_FAMILY,
+    MEMORY_TEMPERATURE_FAMILY,
+    ENCODER_FAMILY,
+    DECODER_FAMILY,
+    COMPUTE_MODE_FAMILY,
+    PERSISTENCE_MODE_FAMILY,
     CLOCK_FAMILY,
     CLOCK_MAX_FAMILY,
     CLOCK_EVENT_FAMILY,
     FAN_FAMILY,
     ECC_FAMILY,
+    ECC_AGGREGATE_FAMILY,
     PCIE_REPLAYS_FAMILY,
+    PCIE_GENERATION_FAMILY,
+    PCIE_MAX_GENERATION_FAMILY,
+    PCIE_WIDTH_FAMILY,
+    PCIE_MAX_WIDTH_FAMILY,
     PSTATE_FAMILY,
     *GPM_RATIO_FAMILIES,
     *THROUGHPUT_FAMILIES,
     *ACTIVITY_COUNTER_FAMILIES,
+    NVLINK_TRANSMIT_TOTAL_FAMILY,
+    NVLINK_RECEIVE_TOTAL_FAMILY,
+    NVLINK_ERRORS_FAMILY,
     XID_FAMILY,
     LAST_XID_FAMILY,
     THROTTLE_FAMILY,
@@ -715,6 +956,78 @@ def _simulated_retired_pending(gpu: SimulatedGpu) -> int:
     return int(_retired(gpu)[1] > 0)
 
 
+_HBM_ARCHITECTURES: Final = frozenset({"volta", "hopper", "blackwell"})
+_HBM_AMPERE: Final = ("a100", "a30")
+"""Ampere models with HBM, by catalog key prefix (the others, A10G and A40, have GDDR6)."""
+_PCIE_GENERATIONS: Final = {
+    "kepler": 3,
+    "maxwell": 3,
+    "pascal": 3,
+    "volta": 3,
+    "turing": 3,
+    "ampere": 4,
+    "ada": 4,
+    "hopper": 5,
+    "blackwell": 5,
+}
+_ENGINE_PERIOD_US: Final = 167_000
+"""The sampling period a real GPU reports with its video engines' utilization."""
+
+
+def _hbm(gpu: SimulatedGpu) -> bool:
+    model = gpu.model
+    if model.architecture == "ampere":
+        return model.key.startswith(_HBM_AMPERE)
+    return model.architecture in _HBM_ARCHITECTURES
+
+
+def _simulated_memory_temperature(gpu: SimulatedGpu) -> int:
+    if not _hbm(gpu):
+        raise not_supported()  # GDDR boards have no memory sensor NVML reads
+    return round(gpu.temperature + 3)
+
+
+def _simulated_engine(_gpu: SimulatedGpu) -> list[int]:
+    return [0, _ENGINE_PERIOD_US]  # no video work is simulated: idle engines, or no NVENC at all
+
+
+def _simulated_pcie_generation(gpu: SimulatedGpu) -> int:
+    top = _PCIE_GENERATIONS[gpu.model.architecture]
+    return top if gpu.working else 1  # an idle GPU trains its link down to save power
+
+
+def _simulated_power_constraints(gpu: SimulatedGpu) -> list[int]:
+    tdp = round(gpu.model.tdp_watts * 1000)
+    return [tdp // 4, tdp]
+
+
+def _link(gpu: SimulatedGpu, link: int) -> int:
+    """The GPU's link count, once `link` is known to be one of them."""
+    links = gpu.nvlink_links
+    if not links:
+        raise not_supported()  # no NVLink on this GPU
+    if not 0 <= link < links:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return links
+
+
+def _simulated_nvlink_errors(gpu: SimulatedGpu, link: int, counter: int) -> int:
+    _link(gpu, link)
+    if counter not in _NVLINK_COUNTERS:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return 0  # a healthy fabric
+
+
+def _simulated_nvlink_kib(direction: int) -> Callable[[SimulatedGpu, int], int]:
+    """Data over one link, in KiB: the GPU's NVLink traffic spread evenly over its links."""
+
+    def answer(gpu: SimulatedGpu, link: int) -> int:
+        links = _link(gpu, link)
+        return int(gpu.nvlink_bytes[direction] / links) >> 10
+
+    return answer
+
+
 # -- the readings -------------------------------------------------------------------------------
 
 HEALTH_PERIOD_SECONDS: Final = 5.0
@@ -743,6 +1056,22 @@ def _item(position: int) -> Callable[[Any], float | None]:
     return read
 
 
+def _item_over(position: int, divisor: float) -> Callable[[Any], float | None]:
+    def read(answer: Any) -> float | None:
+        return float(answer[position]) / divisor
+
+    return read
+
+
+def _equals(expected: int) -> Callable[[Any], float | None]:
+    """1 where the answer is `expected`, else absent (an info family's one series)."""
+
+    def read(answer: Any) -> float | None:
+        return 1.0 if int(answer) == expected else None
+
+    return read
+
+
 def _count(answer: Any) -> float | None:
     return float(len(answer))
 
@@ -767,6 +1096,7 @@ _MEMORY_V1: Final = Reading(
     (
         Output(MEMORY_USED, _field("used")),
         Output(MEMORY_TOTAL, _field("total")),
+        Output(MEMORY_FREE, _field("free")),
     ),
     mig=True,
     simulated=_simulated_memory,
@@ -789,6 +1119,7 @@ READINGS: Final[tuple[Reading, ...]] = (
             Output(MEMORY_USED, _field("used")),
             Output(MEMORY_TOTAL, _field("total")),
             Output(MEMORY_RESERVED, _field("reserved")),
+            Output(MEMORY_FREE, _field("free")),
         ),
         args=(pynvml.nvmlMemory_v2,),
         mig=True,
@@ -809,6 +1140,23 @@ READINGS: Final[tuple[Reading, ...]] = (
         simulated=lambda gpu: round(gpu.model.tdp_watts * 1000),
     ),
     Reading(
+        "power_limits",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        (
+            Output(POWER_LIMIT_MIN, _item_over(0, 1000.0)),
+            Output(POWER_LIMIT_MAX, _item_over(1, 1000.0)),
+        ),
+        once=True,
+        simulated=_simulated_power_constraints,
+    ),
+    Reading(
+        "power_limit_default",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        (Output(POWER_LIMIT_DEFAULT, _per(1000.0)),),
+        once=True,
+        simulated=lambda gpu: round(gpu.model.tdp_watts * 1000),
+    ),
+    Reading(
         "energy",
         "nvmlDeviceGetTotalEnergyConsumption",
         (Output(ENERGY, _per(1000.0)),),
@@ -823,6 +1171,42 @@ READINGS: Final[tuple[Reading, ...]] = (
         simulated=_simulated_temperature,
     ),
     Reading(
+        "memory_temperature",
+        "nvmlDeviceGetFieldValues",
+        (Output(MEMORY_TEMPERATURE, _number),),
+        field=pynvml.NVML_FI_DEV_MEMORY_TEMP,
+        since="volta",
+        simulated=_simulated_memory_temperature,
+    ),
+    Reading(
+        "encoder",
+        "nvmlDeviceGetEncoderUtilization",
+        (Output(ENCODER, _item_over(0, 100.0)),),
+        simulated=_simulated_engine,
+    ),
+    Reading(
+        "decoder",
+        "nvmlDeviceGetDecoderUtilization",
+        (Output(DECODER, _item_over(0, 100.0)),),
+        simulated=_simulated_engine,
+    ),
+    Reading(
+        "compute_mode",
+        "nvmlDeviceGetComputeMode",
+        tuple(
+            Output(COMPUTE_MODE[name], _equals(number)) for number, name in COMPUTE_MODES.items()
+        ),
+        period=HEALTH_PERIOD_SECONDS,
+        simulated=lambda _gpu: pynvml.NVML_COMPUTEMODE_DEFAULT,
+    ),
+    Reading(
+        "persistence_mode",
+        "nvmlDeviceGetPersistenceMode",
+        (Output(PERSISTENCE_MODE, _truth),),
+        period=HEALTH_PERIOD_SECONDS,
+        simulated=lambda _gpu: pynvml.NVML_FEATURE_ENABLED,
+    ),
+    Reading(
         "clock_events",
         "nvmlDeviceGetCurrentClocksEventReasons",
         _CLOCK_EVENT_OUTPUTS,
@@ -833,9 +1217,8 @@ READINGS: Final[tuple[Reading, ...]] = (
     Reading(
         "fan",
         "nvmlDeviceGetFanSpeed_v2",
-        # one output as a template: fan N fills fan_series(N)
-        (Output(fan_series(0), _percent),),
-        per_fan=True,
+        (Output(FAN, _percent),),
+        per="fan",
         simulated=_simulated_fan,
     ),
     Reading(
@@ -852,6 +1235,24 @@ READINGS: Final[tuple[Reading, ...]] = (
         (Output(ECC_UNCORRECTED, _number),),
         args=(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
         collector="health",
+        simulated=_simulated_ecc,
+    ),
+    Reading(
+        "ecc_aggregate_corrected",
+        "nvmlDeviceGetTotalEccErrors",
+        (Output(ECC_AGGREGATE_CORRECTED, _number),),
+        args=(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        collector="health",
+        period=HEALTH_PERIOD_SECONDS,
+        simulated=_simulated_ecc,
+    ),
+    Reading(
+        "ecc_aggregate_uncorrected",
+        "nvmlDeviceGetTotalEccErrors",
+        (Output(ECC_AGGREGATE_UNCORRECTED, _number),),
+        args=(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC),
+        collector="health",
+        period=HEALTH_PERIOD_SECONDS,
         simulated=_simulated_ecc,
     ),
     Reading(
@@ -891,6 +1292,72 @@ READINGS: Final[tuple[Reading, ...]] = (
         (Output(PCIE_REPLAYS, _number),),
         collector="health",
         simulated=lambda _gpu: 0,
+    ),
+    Reading(
+        "pcie_generation",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        (Output(PCIE_GENERATION, _number),),
+        collector="pcie",
+        period=HEALTH_PERIOD_SECONDS,
+        simulated=_simulated_pcie_generation,
+    ),
+    Reading(
+        "pcie_max_generation",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        (Output(PCIE_MAX_GENERATION, _number),),
+        collector="pcie",
+        once=True,
+        simulated=lambda gpu: _PCIE_GENERATIONS[gpu.model.architecture],
+    ),
+    Reading(
+        "pcie_width",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        (Output(PCIE_WIDTH, _number),),
+        collector="pcie",
+        period=HEALTH_PERIOD_SECONDS,
+        simulated=lambda _gpu: 16,
+    ),
+    Reading(
+        "pcie_max_width",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        (Output(PCIE_MAX_WIDTH, _number),),
+        collector="pcie",
+        once=True,
+        simulated=lambda _gpu: 16,
+    ),
+    *(
+        Reading(
+            f"nvlink_{name}_errors",
+            "nvmlDeviceGetNvLinkErrorCounter",
+            (Output(NVLINK_ERRORS[name], _number),),
+            args=(counter,),
+            since="pascal",
+            collector="nvlink",
+            per="link",
+            period=HEALTH_PERIOD_SECONDS,
+            simulated=_simulated_nvlink_errors,
+        )
+        for name, counter in NVLINK_ERROR_TYPES
+    ),
+    Reading(
+        "nvlink_transmit",
+        "nvmlDeviceGetFieldValues",
+        (Output(NVLINK_TRANSMIT_TOTAL, _scaled(1024.0)),),
+        field=pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        since="pascal",
+        collector="nvlink",
+        per="link",
+        simulated=_simulated_nvlink_kib(0),
+    ),
+    Reading(
+        "nvlink_receive",
+        "nvmlDeviceGetFieldValues",
+        (Output(NVLINK_RECEIVE_TOTAL, _scaled(1024.0)),),
+        field=pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+        since="pascal",
+        collector="nvlink",
+        per="link",
+        simulated=_simulated_nvlink_kib(1),
     ),
     Reading(
         "pstate",
@@ -952,9 +1419,17 @@ def all_readings() -> Iterator[Reading]:
 
 
 SIMULATED_CALLS: Final[Mapping[str, Reading]] = {
-    reading.call: reading for reading in all_readings() if reading.simulated is not None
+    reading.call: reading
+    for reading in all_readings()
+    if reading.simulated is not None and reading.field is None
 }
 """Driver functions the simulator answers from these declarations, by name."""
+FIELD_READINGS: Final[Mapping[int, Reading]] = {
+    reading.field: reading for reading in all_readings() if reading.field is not None
+}
+"""Field values, by field id: read in one call per GPU, answered by the simulator's
+`nvmlDeviceGetFieldValues` from these declarations (`simulated(gpu)`, or `simulated(gpu,
+link)` for a per-link field)."""
 
 BY_NAME: Final[Mapping[str, Reading]] = {reading.name: reading for reading in all_readings()}
 

@@ -171,6 +171,7 @@ class SamplingLoop:
             driver,
             collectors=collectors,
             read_processes=attributor is not None,
+            process_names=config.process_names and self._process_series,
             clock=clock,
             timer=timer,
             events=self._events,

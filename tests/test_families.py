@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pynvml
 import pytest
 
 from exporter.metrics.families import ALL_FAMILIES, BuildInfo, snapshot_families
@@ -11,15 +12,21 @@ from exporter.model import CollectorStatus, GpuIdentity, GpuSample, ProcessSampl
 from exporter.readings import (
     BUSY,
     CLOCKS,
+    COMPUTE_MODE,
     ECC_CORRECTED,
     ENERGY,
+    NVLINK_ERRORS,
+    NVLINK_TRANSMIT_TOTAL,
     POWER,
     READINGS,
     TEMPERATURE,
     UTILIZATION,
     VALUE_FAMILIES,
+    Output,
+    Reading,
     all_readings,
     fan_series,
+    link_series,
     xid_series,
 )
 
@@ -133,6 +140,16 @@ def test_units_are_base_units() -> None:
         ("energy", 123_456_789, 123_456.789),
         ("sm_clock", 1755, 1.755e9),
         ("fan", 55, 0.55),
+        ("power_limit_default", 650_000, 650.0),
+        ("memory_temperature", 61.0, 61.0),
+        ("encoder", [37, 167_000], 0.37),  # (percent, sampling period in µs)
+        ("decoder", [5, 167_000], 0.05),
+        ("pcie_generation", 4, 4.0),
+        ("pcie_max_width", 16, 16.0),
+        ("ecc_aggregate_corrected", 42, 42.0),
+        ("nvlink_replay_errors", 3, 3.0),
+        ("nvlink_transmit", 2_000, 2_048_000.0),  # KiB
+        ("nvlink_receive", 1, 1024.0),
     ],
 )
 def test_readings_convert_the_drivers_units_to_base_units(
@@ -142,12 +159,90 @@ def test_readings_convert_the_drivers_units_to_base_units(
     assert reading.outputs[0].value(raw) == pytest.approx(expected)
 
 
+def test_power_limit_constraints_are_min_and_max_in_watts() -> None:
+    reading = next(r for r in all_readings() if r.name == "power_limits")
+    assert [output.value([200_000, 700_000]) for output in reading.outputs] == [200.0, 700.0]
+
+
+def test_memory_free_comes_with_the_memory_reading() -> None:
+    reading = next(r for r in all_readings() if r.name == "memory_v2")
+    struct = pynvml.c_nvmlMemory_v2_t(total=80, reserved=5, free=60, used=15)
+    free = next(o for o in reading.outputs if o.series.family.name == "gpu_memory_free_bytes")
+    assert free.value(struct) == 60
+
+
+@pytest.mark.parametrize(
+    ("mode", "name"),
+    [
+        (pynvml.NVML_COMPUTEMODE_DEFAULT, "default"),
+        (pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS, "exclusive_process"),
+        (pynvml.NVML_COMPUTEMODE_PROHIBITED, "prohibited"),
+    ],
+)
+def test_compute_mode_is_one_info_series(mode: int, name: str) -> None:
+    reading = next(r for r in all_readings() if r.name == "compute_mode")
+    converted = {o.series: o.value(mode) for o in reading.outputs}
+    assert {series for series, value in converted.items() if value is not None} == {
+        COMPUTE_MODE[name]
+    }
+    assert converted[COMPUTE_MODE[name]] == 1
+
+
+def test_persistence_mode_is_enabled_or_not() -> None:
+    reading = next(r for r in all_readings() if r.name == "persistence_mode")
+    assert reading.outputs[0].value(pynvml.NVML_FEATURE_ENABLED) == 1
+    assert reading.outputs[0].value(pynvml.NVML_FEATURE_DISABLED) == 0
+
+
+def test_per_link_series_carry_the_link_and_keep_their_own_labels() -> None:
+    flit = link_series(NVLINK_ERRORS["crc_flit"], 3)
+    assert flit is link_series(NVLINK_ERRORS["crc_flit"], 3), "made once: compared by identity"
+    sent = link_series(NVLINK_TRANSMIT_TOTAL, 17)
+    found = families(GpuSample(IDENTITY, up=True, values={flit: 2, sent: 4096.0}))
+    ((labels, value),) = values(found["gpu_nvlink_errors"])
+    assert (labels["link"], labels["type"], value) == ("3", "crc_flit", 2)
+    assert found["gpu_nvlink_errors"].type == "counter"
+    ((labels, value),) = values(found["gpu_nvlink_transmit_bytes"])
+    assert (labels["link"], value) == ("17", 4096.0)
+
+
+def test_declarations_say_how_they_are_read() -> None:
+    template = Output(NVLINK_TRANSMIT_TOTAL, float)
+    with pytest.raises(ValueError, match="per 'lane'"):
+        Reading("x", "nvmlDeviceGetNvLinkState", (template,), per="lane")
+    with pytest.raises(ValueError, match="field value"):
+        Reading("x", "nvmlDeviceGetFieldValues", (template,), field=82, period=5.0)
+    with pytest.raises(ValueError, match="field value"):
+        Reading("x", "nvmlDeviceGetTemperature", (template,), field=82)
+    with pytest.raises(ValueError, match="no fallback"):
+        Reading("x", "y", (template,), per="link", fallback=READINGS[0])
+
+
 def test_processes_are_labelled_by_pid() -> None:
     processes = (ProcessSample(10, 2**30, 0.5, 0.1), ProcessSample(11, None, None, None))
     found = families(GpuSample(IDENTITY, up=True, processes=processes))
     assert values(found["gpu_processes"])[0][1] == 2
     assert [labels["pid"] for labels, _ in values(found["gpu_process_memory_used_bytes"])] == ["10"]
     assert [labels["pid"] for labels, _ in values(found["gpu_process_utilization_ratio"])] == ["10"]
+
+
+def test_process_names_label_per_process_series_only_when_read() -> None:
+    named = (
+        ProcessSample(10, 2**30, 0.5, 0.1, "/usr/bin/python3"),
+        ProcessSample(11, 2**20, 0.0, 0.0, ""),  # the driver could not name it
+    )
+    found = families(GpuSample(IDENTITY, up=True, processes=named))
+    memory = values(found["gpu_process_memory_used_bytes"])
+    assert [(labels["pid"], labels["process_name"]) for labels, _ in memory] == [
+        ("10", "/usr/bin/python3"),
+        ("11", ""),
+    ]
+    assert values(found["gpu_process_utilization_ratio"])[0][0]["process_name"] == (
+        "/usr/bin/python3"
+    )
+    assert "process_name" not in values(found["gpu_processes"])[0][0]
+    unnamed = families(GpuSample(IDENTITY, up=True, processes=(ProcessSample(10, 1, 0, 0),)))
+    assert "process_name" not in values(unnamed["gpu_process_memory_used_bytes"])[0][0]
 
 
 def test_without_the_processes_collector_only_the_count_remains() -> None:

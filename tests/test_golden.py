@@ -49,8 +49,18 @@ def test_golden_fleet_covers_every_state() -> None:
         'gpu_throttle_seconds_total{gpu="2",model="NVIDIA RTX 6000 Ada Generation",reason="low_utilization"',
         'gpu_remapped_rows_pending{gpu="0"',
         'gpu_retired_pages{cause="double_bit",gpu="5"',
+        # field values: memory temperature on HBM boards, NVLink traffic per link
+        'gpu_memory_temperature_celsius{gpu="5"',
+        'gpu_nvlink_transmit_bytes_total{gpu="0",link="17"',
+        'gpu_nvlink_errors_total{gpu="5",link="5",model="Tesla V100-SXM2-32GB",type="crc_flit"',
+        'gpu_graphics_active_ratio{gpu="4",gpu_instance="1",mig_profile="3g.40gb"',
+        'gpu_compute_mode_info{gpu="2",mode="default"',
     ):
         assert needle in text, needle
+    assert 'gpu_memory_temperature_celsius{gpu="1"' not in text, "GDDR (L4): absent, not 0"
+    assert 'gpu_nvlink_transmit_bytes_total{gpu="1"' not in text, "no NVLink on an L4"
+    assert 'link="18"' not in text, "an H100 has 18 links"
+    assert 'link="6",model="Tesla V100' not in text, "a V100 has 6"
     assert 'gpu_instance="4"' not in text, "the instance destroyed by the layout change"
     assert 'gpu_utilization_ratio{gpu="4"' not in text, "no utilization in MIG mode"
     assert 'gpu_up{gpu="3",model="NVIDIA A100-SXM4-40GB"' in text

@@ -76,3 +76,18 @@ def test_library_absent_is_a_one_line_error(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("gpuscope: error: NVML library libnvidia-ml.so.1 not found")
     assert "--simulate" in lines[-1]
+
+
+def test_a_bad_process_names_value_is_one_line_and_exit_2() -> None:
+    result = subprocess.run(
+        daemon_command("--web.listen-address=127.0.0.1:0", "--collect.process-names=maybe"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "--collect.process-names" in line
+    assert "maybe" in line

@@ -1,13 +1,15 @@
 """Deeper signals on the production path: `gpuscope serve` on the real pynvml over the fake
 libnvidia-ml.so.1 — GPM, MIG instances appearing and vanishing, XID and ECC events through the
 event thread (across a lost GPU and re-initialisation), throttle time, memory health, PCIe
-throughput on GPUs without GPM, and absence where the driver cannot give them."""
+throughput on GPUs without GPM, NVLink per link and the field values, process names, and
+absence where the driver cannot give them."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
+import pynvml
 import pytest
 
 from tests.fake_nvml import (
@@ -16,6 +18,7 @@ from tests.fake_nvml import (
     FakeDevice,
     FakeEvent,
     FakeMigInstance,
+    FakeNvLink,
     FakeNvmlState,
     FakeProcess,
     build_fake_nvml,
@@ -297,3 +300,123 @@ def test_absent_when_the_driver_lacks_the_deeper_functions(tmp_path: Path) -> No
     assert value(text, "gpuscope_collector_success", collector="nvml") == 1
     log = "\n".join(daemon.log_lines)
     assert "cannot create an NVML event set" in log
+
+
+def nvlink_state() -> FakeNvmlState:
+    """GPU 0: an H100 with NVLink links 0 and 2 up (1 down) and no memory temperature field, so
+    that one field answers NotSupported in a call whose others answer; GPU 1: a card without
+    NVLink. Its processes have names."""
+    h100 = FakeDevice.numbered(
+        0,
+        name=H100,
+        nvlinks=[
+            FakeNvLink(0, tx_kib=1000, rx_kib=2000, crc_flit=1, crc_data=2, replay=3, recovery=4),
+            FakeNvLink(1, active=False),
+            FakeNvLink(2, tx_kib=5, rx_kib=6),
+        ],
+        not_supported_fields={pynvml.NVML_FI_DEV_MEMORY_TEMP},
+        power_min_limit_mw=200_000,
+        power_max_limit_mw=700_000,
+        power_default_limit_mw=700_000,
+        power_limit_mw=500_000,
+        compute_mode=pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        encoder_util_percent=0,
+        decoder_util_percent=25,
+        pcie_generation=5,
+        pcie_max_generation=5,
+        ecc_corrected_volatile=3,
+        ecc_corrected_before_load=40,
+        processes=[FakeProcess(4242, 20 * GIB), FakeProcess(4343, GIB)],
+    )
+    card = FakeDevice.numbered(
+        1,
+        name="NVIDIA L40S",
+        memory_temperature_c=58,
+        memory_used_bytes=GIB,
+        persistence_mode=False,
+        pcie_width=8,
+    )
+    return FakeNvmlState(devices=[h100, card], process_names={4242: "/usr/bin/python3"})
+
+
+def test_nvlink_fields_limits_and_modes_through_real_pynvml(
+    fake_lib_dir: Path, tmp_path: Path
+) -> None:
+    state = nvlink_state().write(tmp_path / "state")
+    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
+        daemon.wait_ready()
+        text = daemon.wait_cycles(2)
+        log = "\n".join(daemon.log_lines)
+
+    gpu0, gpu1 = {"gpu": "0"}, {"gpu": "1"}
+    # Per link, on the two links that are up; the one down has no series.
+    assert value(text, "gpu_nvlink_transmit_bytes_total", link="0", **gpu0) == 1000 * 1024
+    assert value(text, "gpu_nvlink_receive_bytes_total", link="0", **gpu0) == 2000 * 1024
+    assert value(text, "gpu_nvlink_transmit_bytes_total", link="2", **gpu0) == 5 * 1024
+    assert value(text, "gpu_nvlink_receive_bytes_total", link="2", **gpu0) == 6 * 1024
+    errors = {
+        (dict(labels)["link"], dict(labels)["type"]): count
+        for labels, count in series(text, "gpu_nvlink_errors_total", **gpu0).items()
+    }
+    assert errors == {
+        ("0", "crc_flit"): 1,
+        ("0", "crc_data"): 2,
+        ("0", "replay"): 3,
+        ("0", "recovery"): 4,
+        ("2", "crc_flit"): 0,
+        ("2", "crc_data"): 0,
+        ("2", "replay"): 0,
+        ("2", "recovery"): 0,
+    }
+    assert not series(text, "gpu_nvlink_transmit_bytes_total", link="1")
+    # The card without NVLink: none of it; its memory temperature from the same kind of call.
+    for name in ("gpu_nvlink_transmit_bytes_total", "gpu_nvlink_errors_total"):
+        assert not series(text, name, **gpu1), name
+    assert value(text, "gpu_memory_temperature_celsius", **gpu1) == 58
+    assert not series(text, "gpu_memory_temperature_celsius", **gpu0), "NotSupported in its slot"
+    assert "reading=memory_temperature" in log
+
+    assert value(text, "gpu_power_limit_min_watts", **gpu0) == 200
+    assert value(text, "gpu_power_limit_max_watts", **gpu0) == 700
+    assert value(text, "gpu_power_limit_default_watts", **gpu0) == 700
+    assert value(text, "gpu_power_limit_watts", **gpu0) == 500
+    assert value(text, "gpu_compute_mode_info", mode="exclusive_process", **gpu0) == 1
+    assert len(series(text, "gpu_compute_mode_info", **gpu0)) == 1
+    assert value(text, "gpu_compute_mode_info", mode="default", **gpu1) == 1
+    assert value(text, "gpu_persistence_mode_enabled", **gpu0) == 1
+    assert value(text, "gpu_persistence_mode_enabled", **gpu1) == 0
+    assert value(text, "gpu_encoder_utilization_ratio", **gpu0) == 0
+    assert value(text, "gpu_decoder_utilization_ratio", **gpu0) == pytest.approx(0.25)
+    assert value(text, "gpu_pcie_link_generation", **gpu0) == 5
+    assert value(text, "gpu_pcie_link_max_generation", **gpu1) == 4
+    assert value(text, "gpu_pcie_link_width", **gpu1) == 8
+    assert value(text, "gpu_pcie_link_max_width", **gpu1) == 16
+    assert value(text, "gpu_ecc_errors_total", type="corrected", **gpu0) == 3
+    assert value(text, "gpu_ecc_errors_aggregate_total", type="corrected", **gpu0) == 43
+    default = FakeDevice()
+    assert value(text, "gpu_memory_free_bytes", **gpu1) == (
+        default.memory_total_bytes - default.memory_reserved_bytes - GIB
+    )
+    assert value(text, "gpuscope_collector_success", collector="nvlink") == 1
+    assert value(text, "gpuscope_collector_success", collector="device") == 1
+    # Without --collect.process-names, per-process series have no process_name.
+    for labels in series(text, "gpu_process_memory_used_bytes", **gpu0):
+        assert "process_name" not in dict(labels)
+    assert_promtool_accepts(text)
+
+
+def test_process_names_with_the_flag(fake_lib_dir: Path, tmp_path: Path) -> None:
+    state = nvlink_state().write(tmp_path / "state")
+    with running_daemon(
+        "--collect.interval=100ms", "--collect.process-names", env=fake_env(fake_lib_dir, state)
+    ) as daemon:
+        daemon.wait_ready()
+        text = daemon.wait_cycles(2)
+    names = {
+        dict(labels)["pid"]: dict(labels)["process_name"]
+        for labels in series(text, "gpu_process_memory_used_bytes", gpu="0")
+    }
+    assert names == {"4242": "/usr/bin/python3", "4343": ""}, "the driver could not name 4343"
+    (labels,) = series(text, "gpu_processes", gpu="0")
+    assert "process_name" not in dict(labels), "only the per-process series carry it"
+    assert_promtool_accepts(text)

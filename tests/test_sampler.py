@@ -15,20 +15,41 @@ from exporter.readings import (
     BUSY,
     CLOCK_EVENTS,
     CLOCKS,
+    COMPUTE_MODE,
+    DECODER,
+    ECC_AGGREGATE_CORRECTED,
+    ECC_AGGREGATE_UNCORRECTED,
     ECC_CORRECTED,
     ECC_UNCORRECTED,
+    ENCODER,
     ENERGY,
+    GRAPHICS_ACTIVE,
     MAX_CLOCKS,
+    MEMORY_FREE,
     MEMORY_RESERVED,
+    MEMORY_TEMPERATURE,
     MEMORY_TOTAL,
     MEMORY_USED,
+    NVLINK_ERRORS,
+    NVLINK_RECEIVE_TOTAL,
+    NVLINK_TRANSMIT,
+    NVLINK_TRANSMIT_TOTAL,
+    PCIE_GENERATION,
+    PCIE_MAX_GENERATION,
+    PCIE_MAX_WIDTH,
     PCIE_REPLAYS,
+    PCIE_WIDTH,
+    PERSISTENCE_MODE,
     POWER,
     POWER_LIMIT,
+    POWER_LIMIT_DEFAULT,
+    POWER_LIMIT_MAX,
+    POWER_LIMIT_MIN,
     PSTATE,
     TEMPERATURE,
     UTILIZATION,
     fan_series,
+    link_series,
 )
 from exporter.simulator import SimulatedNvml
 from exporter.simulator.fleet import parse_fleet
@@ -36,6 +57,7 @@ from tests.helpers import ManualClock
 
 if TYPE_CHECKING:
     from exporter.model import GpuSample
+    from exporter.series import Series
 
 
 def make(document: dict[str, object], **kwargs: object) -> tuple[NvmlSampler, ManualClock]:
@@ -351,3 +373,209 @@ def test_mps_clients_and_server_are_both_listed() -> None:
     (gpu,) = sampler.sample()[0]
     assert gpu.processes is not None
     assert [p.pid for p in gpu.processes] == [21, 22, 4_000_000]
+
+
+def test_device_limits_modes_memory_temperature_and_pcie_link() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"model": "h100-sxm"}, {"model": "l4"}],
+            "processes": [{"pid": 5, "gpu": 0, "memory": "10GiB", "level": 0.8}],
+        }
+    )
+    clock.advance(1)
+    h100, l4 = by_index(sampler.sample()[0]).values()
+    assert h100.value(MEMORY_FREE) == (
+        (h100.value(MEMORY_TOTAL) or 0)
+        - (h100.value(MEMORY_RESERVED) or 0)
+        - (h100.value(MEMORY_USED) or 0)
+    )
+    assert (h100.value(POWER_LIMIT_MIN), h100.value(POWER_LIMIT_MAX)) == (175.0, 700.0)
+    assert h100.value(POWER_LIMIT_DEFAULT) == h100.value(POWER_LIMIT) == 700.0
+    assert h100.value(MEMORY_TEMPERATURE) == round(h100.value(TEMPERATURE) or 0) + 3
+    assert l4.value(MEMORY_TEMPERATURE) is None, "GDDR: NotSupported, absent"
+    assert l4.value(TEMPERATURE) is not None
+    for gpu in (h100, l4):
+        assert gpu.value(ENCODER) == 0.0, "no video work: 0, not absent"
+        assert gpu.value(DECODER) == 0.0
+        assert gpu.value(COMPUTE_MODE["default"]) == 1
+        assert [gpu.value(series) for series in COMPUTE_MODE.values()].count(None) == 3
+        assert gpu.value(PERSISTENCE_MODE) == 1
+        assert gpu.value(ECC_AGGREGATE_CORRECTED) == gpu.value(ECC_CORRECTED) == 0
+        assert gpu.value(ECC_AGGREGATE_UNCORRECTED) == 0
+        assert gpu.value(PCIE_WIDTH) == gpu.value(PCIE_MAX_WIDTH) == 16
+    assert (h100.value(PCIE_GENERATION), h100.value(PCIE_MAX_GENERATION)) == (5, 5)
+    assert (l4.value(PCIE_GENERATION), l4.value(PCIE_MAX_GENERATION)) == (1, 4), "idle: gen 1"
+
+
+def test_nvlink_per_link_and_absent_without_nvlink() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"model": "h100-sxm"}, {"model": "a100-sxm4-40gb"}, {"model": "l4"}],
+            "processes": [{"pid": 5, "gpu": 0, "level": 0.9, "tensor_intensity": 0.8}],
+        }
+    )
+    samples = []
+    for _ in range(3):
+        clock.advance(1)
+        samples.append(by_index(sampler.sample()[0]))
+    h100, a100, l4 = samples[-1].values()
+
+    def links(gpu: GpuSample, template: Series) -> list[int]:
+        return [link for link in range(40) if gpu.value(link_series(template, link)) is not None]
+
+    assert links(h100, NVLINK_TRANSMIT_TOTAL) == list(range(18))
+    assert links(a100, NVLINK_RECEIVE_TOTAL) == list(range(12))
+    for name in ("crc_flit", "crc_data", "replay", "recovery"):
+        assert links(h100, NVLINK_ERRORS[name]) == list(range(18))
+        assert h100.value(link_series(NVLINK_ERRORS[name], 17)) == 0, "a healthy fabric"
+    assert not any(series.family.collector == "nvlink" for series in l4.values), (
+        "a PCIe card: no NVLink series at all"
+    )
+    # The busy H100 sends over its links; the per-link counters add up to GPM's total rate.
+    sent = [
+        h100_now.value(link_series(NVLINK_TRANSMIT_TOTAL, 0)) or 0
+        for h100_now in (
+            samples[1][0],
+            samples[2][0],
+        )
+    ]
+    assert sent[1] > sent[0] > 0
+    rate = (h100.value(NVLINK_TRANSMIT) or 0) / 18
+    assert sent[1] - sent[0] == pytest.approx(rate, rel=0.01)
+    assert a100.value(NVLINK_TRANSMIT) is None, "no GPM before Hopper"
+    assert h100.value(GRAPHICS_ACTIVE) == pytest.approx(h100.value(UTILIZATION), abs=0.02)
+    assert a100.value(GRAPHICS_ACTIVE) is None, "GPM only: nothing stands in before Hopper"
+
+
+def test_field_values_are_one_call_and_a_refused_field_is_not_asked_again() -> None:
+    sampler, clock = make({"gpus": [{"model": "h100-sxm"}, {"model": "l4"}]})
+    driver = sampler._nvml
+    real = driver.nvmlDeviceGetFieldValues
+    asked: list[tuple[str, list[object]]] = []
+
+    def counting(handle: object, field_ids: list[object]) -> object:
+        answer = real(handle, field_ids)
+        asked.append((driver.nvmlDeviceGetName(handle), list(field_ids)))
+        return answer
+
+    driver.nvmlDeviceGetFieldValues = counting  # type: ignore[method-assign]
+    for _ in range(2):
+        clock.advance(1)
+        sampler.sample()
+    memory_temperature = (pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)
+    # Each cycle: throttle time (every 5 s: the first cycle only) and one call for the rest.
+    h100 = [
+        ids for name, ids in asked if name == "NVIDIA H100 80GB HBM3" and memory_temperature in ids
+    ]
+    assert len(h100) == 2
+    assert len(h100[0]) == 1 + 2 * 18, "memory temperature and each link's two counters"
+    l4 = [ids for name, ids in asked if name == "NVIDIA L4" and memory_temperature in ids]
+    assert l4 == [[memory_temperature]], "NotSupported in its slot: not asked again"
+
+
+def test_field_values_failing_cost_only_their_series(caplog: pytest.LogCaptureFixture) -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{"model": "h100-sxm"}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetFieldValues",
+                    "error": "unknown",
+                    "at": "2s",
+                    "until": "3s",
+                }
+            ],
+        }
+    )
+    caplog.set_level(logging.WARNING)
+    seen = []
+    for _ in range(3):
+        clock.advance(1)
+        (gpu,), statuses = sampler.sample()
+        status = {s.name: s.success for s in statuses}
+        seen.append(
+            (
+                gpu.value(MEMORY_TEMPERATURE) is not None,
+                gpu.value(link_series(NVLINK_RECEIVE_TOTAL, 5)) is not None,
+                status["device"],
+                status["nvlink"],
+            )
+        )
+        assert gpu.value(POWER) is not None
+        assert gpu.value(link_series(NVLINK_ERRORS["replay"], 5)) is not None
+    assert seen == [
+        (True, True, True, True),
+        (False, False, False, False),
+        (True, True, True, True),
+    ]
+    assert len([r for r in caplog.records if getattr(r, "reading", None) == "field_values"]) == 1
+
+
+def test_nvlink_collector_off_asks_nothing_about_links() -> None:
+    sampler, clock = make(
+        {"gpus": [{"model": "h100-sxm"}]}, collectors=set(GPU_COLLECTORS) - {"nvlink"}
+    )
+    driver = sampler._nvml
+    asked = []
+    real = driver.nvmlDeviceGetNvLinkErrorCounter
+
+    def counting(*args: object) -> object:
+        asked.append(args)
+        return real(*args)
+
+    driver.nvmlDeviceGetNvLinkErrorCounter = counting  # type: ignore[method-assign]
+    clock.advance(1)
+    (gpu,), statuses = sampler.sample()
+    assert not asked
+    assert not any(series.family.collector == "nvlink" for series in gpu.values)
+    assert gpu.value(MEMORY_TEMPERATURE) is not None, "the other fields are still read"
+    assert "nvlink" not in [status.name for status in statuses]
+
+
+def test_process_names_only_when_asked() -> None:
+    fleet = {
+        "gpus": [{}],
+        "processes": [
+            {"pid": 7, "gpu": 0, "name": "/opt/conda/bin/python3.11"},
+            {"pid": 8, "gpu": 0},
+        ],
+    }
+    sampler, clock = make(fleet)
+    clock.advance(1)
+    assert [p.name for p in sampler.sample()[0][0].processes or ()] == [None, None]
+    sampler, clock = make(fleet, process_names=True)
+    driver = sampler._nvml
+    real = driver.nvmlSystemGetProcessName
+    asked: list[int] = []
+
+    def counting(pid: int) -> str:
+        asked.append(pid)
+        return real(pid)
+
+    driver.nvmlSystemGetProcessName = counting  # type: ignore[method-assign]
+    for _ in range(3):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        assert [(p.pid, p.name) for p in gpu.processes or ()] == [
+            (7, "/opt/conda/bin/python3.11"),
+            (8, "python3"),
+        ]
+    assert asked == [7, 8], "asked once per process, while it stays listed"
+
+
+def test_a_process_the_driver_cannot_name_has_an_empty_name() -> None:
+    sampler, clock = make(
+        {
+            "gpus": [{}],
+            "processes": [{"pid": 7, "gpu": 0}],
+            "faults": [
+                {"kind": "error", "function": "nvmlSystemGetProcessName", "error": "no_permission"}
+            ],
+        },
+        process_names=True,
+    )
+    clock.advance(1)
+    (gpu,), statuses = sampler.sample()
+    assert [(p.pid, p.name) for p in gpu.processes or ()] == [(7, "")]
+    assert all(status.success for status in statuses)

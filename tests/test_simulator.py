@@ -306,3 +306,45 @@ def test_default_fleet_mixes_workloads() -> None:
         "idle",
         "input_starved",
     }
+
+
+def test_nvlink_and_field_values_answer_as_a_driver_does() -> None:
+    clock = ManualClock()
+    nvml = simulator(
+        {
+            "gpus": [{"model": "a100-sxm4-80gb"}, {"model": "l4"}],
+            "processes": [{"pid": 9, "gpu": 0, "level": 0.9, "name": "/usr/bin/torchrun"}],
+        },
+        clock,
+    )
+    a100, l4 = (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    assert [nvml.nvmlDeviceGetNvLinkState(a100, link) for link in range(12)] == [1] * 12
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetNvLinkState(a100, 12)
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetNvLinkState(l4, 0)
+    replay = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+    assert nvml.nvmlDeviceGetNvLinkErrorCounter(a100, 11, replay) == 0
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        nvml.nvmlDeviceGetNvLinkErrorCounter(l4, 0, replay)
+
+    clock.advance(2)
+    tx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+    values = nvml.nvmlDeviceGetFieldValues(
+        a100, [pynvml.NVML_FI_DEV_MEMORY_TEMP, (tx, 0), (tx, 11), (tx, 12), 1]
+    )
+    assert [v.nvmlReturn for v in values] == [
+        pynvml.NVML_SUCCESS,
+        pynvml.NVML_SUCCESS,
+        pynvml.NVML_SUCCESS,
+        pynvml.NVML_ERROR_INVALID_ARGUMENT,  # past its last link
+        pynvml.NVML_ERROR_NOT_SUPPORTED,  # a field nothing declares
+    ]
+    assert [v.scopeId for v in values] == [0, 0, 11, 12, 0]
+    assert values[1].value.ullVal == values[2].value.ullVal > 0, "traffic spread over the links"
+    values = nvml.nvmlDeviceGetFieldValues(l4, [pynvml.NVML_FI_DEV_MEMORY_TEMP, (tx, 0)])
+    assert [v.nvmlReturn for v in values] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2, "GDDR, PCIe"
+
+    assert nvml.nvmlSystemGetProcessName(9) == "/usr/bin/torchrun"
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nvml.nvmlSystemGetProcessName(10)

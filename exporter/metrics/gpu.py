@@ -48,12 +48,17 @@ PROCESSES: Final = Family(
     doc="compute processes on the GPU, MPS clients included",
     collector="processes",
 )
+PROCESS_LABELS_DOC: Final = (
+    "`pid`; with `--collect.process-names` also `process_name` (empty where the driver cannot "
+    "name the process)"
+)
 PROCESS_MEMORY: Final = Family(
     "gpu_process_memory_used_bytes",
     "GPU memory used by one process.",
     unit="bytes",
     labels=("pid",),
     doc="memory of one process (host pid); off with `--no-collector.processes`",
+    labels_doc=PROCESS_LABELS_DOC,
     collector="processes",
 )
 PROCESS_UTILIZATION: Final = Family(
@@ -62,6 +67,7 @@ PROCESS_UTILIZATION: Final = Family(
     unit="ratio",
     labels=("pid",),
     doc="share of the last sample period in which that process ran a kernel",
+    labels_doc="as above",
     collector="processes",
 )
 FAMILIES: Final = (
@@ -128,7 +134,12 @@ def _processes(gpus: tuple[GpuSample, ...], *, per_process: bool) -> Iterator[Me
         if not per_process:
             continue
         for process in sample.processes:
-            labels = gpu.with_pairs(("pid", str(process.pid)))
+            pid = ("pid", str(process.pid))
+            name = process.name
+            # With --collect.process-names every process carries the label, "" when unnamed.
+            labels = (
+                gpu.with_pairs(pid) if name is None else gpu.with_pairs(pid, ("process_name", name))
+            )
             if process.used_memory_bytes is not None:
                 add(memory, labels, process.used_memory_bytes)
             if process.sm_utilization is not None:

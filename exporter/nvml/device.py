@@ -1,10 +1,12 @@
 """Reading one GPU: the job its worker runs each cycle, and the PCIe window after it.
 
 The plain readings come from their declarations (`exporter.readings.READINGS`): one driver call
-each, converted to base units, on the GPU's own clock where the declaration asks (once per
-initialisation, or every few seconds). Around them: utilization integrated into the busy
-counter, GPM activity and its integrated counters, throttle time, the process list, and a GPU in
-MIG mode's instances. Only the collectors switched on are read (`--collector.<name>`).
+each (one per fan or NVLink link for a per-fan or per-link one), converted to base units, on the
+GPU's own clock where the declaration asks (once per initialisation, or every few seconds); the
+field-value readings together, in one call (`exporter.nvml.fields`). Around them: utilization
+integrated into the busy counter, GPM activity and its integrated counters, throttle time, the
+process list, and a GPU in MIG mode's instances. Only the collectors switched on are read
+(`--collector.<name>`).
 
 Everything here runs in the GPU's worker thread; `Answer` is what crosses back to the sampler.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pynvml
 
 from exporter.model import GpuSample, ProcessSample
+from exporter.nvml.fields import read_fields, request
 from exporter.nvml.health import read_throttle
 from exporter.nvml.mig import enumerate_instances
 from exporter.nvml.processes import read_processes
@@ -30,7 +33,7 @@ from exporter.readings import (
     PCIE_TRANSMIT,
     READINGS,
     UTILIZATION,
-    fan_series,
+    each,
 )
 
 if TYPE_CHECKING:
@@ -41,7 +44,16 @@ if TYPE_CHECKING:
     from exporter.readings import Reading
     from exporter.series import Series
 
-GPU_COLLECTORS: Final = ("device", "clocks", "health", "processes", "gpm", "mig", "pcie")
+GPU_COLLECTORS: Final = (
+    "device",
+    "clocks",
+    "health",
+    "processes",
+    "gpm",
+    "mig",
+    "pcie",
+    "nvlink",
+)
 """Collectors read GPU by GPU (beside them: `events`, and the non-NVML sources)."""
 
 _KIB: Final = 1024
@@ -79,19 +91,24 @@ class DeviceReader:
         *,
         collectors: frozenset[str],
         processes: bool,
+        process_names: bool = False,
         clock: Callable[[], float],
         interval: float,
     ) -> None:
-        """`processes`: read process lists (for per-process series, or for pod attribution)."""
+        """`processes`: read process lists (for per-process series, or for pod attribution);
+        `process_names`: and each listed process's name."""
         self._nvml = nvml
         self._reads = reads
         self._clock = clock
         self._collectors = collectors
         readings = [r for r in READINGS if r.collector in collectors]
-        self._groups = _by_collector(readings)
+        self._groups = _by_collector([r for r in readings if r.field is None])
         """The plain readings to make, collector by collector (each group timed as one)."""
+        self._fields = tuple(r for r in readings if r.field is not None)
+        """The field-value readings, made together in one call."""
         self._instance_groups = _by_collector([r for r in readings if r.mig])
         self._processes = processes
+        self._process_names = process_names
         self._max_gap = max(2 * interval, 2.0)
         """Across a longer gap between readings nothing is known: counters do not integrate it."""
         self._pcie_max_age = max(3 * interval, 5.0)
@@ -108,6 +125,8 @@ class DeviceReader:
         tally.clear()
         now = self._clock()
         values = self._plain(device, self._groups, now)
+        if self._fields:
+            self._field_values(device, values)
         mig_enabled = values.get(MIG_MODE) == 1.0
         self._integrate_busy(device, values, now)
         self._activity(device, values, now)
@@ -145,7 +164,7 @@ class DeviceReader:
         if not self._processes:
             return None
         started = self._clock()
-        processes = read_processes(self._nvml, self._reads, device)
+        processes = read_processes(self._nvml, self._reads, device, names=self._process_names)
         device.tally.spent("processes", self._clock() - started)
         return processes
 
@@ -167,6 +186,18 @@ class DeviceReader:
                     self._call(device, reading, values)
             device.tally.spent(collector, clock() - started)
         return values
+
+    def _field_values(self, device: Device, values: dict[Series, float]) -> None:
+        """Every field-value reading in one call; its time counts towards each collector with a
+        field in it."""
+        started = self._clock()
+        asked = device.fields
+        if asked is None:
+            asked = device.fields = request(self._fields, device)
+        values.update(read_fields(self._nvml, self._reads, device, asked))
+        spent = self._clock() - started
+        for collector in asked.collectors:
+            device.tally.spent(collector, spent)
 
     def _once(self, device: Device, reading: Reading, values: dict[Series, float]) -> None:
         """A reading made once per initialisation, and repeated from then on."""
@@ -209,21 +240,8 @@ class DeviceReader:
             return
         function = self._function(reading.call)
         handle = device.handle
-        if reading.per_fan:
-            template = reading.outputs[0]
-            for fan in range(device.fan_count):
-                answer = self._reads.call(
-                    device,
-                    f"{reading.name}{fan}",
-                    reading.collector,
-                    function,
-                    handle,
-                    *reading.args,
-                    fan,
-                )
-                value = template.value(answer) if answer is not None else None
-                if value is not None:
-                    values[fan_series(fan)] = value
+        if reading.per is not None:
+            self._call_each(device, reading, function, values)
             return
         answer = self._reads.call(
             device, reading.name, reading.collector, function, handle, *reading.args
@@ -236,6 +254,38 @@ class DeviceReader:
             value = output.value(answer)
             if value is not None:
                 values[output.series] = value
+
+    def _call_each(
+        self,
+        device: Device,
+        reading: Reading,
+        function: Callable[..., Any],
+        values: dict[Series, float],
+    ) -> None:
+        """A per-fan or per-link reading: once per fan or active link, its index the first
+        argument after the handle; each fails alone, logged once for all of them."""
+        per = reading.per
+        assert per is not None
+        name = reading.name
+        handle = device.handle
+        indices = device.links if per == "link" else range(device.fan_count)
+        for index in indices:
+            answer = self._reads.call(
+                device,
+                f"{name}{index}",
+                reading.collector,
+                function,
+                handle,
+                index,
+                *reading.args,
+                log_as=name,
+            )
+            if answer is None:
+                continue
+            for output in reading.outputs:
+                value = output.value(answer)
+                if value is not None:
+                    values[each(output.series, per, index)] = value
 
     def _function(self, name: str) -> Callable[..., Any]:
         function: Callable[..., Any] = getattr(self._nvml, name)

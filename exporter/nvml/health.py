@@ -7,12 +7,12 @@ change, they are read every `HEALTH_PERIOD_SECONDS` like the other health readin
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import pynvml
 
+from exporter.nvml.fields import answers, field_number
 from exporter.readings import THROTTLE, THROTTLE_REASONS
-from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
     from exporter.nvml.driver import NvmlDriver
@@ -22,17 +22,6 @@ if TYPE_CHECKING:
 COLLECTOR: Final = "health"
 _FIELDS: Final = [field_id for _, _, field_id in THROTTLE_REASONS]
 
-_VALUE_MEMBERS: Final = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
-}
-"""nvmlValueType_t -> the member of the nvmlValue_t union that holds the number."""
-
 
 def read_throttle(nvml: NvmlDriver, reads: Reads, device: Device) -> dict[Series, float]:
     """Cumulative seconds per throttle reason the GPU gives."""
@@ -41,9 +30,7 @@ def read_throttle(nvml: NvmlDriver, reads: Reads, device: Device) -> dict[Series
     values = reads.call(
         device, "throttle_fields", COLLECTOR, nvml.nvmlDeviceGetFieldValues, handle, _FIELDS
     )
-    if values is not None:  # read through a plain view: pynvml's struct attributes are slow
-        values = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(values)).from_buffer(values)
-    for value in values if values is not None else ():
+    for value in answers(values) if values is not None else ():
         if value.nvmlReturn == pynvml.NVML_SUCCESS:
             number = field_number(value)
             if number is not None:
@@ -64,9 +51,3 @@ def read_throttle(nvml: NvmlDriver, reads: Reads, device: Device) -> dict[Series
         if status is not None:
             found[THROTTLE[reason]] = status.violationTime / 1e9
     return found
-
-
-def field_number(value: Any) -> float | None:
-    """The number in an nvmlFieldValue_t, read by its value type."""
-    member = _VALUE_MEMBERS.get(value.valueType)
-    return float(getattr(value.value, member)) if member is not None else None

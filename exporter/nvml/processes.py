@@ -2,7 +2,9 @@
 
 Compute processes and MPS clients are listed apart by NVML (an MPS client can appear in both
 lists: it is kept once, with the larger memory figure). Per-process utilization comes from
-NVML's accounting since the last call; it is not given on MIG devices.
+NVML's accounting since the last call; it is not given on MIG devices. With
+`--collect.process-names` each process's name is asked once, when it first appears, and kept
+while it stays listed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pynvml
 from exporter.model import ProcessSample
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from exporter.nvml.driver import NvmlDriver
     from exporter.nvml.reads import Device, Reads
 
@@ -22,9 +26,10 @@ COLLECTOR: Final = "processes"
 
 
 def read_processes(
-    nvml: NvmlDriver, reads: Reads, device: Device
+    nvml: NvmlDriver, reads: Reads, device: Device, *, names: bool = False
 ) -> tuple[ProcessSample, ...] | None:
-    """Every process on the device, by pid; None when the list cannot be read."""
+    """Every process on the device, by pid; None when the list cannot be read. `names`: with
+    each process's name."""
     handle = device.handle
     compute = reads.call(
         device, "processes", COLLECTOR, nvml.nvmlDeviceGetComputeRunningProcesses, handle
@@ -48,14 +53,48 @@ def read_processes(
         if memory.get(process.pid) is None or (used is not None and used > memory[process.pid]):
             memory[process.pid] = used
     busy = _utilization(nvml, reads, device)
+    named = _names(nvml, reads, device, memory) if names else {}
     processes = []
     for pid, used in sorted(memory.items()):
+        name = named.get(pid)
         if busy is None:
-            processes.append(ProcessSample(pid, used, None, None))
+            processes.append(ProcessSample(pid, used, None, None, name))
         else:
             sm, mem = busy.get(pid, (0.0, 0.0))
-            processes.append(ProcessSample(pid, used, sm, mem))
+            processes.append(ProcessSample(pid, used, sm, mem, name))
     return tuple(processes)
+
+
+def _names(nvml: NvmlDriver, reads: Reads, device: Device, pids: Iterable[int]) -> dict[int, str]:
+    """Each listed process's name: "" where the driver cannot name it (the process has ended,
+    or is not visible from here). Names are kept while their process stays listed."""
+    known = device.process_names
+    kept: dict[int, str] = {}
+    named: dict[int, str] = {}
+    for pid in pids:
+        name = known.get(pid)
+        if name is None:
+            name = _name(nvml, reads, device, pid)
+        if name is not None:  # None: failed this time, asked again next cycle
+            kept[pid] = name
+        named[pid] = name or ""
+    device.process_names = kept
+    return named
+
+
+def _name(nvml: NvmlDriver, reads: Reads, device: Device, pid: int) -> str | None:
+    """The driver's name for the process, "" for one it cannot name for good, None after an
+    error worth asking again."""
+    what = "process_name"
+    if what in device.unavailable:
+        return ""
+    try:
+        return nvml.nvmlSystemGetProcessName(pid)
+    except (pynvml.NVMLError_NotFound, pynvml.NVMLError_NoPermission, UnicodeDecodeError):
+        return ""  # ended since it was listed, out of sight, or not text: no name, for good
+    except Exception as error:  # noqa: BLE001 - each reading fails alone
+        reads.failed(device, what, COLLECTOR, error)
+        return "" if what in device.unavailable else None
 
 
 def _utilization(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from exporter.logs import LogOnce
     from exporter.model import GpuIdentity, GpuSample
+    from exporter.nvml.fields import FieldRequest
     from exporter.nvml.gpm import GpmReader
     from exporter.nvml.workers import GpuWorker
     from exporter.series import Series
@@ -96,6 +97,8 @@ class Device:
     handle: Any
     identity: GpuIdentity
     fan_count: int = 0
+    links: tuple[int, ...] = ()
+    """The NVLink links active when NVML initialised (none on a GPU without NVLink)."""
     integrals: Integrals = field(default_factory=Integrals)
     tally: Tally = field(default_factory=Tally)
     """Shared by a GPU and its MIG instances: they are read in one job."""
@@ -109,6 +112,10 @@ class Device:
     """Reading name -> (when it is due again, its last values), for readings on a slow clock."""
     process_timestamp_us: int = 0
     """Newest per-process utilization sample seen; asked for only newer ones next time."""
+    process_names: dict[int, str] = field(default_factory=dict)
+    """The names of the processes last listed, by pid (with `--collect.process-names`)."""
+    fields: FieldRequest | None = None
+    """Its field values' request, made on first use and again when a field drops out."""
     gpm: GpmReader | None = None
     """GPM samples of this GPU or MIG instance, where the GPU has GPM."""
     mig_slots: int = 0
@@ -144,6 +151,7 @@ class Reads:
         collector: str,
         function: Callable[..., T],
         *args: Any,
+        log_as: str | None = None,
     ) -> T | None:
         """One reading; None when this GPU cannot give it now. Lifecycle errors escape."""
         if what in device.unavailable:
@@ -151,25 +159,36 @@ class Reads:
         try:
             return function(*args)
         except Exception as error:  # noqa: BLE001 - each reading fails alone, whatever broke it
-            self.failed(device, what, collector, error)
+            self.failed(device, what, collector, error, log_as=log_as)
             return None
 
-    def failed(self, device: Device, what: str, collector: str, error: Exception) -> None:
-        """Log (once) why a reading failed; raises `GpuLost` for a lifecycle error."""
+    def failed(
+        self,
+        device: Device,
+        what: str,
+        collector: str,
+        error: Exception,
+        *,
+        log_as: str | None = None,
+    ) -> None:
+        """Log (once) why a reading failed; raises `GpuLost` for a lifecycle error. `what` is
+        the reading's bookkeeping name (one per fan or link of a per-fan or per-link reading),
+        `log_as` the name logged, once for all of them (the reading's)."""
         identity = device.identity
         if is_lifecycle_error(error):
             raise GpuLost(error) from error
+        reading = log_as or what
         fields: dict[str, object] = {
             "gpu": identity.index,
             "uuid": identity.uuid,
-            "reading": what,
+            "reading": reading,
             "error": error_name(error),
         }
         if is_unavailable(error):
             device.unavailable.add(what)
             self._once(
                 logging.INFO,
-                ("field", identity.uuid, what),
+                ("field", identity.uuid, reading),
                 "not available on this GPU or driver; its series is omitted",
                 fields=fields,
             )
@@ -178,15 +197,15 @@ class Reads:
         if isinstance(error, pynvml.NVMLError):
             self._once(
                 logging.WARNING,
-                ("field", identity.uuid, what, error_code(error)),
+                ("field", identity.uuid, reading, error_code(error)),
                 "NVML reading failed; its series is omitted while it fails",
                 fields=fields,
             )
             return
         self._errors.add()
         self._once.unexpected(
-            ("field", identity.uuid, what),
+            ("field", identity.uuid, reading),
             "unexpected error reading NVML; its series is omitted while it fails",
             error,
-            fields={"gpu": identity.index, "uuid": identity.uuid, "reading": what},
+            fields={"gpu": identity.index, "uuid": identity.uuid, "reading": reading},
         )

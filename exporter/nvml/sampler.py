@@ -31,7 +31,13 @@ import pynvml
 from exporter.logs import LogOnce
 from exporter.model import CollectorStatus, GpuIdentity, GpuSample
 from exporter.nvml.device import GPU_COLLECTORS, Answer, DeviceReader
-from exporter.nvml.driver import NvmlUnavailable, error_code, error_name
+from exporter.nvml.driver import (
+    NvmlUnavailable,
+    error_code,
+    error_name,
+    is_lifecycle_error,
+    is_unavailable,
+)
 from exporter.nvml.events import with_events
 from exporter.nvml.gpm import GpmReader, supports_gpm
 from exporter.nvml.mig import text
@@ -71,13 +77,15 @@ class NvmlSampler:
         *,
         collectors: Iterable[str] = GPU_COLLECTORS,
         read_processes: bool = True,
+        process_names: bool = False,
         clock: Callable[[], float] = time.monotonic,
         timer: Callable[[], float] = time.monotonic,
         events: EventWatcher | None = None,
         interval: float = 1.0,
     ) -> None:
         """`collectors`: which of `GPU_COLLECTORS` to read; `read_processes`: read process lists
-        even without the `processes` collector (pod attribution needs them)."""
+        even without the `processes` collector (pod attribution needs them); `process_names`:
+        and the name of each process listed."""
         self._nvml = driver
         self._clock = clock
         self._timer = timer
@@ -95,6 +103,7 @@ class NvmlSampler:
             Reads(self._once, self._errors),
             collectors=frozenset(self.collectors),
             processes=read_processes or "processes" in self.collectors,
+            process_names=process_names,
             clock=clock,
             interval=interval,
         )
@@ -241,7 +250,8 @@ class NvmlSampler:
         self._known[uuid] = identity
         fans = self._optional(lambda: nvml.nvmlDeviceGetNumFans(handle))
         integrals = self._integrals.setdefault(uuid, Integrals())
-        device = Device(handle, identity, fan_count=fans or 0, integrals=integrals)
+        links = self._active_links(handle) if "nvlink" in self.collectors else ()
+        device = Device(handle, identity, fan_count=fans or 0, links=links, integrals=integrals)
         if "gpm" in self.collectors and self._optional(lambda: supports_gpm(nvml, handle)):
             device.gpm = GpmReader(nvml, lambda sample: nvml.nvmlGpmSampleGet(handle, sample))
         if "mig" in self.collectors:
@@ -249,6 +259,23 @@ class NvmlSampler:
                 self._optional(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0
             )
         return device
+
+    def _active_links(self, handle: object) -> tuple[int, ...]:
+        """The GPU's NVLink links that are active now, asked link by link up to the first the
+        GPU does not have (a GPU without NVLink answers NotSupported for the first)."""
+        active: list[int] = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self._nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError as error:
+                if error_code(error) == pynvml.NVML_ERROR_INVALID_ARGUMENT or is_unavailable(error):
+                    break  # past its last link, or no NVLink at all
+                if is_lifecycle_error(error):
+                    break  # the GPU is gone: its first reading will say so
+                continue  # this link cannot say: not counted as active
+            if state == pynvml.NVML_FEATURE_ENABLED:
+                active.append(link)
+        return tuple(active)
 
     def _optional(self, read: Callable[[], T]) -> T | None:
         """A value read once per initialisation; any NVML error just means "not known"."""

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
     from exporter.simulator.fleet import SimProcess
 
-RATIOS: Final = 7
+RATIOS: Final = 8
 """The first RATIOS entries of an activity vector are shares of time (0..1); the rest bytes/s."""
-SIZE: Final = 11
+SIZE: Final = 12
 
 GPM_METRICS: Final = {
     pynvml.NVML_GPM_METRIC_SM_UTIL: 0,
@@ -32,14 +32,17 @@ GPM_METRICS: Final = {
     pynvml.NVML_GPM_METRIC_FP64_UTIL: 4,
     pynvml.NVML_GPM_METRIC_FP32_UTIL: 5,
     pynvml.NVML_GPM_METRIC_FP16_UTIL: 6,
-    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 7,
-    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 8,
-    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 9,
-    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 10,
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 7,
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 8,
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 9,
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: 10,
+    pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: 11,
 }
 """GPM metric id -> position in an activity vector."""
-PCIE_TX: Final = 7
-PCIE_RX: Final = 8
+PCIE_TX: Final = 8
+PCIE_RX: Final = 9
+NVLINK_TX: Final = 10
+NVLINK_RX: Final = 11
 
 _PCIE_RX_PER_SHARE: Final = 1.5e9
 _PCIE_RX_PER_SHARE_STARVED: Final = 12e9
@@ -65,6 +68,7 @@ def rates(shares: Iterable[tuple[SimProcess, float]]) -> list[float]:
         min(plain * 0.02, 1.0),
         min(plain * 0.55, 1.0),
         min(plain * 0.15, 1.0),
+        min(busy, 1.0),  # some engine active at all
         receive * 0.25,  # results and checkpoints go back to the host
         receive,
         tensor * _NVLINK_PER_TENSOR_SHARE,

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Final
 import pynvml
 
 from exporter.catalog import ARCHITECTURES
-from exporter.readings import SIMULATED_CALLS, not_supported
+from exporter.readings import FIELD_READINGS, SIMULATED_CALLS, not_supported
 from exporter.simulator import activity
 from exporter.simulator.behaviour import demand, lag, noise, running
 from exporter.simulator.fleet import EXCEPTIONS
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from exporter.catalog import GpuModel, MigProfile
     from exporter.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
@@ -72,6 +72,25 @@ THROTTLE_FIELDS: Final = {
     pynvml.NVML_FI_DEV_PERF_POLICY_TOTAL_BASE_CLOCKS: pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS,
 }
 """Field ids with a nanosecond violation counter -> the perf policy it counts."""
+NVLINK_LINKS: Final = {
+    "v100-sxm2-32gb": 6,
+    "a100-sxm4-40gb": 12,
+    "a100-sxm4-80gb": 12,
+    "h100-sxm": 18,
+    "h100-nvl": 12,
+    "h200-sxm": 18,
+    "b200": 18,
+}
+"""NVLink links of the catalog's SXM boards and bridged pairs; every other model (PCIe cards, a
+user's own catalog entries) has none."""
+
+
+_FIELD_ANSWERS: Final = {
+    field_id: (ARCHITECTURES.index(reading.since), reading.per == "link", reading.simulated)
+    for field_id, reading in FIELD_READINGS.items()
+    if reading.simulated is not None
+}
+"""Declared field id -> (the oldest architecture's place, per link, the simulated answer)."""
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -110,6 +129,8 @@ class _Device:
     instance_activity: dict[str, list[float]] = field(default_factory=dict)
     violation_ns: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     """Perf policy -> nanoseconds the clocks were held down for it."""
+    nvlink_links: int = 0
+    """Its NVLink links, all up (0: a GPU without NVLink)."""
 
     def advance(self, t: float, ecc_faults: list[Fault]) -> None:
         if self.t is not None and t - self.t < _STATE_QUANTUM_SECONDS:
@@ -194,6 +215,8 @@ class _Device:
                 whole[n] += rate * weight if n < activity.RATIOS else rate
         self.utilization = min(utilization, 1.0)
         self.memory_utilization = min(memory_utilization, 1.0)
+        if not self.nvlink_links:
+            whole[activity.NVLINK_TX] = whole[activity.NVLINK_RX] = 0.0  # nothing to send it over
         self.rates = whole
 
     def _integrate(self, elapsed: float) -> None:
@@ -235,6 +258,10 @@ class _Device:
     @property
     def working(self) -> bool:
         return bool(self.shares)
+
+    @property
+    def nvlink_bytes(self) -> tuple[float, float]:
+        return self.activity_total[activity.NVLINK_TX], self.activity_total[activity.NVLINK_RX]
 
     def memory(self, position: int | None) -> tuple[int, int, int]:
         if position is not None:
@@ -386,12 +413,15 @@ class SimulatedNvml:
                 tuple(by_gpu[gpu.index]),
                 fleet.seed,
                 layout_faults=tuple(sorted(self._layouts[gpu.index], key=lambda f: f.at)),
+                nvlink_links=NVLINK_LINKS.get(gpu.model.key, 0),
             )
             for gpu in fleet.gpus
         ]
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._gpm_tokens = itertools.count(1)
-        self._field_templates: dict[tuple[int, ...], Any] = {}
+        self._field_templates: dict[tuple[int | tuple[int, int], ...], Any] = {}
+        self._names = {process.pid: process.name for process in fleet.processes}
+        """What the driver names each process (every simulated process is visible)."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         """The driver functions declared in `exporter.readings`, answered from their
@@ -542,6 +572,15 @@ class SimulatedNvml:
     def nvmlDeviceGetNumFans(self, handle: Any) -> int:
         return self._device(handle, "nvmlDeviceGetNumFans").gpu.model.fans
 
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        device = self._device(handle, "nvmlDeviceGetNvLinkState")
+        links = device.nvlink_links
+        if not links:
+            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a GPU without NVLink
+        if not 0 <= link < links:
+            raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(pynvml.NVML_FEATURE_ENABLED)  # every link of a simulated GPU is up
+
     # -- processes -----------------------------------------------------------------------------
 
     def _process_list(self, device: _Device, position: int | None, *, mps: bool) -> list[Any]:
@@ -581,6 +620,13 @@ class SimulatedNvml:
         device, position = self._target(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
         return self._process_list(device, position, mps=True)
 
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._check("nvmlSystemGetProcessName", None, self._clock())
+        name = self._names.get(pid)
+        if name is None:
+            raise _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return name
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, last_seen_us: int) -> list[Any]:
         device = self._device(handle, "nvmlDeviceGetProcessUtilization")
         if device.layout is not None:
@@ -603,28 +649,57 @@ class SimulatedNvml:
             for pid, share in busy
         ]
 
-    # -- throttle time, memory health, PCIe throughput ------------------------------------------
+    # -- field values, PCIe throughput -----------------------------------------------------------
 
-    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[int]) -> Any:
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, field_ids: Sequence[int | tuple[int, int]]
+    ) -> Any:
+        """Throttle time, and the fields `exporter.readings` declares (`FIELD_READINGS`), each
+        answered alone: NotSupported in its own slot where the GPU lacks it. A field id comes
+        alone or with its scope (a link), as pynvml takes them."""
         device = self._device(handle, "nvmlDeviceGetFieldValues")
-        values = self._field_values(tuple(field_ids))
-        view = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(field_ids)).from_buffer(values)
+        asked = tuple(field_ids)
+        values = self._field_values(asked)
+        view = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(asked)).from_buffer(values)
         now_us = int(self._wall() * 1_000_000)
-        for value, field_id in zip(view, field_ids, strict=True):
+        architecture = ARCHITECTURES.index(device.gpu.model.architecture)
+        for value in view:
             value.timestamp = now_us
+            field_id = value.fieldId
             policy = THROTTLE_FIELDS.get(field_id)
             if policy is not None:
                 value.value.ullVal = int(device.violation_ns[policy])
+                continue
+            declared = _FIELD_ANSWERS.get(field_id)
+            if declared is None:
+                continue  # NotSupported, as the template says
+            since, per_link, simulated = declared
+            try:
+                if architecture < since:
+                    raise not_supported()
+                answer = simulated(device, value.scopeId) if per_link else simulated(device)
+            except pynvml.NVMLError as error:
+                value.nvmlReturn = error.value
+                continue
+            value.nvmlReturn = pynvml.NVML_SUCCESS
+            if isinstance(answer, float):
+                value.valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
+                value.value.dVal = answer
+            else:
+                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                value.value.ullVal = answer
         return values
 
-    def _field_values(self, field_ids: tuple[int, ...]) -> Any:
+    def _field_values(self, field_ids: tuple[int | tuple[int, int], ...]) -> Any:
         """A fresh array answering these field ids, copied from one built once per id list
         (pynvml's structs are slow to fill field by field)."""
         template = self._field_templates.get(field_ids)
         if template is None:
             template = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-            for value, field_id in zip(template, field_ids, strict=True):
+            for value, asked in zip(template, field_ids, strict=True):
+                field_id, scope = asked if isinstance(asked, tuple) else (asked, 0)
                 value.fieldId = field_id
+                value.scopeId = scope
                 value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
                 value.nvmlReturn = (
                     pynvml.NVML_SUCCESS

@@ -17,6 +17,7 @@ A fleet file (every key but `gpus` optional):
       - {pid: 2002, gpu: 1, memory: 6GiB, pattern: bursty, level: 0.6, period: 20s, duty: 0.3}
       - {pid: 2003, gpu: 1, memory: 4GiB, pattern: sawtooth, start: 10s, stop: 5m}
       - {pid: 2004, gpu: 2, mig_instance: 0, memory: 20GiB, pattern: steady, level: 0.7}
+      - {pid: 2005, gpu: 0, memory: 8GiB, name: /usr/bin/vllm}   # the driver's name for it
     faults:
       - {kind: gpu_lost, gpu: 1, at: 30s, until: 90s}
       - {kind: error, function: nvmlDeviceGetFanSpeed_v2, error: not_supported}
@@ -153,6 +154,7 @@ PROCESS_KEYS: Final = (
     "mig_instance",
     "pod",
     "container",
+    "name",
 )
 FAULT_KEYS: Final = {
     "gpu_lost": ("gpu", "error"),
@@ -191,6 +193,8 @@ NVML_ERRORS: Final = {
 MAX_SEED: Final = 2**32 - 1
 MAX_PID: Final = 2**22 - 1
 """Linux's largest pid_max."""
+_PROCESS_NAME: Final = 1023
+"""The longest name NVML can give (its buffer is 1024 bytes with the NUL)."""
 MAX_PROCESSES: Final = 4096
 MAX_FAULTS: Final = 1024
 MAX_PODS: Final = 1024
@@ -345,6 +349,7 @@ def _process(value: object, path: str, gpus: tuple[SimGpu, ...]) -> SimProcess:
             else None
         ),
         pod=pod_key(entry["pod"], join(path, "pod")) if "pod" in entry else None,
+        name=text(entry.get("name", "python3"), join(path, "name"), max_length=_PROCESS_NAME),
         container=(
             kubernetes_name(entry["container"], join(path, "container"))
             if "container" in entry

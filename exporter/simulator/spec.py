@@ -90,6 +90,8 @@ class SimProcess:
     """The pod it runs in, `namespace/name` (a `pods` entry); None: outside Kubernetes."""
     container: str | None = None
     """Its container in that pod (the pod's first when not given)."""
+    name: str = "python3"
+    """What the driver names it (`nvmlSystemGetProcessName`)."""
 
 
 @dataclass(frozen=True, slots=True)

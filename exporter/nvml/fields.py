@@ -1,0 +1,142 @@
+"""Field values: every field-value reading of a GPU in one `nvmlDeviceGetFieldValues` call.
+
+A field reading (`Reading.field`) names an `NVML_FI_DEV_*` id; a per-link one is asked once per
+NVLink link that was active when NVML initialised, the link as the field's `scopeId`. A GPU's
+request is made once and kept on its `Device`. Each answer carries its own return code: a field
+the GPU lacks (NotSupported) drops only its series and the request is made again without it;
+another error costs that value for the cycle, as a failed call would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import pynvml
+
+from exporter.readings import link_series
+from exporter.structs import plain_layout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from exporter.nvml.driver import NvmlDriver
+    from exporter.nvml.reads import Device, Reads
+    from exporter.readings import Reading
+    from exporter.series import Series
+
+CALL: Final = "field_values"
+"""The call's own name in logs and bookkeeping (a driver without the function)."""
+
+_VALUE_MEMBERS: Final = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+"""nvmlValueType_t -> the member of the nvmlValue_t union that holds the number."""
+
+
+def field_number(value: Any) -> float | None:
+    """The number in an nvmlFieldValue_t, read by its value type."""
+    member = _VALUE_MEMBERS.get(value.valueType)
+    return float(getattr(value.value, member)) if member is not None else None
+
+
+def answers(values: Any) -> Any:
+    """The driver's answers through a plain view: pynvml's struct attributes are slow."""
+    return (plain_layout(pynvml.c_nvmlFieldValue_t) * len(values)).from_buffer(values)
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One field asked for: which reading (and link) it is, and the series its value fills."""
+
+    what: str
+    """The reading's name, with the link for a per-link one (its own unavailability)."""
+    reading: Reading
+    outputs: tuple[tuple[Series, Callable[[Any], float | None]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRequest:
+    """What one GPU asks `nvmlDeviceGetFieldValues` each cycle."""
+
+    ids: tuple[tuple[int, int], ...]
+    """(field id, scope id) per field, as pynvml takes them."""
+    slots: tuple[_Slot, ...]
+    """What each answer is, in the same order."""
+    collectors: tuple[str, ...]
+    """The collectors with a field in it: the call counts towards each."""
+
+
+def request(readings: Iterable[Reading], device: Device) -> FieldRequest:
+    """The fields of these readings this GPU has not refused, one per link where per-link."""
+    ids: list[tuple[int, int]] = []
+    slots: list[_Slot] = []
+    collectors: dict[str, None] = {}
+    unavailable = device.unavailable
+    for reading in readings:
+        field = reading.field
+        if field is None or reading.name in unavailable:
+            continue
+        targets: list[tuple[str, int | None]] = (
+            [(f"{reading.name}{link}", link) for link in device.links]
+            if reading.per == "link"
+            else [(reading.name, None)]
+        )
+        for what, link in targets:
+            if what in unavailable:
+                continue
+            outputs = tuple(
+                (output.series if link is None else link_series(output.series, link), output.value)
+                for output in reading.outputs
+            )
+            ids.append((field, link or 0))
+            slots.append(_Slot(what, reading, outputs))
+            collectors[reading.collector] = None
+    return FieldRequest(tuple(ids), tuple(slots), tuple(collectors))
+
+
+def read_fields(
+    nvml: NvmlDriver, reads: Reads, device: Device, asked: FieldRequest
+) -> dict[Series, float]:
+    """One call for every field of the request; a field that answers NotSupported leaves it
+    (`device.fields` is made again on the next cycle)."""
+    found: dict[Series, float] = {}
+    if not asked.ids:
+        return found
+    values = reads.call(
+        device, CALL, asked.collectors[0], nvml.nvmlDeviceGetFieldValues, device.handle, asked.ids
+    )
+    if values is None:
+        if CALL not in device.unavailable:
+            device.tally.failed.update(asked.collectors)
+        return found
+    refused = False
+    members = _VALUE_MEMBERS
+    for slot, value in zip(asked.slots, answers(values), strict=True):
+        code = value.nvmlReturn
+        if code:  # not NVML_SUCCESS
+            reading = slot.reading
+            error = pynvml.NVMLError(code)
+            reads.failed(device, slot.what, reading.collector, error, log_as=reading.name)
+            refused = refused or slot.what in device.unavailable
+            continue
+        member = members.get(value.valueType)
+        if member is None:
+            reading = slot.reading
+            unknown = ValueError(f"field {value.fieldId}: unknown value type {value.valueType}")
+            reads.failed(device, slot.what, reading.collector, unknown, log_as=reading.name)
+            continue
+        number = float(getattr(value.value, member))
+        for series, convert in slot.outputs:
+            converted = convert(number)
+            if converted is not None:
+                found[series] = converted
+    if refused:
+        device.fields = None
+    return found
