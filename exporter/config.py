@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from exporter.dcgm_counters import CountersFile, read_counters
 from exporter.documents import quote
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
@@ -75,6 +76,10 @@ class ServeConfig:
     web_config_file: Path | None = None
     max_requests: int = 40
     """Concurrent requests served at once (health probes aside); 0 means no limit."""
+    compat_dcgm: bool = False
+    """Also serve dcgm-exporter's series (`exporter.metrics.dcgm`)."""
+    dcgm_counters: CountersFile | None = None
+    """The DCGM fields to serve, from dcgm-exporter's counters file; None: its default set."""
     collector_device: bool = True
     collector_clocks: bool = True
     collector_health: bool = True
@@ -146,6 +151,10 @@ def parse_node_name(value: object) -> str:
     if not _NODE_NAME.fullmatch(spelled):
         raise ValueError(f"{quote(spelled)} is not a Kubernetes node name")
     return spelled
+
+
+def parse_dcgm_counters(value: object) -> CountersFile:
+    return read_counters(parse_file(value))
 
 
 def parse_resource_names(value: object) -> tuple[str, ...]:
@@ -309,6 +318,23 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "0 means no limit.",
         "N",
     ),
+    Setting(
+        "compat.dcgm",
+        "compat_dcgm",
+        parse_bool,
+        "Also serve dcgm-exporter's series (DCGM_FI_*, with its names, units and labels) beside "
+        "gpuscope's own, per pod on shared GPUs: see the README, Coming from dcgm-exporter.",
+        "BOOL",
+        switch=True,
+    ),
+    Setting(
+        "compat.dcgm-counters",
+        "dcgm_counters",
+        parse_dcgm_counters,
+        "dcgm-exporter's counters file (CSV: DCGM field, type, help): serve only the fields it "
+        "lists (default: dcgm-exporter's default set). Needs --compat.dcgm.",
+        "FILE",
+    ),
     *(
         Setting(
             f"collector.{name}",
@@ -350,7 +376,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) -> ServeConfig:
     """Build the config from parsed flags (keyed by attribute), the environment and the YAML file."""
-    return ServeConfig(**SERVE.load(flags, environ))
+    config = ServeConfig(**SERVE.load(flags, environ))
+    if config.dcgm_counters is not None and not config.compat_dcgm:
+        raise ConfigError(
+            "--compat.dcgm-counters", "it chooses what --compat.dcgm serves, and that is off"
+        )
+    return config
 
 
 def settings_table() -> str:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from exporter.calibration.source import CeilingsSource
 from exporter.catalog import builtin_catalog
 from exporter.logs import LogOnce
+from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import Exposition
 from exporter.metrics.families import BuildInfo, snapshot_families
 from exporter.model import CollectorStatus, Snapshot
@@ -166,6 +167,8 @@ class SamplingLoop:
         self._executor: DaemonExecutor | None = None
         collectors = config.collectors
         self._process_series = "processes" in collectors
+        self._dcgm = DcgmCompat.from_config(config)
+        """dcgm-exporter's series (`--compat.dcgm`), or None."""
         self._events = EventWatcher(driver, wall=wall) if "events" in collectors else None
         self._nvml = NvmlSampler(
             driver,
@@ -350,7 +353,7 @@ class SamplingLoop:
         renders it (scraped every 15 s, 14 of 15 snapshots then cost nothing to render)."""
         previous = self.exposition
         return Exposition(
-            lambda: [*snapshot_families(snapshot, self._build), *own],
+            lambda: [*snapshot_families(snapshot, self._build, dcgm=self._dcgm), *own],
             formats=previous.served if previous is not None else (),
         )
 

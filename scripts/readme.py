@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from exporter.calibrate.options import settings_table as calibrate_settings_table  # noqa: E402
 from exporter.config import collectors_table, settings_table  # noqa: E402
+from exporter.dcgm import fields_table as dcgm_fields_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
 from exporter.rightsize.options import settings_table as rightsize_settings_table  # noqa: E402
 
@@ -33,6 +34,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "serve-flags": settings_table,
     "collectors": collectors_table,
     "metrics": metrics_table,
+    "dcgm-fields": dcgm_fields_table,
     "calibrate-flags": calibrate_settings_table,
     "rightsize-flags": rightsize_settings_table,
 }

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from exporter.metrics.labels import LabelSet, escape_label_value, render_labels
@@ -23,7 +24,6 @@ from exporter.metrics.labels import LabelSet, escape_label_value, render_labels
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from prometheus_client.core import Metric
     from prometheus_client.samples import Sample
 
 TEXT: Final = "text"
@@ -76,6 +76,16 @@ class _LabelCache:
 _LABELS: Final = _LabelCache()
 
 
+class PlainCounter(Metric):
+    """A counter named as another exporter names it, its samples without `_total`
+    (dcgm-exporter's `DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`): the text format declares it a
+    counter under that very name; OpenMetrics, whose counter samples must end in `_total`,
+    declares it `unknown`, so that its samples keep the name consumers query."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, "counter")
+
+
 def _write_series(samples: list[Sample], out: list[str]) -> None:
     """A line per series, `name{labels} value`, as both formats write them. The hot loop of a
     render: label text comes ready-made with the label set, numbers from the cache."""
@@ -95,7 +105,8 @@ def _text(families: list[Metric]) -> bytes:
     because names are known to be valid and label sets repeat."""
     out: list[str] = []
     for family in families:
-        name = f"{family.name}_total" if family.type == "counter" else family.name
+        counter = family.type == "counter" and type(family) is not PlainCounter
+        name = f"{family.name}_total" if counter else family.name
         documentation = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {documentation}\n# TYPE {name} {family.type}\n")
         _write_series(family.samples, out)
@@ -107,8 +118,9 @@ def _openmetrics(families: list[Metric]) -> bytes:
     out: list[str] = []
     for family in families:
         name = family.name
+        kind = "unknown" if type(family) is PlainCounter else family.type
         out.append(
-            f"# HELP {name} {escape_label_value(family.documentation)}\n# TYPE {name} {family.type}\n"
+            f"# HELP {name} {escape_label_value(family.documentation)}\n# TYPE {name} {kind}\n"
         )
         if family.unit:
             out.append(f"# UNIT {name} {family.unit}\n")

@@ -20,6 +20,7 @@ from exporter.metrics.gpu import gpu_families
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from exporter.metrics.dcgm import DcgmCompat
     from exporter.model import Snapshot
 
 __all__ = ["ALL_FAMILIES", "BuildInfo", "snapshot_families"]
@@ -27,11 +28,15 @@ __all__ = ["ALL_FAMILIES", "BuildInfo", "snapshot_families"]
 ALL_FAMILIES: Final = (*gpu.FAMILIES, *ceilings.FAMILIES, *attribution.FAMILIES, *daemon.FAMILIES)
 
 
-def snapshot_families(snapshot: Snapshot, build: BuildInfo) -> list[Metric]:
-    """Every family for one snapshot, GPU series first, in a stable order."""
+def snapshot_families(
+    snapshot: Snapshot, build: BuildInfo, *, dcgm: DcgmCompat | None = None
+) -> list[Metric]:
+    """Every family for one snapshot, GPU series first, in a stable order; dcgm-exporter's
+    series too under `--compat.dcgm` (`dcgm`, else nothing is spent on them)."""
     return [
         *gpu_families(snapshot.gpus, per_process=snapshot.process_series),
         *ceiling_families(snapshot),
         *attribution_families(snapshot.attribution),
+        *(dcgm.families(snapshot) if dcgm is not None else ()),
         *daemon_families(snapshot, build),
     ]

@@ -1,0 +1,751 @@
+"""dcgm-exporter's names for gpuscope's readings: a second column of the declarations.
+
+Each `Field` is one DCGM field as dcgm-exporter 4.x serves it — its name, Prometheus type, help
+text and unit — and the gpuscope series it is made from (`exporter.readings`), with the factor
+from gpuscope's base unit to DCGM's. `gpuscope serve --compat.dcgm` serves them beside
+gpuscope's own series (`exporter.metrics.dcgm` writes them), and the README's field table is
+generated from `FIELDS` (`scripts/readme.py`). Adding a field is one entry here; a new gpuscope
+reading is served under a DCGM name by naming its series in `sources`.
+
+A field whose series a GPU did not give this cycle is absent for that GPU, never zero; a field
+gpuscope cannot measure at all has no entry, and dcgm-exporter's default fields among those are
+in `NOT_SERVED`, with why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal
+
+from exporter.readings import (
+    CLOCK_EVENT_REASONS,
+    CLOCK_EVENTS,
+    CLOCKS,
+    DRAM_ACTIVE,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    ENERGY,
+    FP16_ACTIVE,
+    FP32_ACTIVE,
+    FP64_ACTIVE,
+    MAX_CLOCKS,
+    MEMORY_RESERVED,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    MEMORY_UTILIZATION,
+    MIG_MODE,
+    NVLINK_RECEIVE,
+    NVLINK_TRANSMIT,
+    PCIE_RECEIVE,
+    PCIE_REPLAYS,
+    PCIE_TRANSMIT,
+    POWER,
+    POWER_LIMIT,
+    PSTATE,
+    REMAPPED_CORRECTABLE,
+    REMAPPED_FAILED,
+    REMAPPED_PENDING,
+    REMAPPED_UNCORRECTABLE,
+    RETIRED_DOUBLE_BIT,
+    RETIRED_PENDING,
+    RETIRED_SINGLE_BIT,
+    SM_ACTIVE,
+    SM_OCCUPANCY,
+    TEMPERATURE,
+    TENSOR_ACTIVE,
+    THROTTLE,
+    UTILIZATION,
+    fan_series,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from exporter.series import Series
+
+Kind = Literal["gauge", "counter", "label"]
+Split = Literal["utilization", "memory"]
+"""How a field's value is shared among the pods of a GPU several pods use: by their processes'
+utilization, or by their processes' memory (`exporter.metrics.dcgm`)."""
+
+XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
+DRIVER_VERSION: Final = "DCGM_FI_DRIVER_VERSION"
+
+_PERCENT: Final = 100.0
+_MIB: Final = 1.0 / 2**20
+_MHZ: Final = 1e-6
+_MILLI: Final = 1e3
+_NANO: Final = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A gpuscope series and the factor from its base unit to the DCGM field's unit."""
+
+    series: Series
+    factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Field:
+    """One DCGM field as dcgm-exporter serves it, and where gpuscope's value for it comes from."""
+
+    name: str
+    kind: Kind
+    help: str
+    """dcgm-exporter's help text (a counters file may give its own)."""
+    unit: str
+    """DCGM's unit, for the README: `%`, `MiB`, `MHz`, `ratio`, …"""
+    sources: tuple[Source, ...] = ()
+    """The value: the first of these series the GPU gave this cycle, times its factor."""
+    bits: tuple[tuple[int, Series], ...] = ()
+    """Or a bitmask: each bit set while its series is 1 (`gpu_clock_event_active`)."""
+    split: Split | None = None
+    """On a GPU several pods use: shared among them by this measure (else served once, for the
+    device, without pod labels)."""
+    default: bool = False
+    """In dcgm-exporter's default counters (served when no counters file is given)."""
+    derived: str = ""
+    """The README's "from" where `sources` and `bits` do not say it (the last XID, a label)."""
+    note: str = ""
+    """The README's remark: a fallback, a unit that differs from what a consumer assumes."""
+
+    def value(self, values: Mapping[Series, float]) -> float | None:
+        """The field's value from a GPU's values this cycle; None where the GPU gave none."""
+        for source in self.sources:
+            found = values.get(source.series)
+            if found is not None:
+                return found * source.factor
+        if self.bits:
+            states = [(bit, values.get(series)) for bit, series in self.bits]
+            if all(state is None for _, state in states):
+                return None
+            return float(sum(bit for bit, state in states if state))
+        return None
+
+    @property
+    def while_down(self) -> bool:
+        """Still served for a GPU that is down (what the event thread counted)."""
+        return self.name == XID_ERRORS
+
+
+def _field(
+    name: str,
+    kind: Kind,
+    unit: str,
+    help_text: str,
+    *sources: Source,
+    split: Split | None = None,
+    default: bool = False,
+    note: str = "",
+) -> Field:
+    return Field(
+        name, kind, help_text, unit, sources=sources, split=split, default=default, note=note
+    )
+
+
+_THROTTLE_FIELDS: Final = (
+    ("POWER", "power", "power constraints"),
+    ("THERMAL", "thermal", "thermal constraints"),
+    ("SYNC_BOOST", "sync_boost", "sync-boost constraints"),
+    ("BOARD_LIMIT", "board_limit", "board limit constraints"),
+    ("LOW_UTIL", "low_utilization", "low utilization"),
+    ("RELIABILITY", "reliability", "reliability constraints"),
+    ("TOTAL_APP_CLOCKS", "app_clocks", "application clocks"),
+    ("TOTAL_BASE_CLOCKS", "base_clocks", "base clocks"),
+)
+_VIOLATION_NOTE: Final = "DCGM's unit (OpenCost's saturation query divides by 1e6, as if µs)"
+_CLOCK_EVENT_BITS: Final = tuple((bit, CLOCK_EVENTS[reason]) for bit, reason in CLOCK_EVENT_REASONS)
+
+FIELDS: Final[tuple[Field, ...]] = (
+    # -- dcgm-exporter's default counters, in its file's order ---------------------------------
+    _field(
+        "DCGM_FI_DEV_SM_CLOCK",
+        "gauge",
+        "MHz",
+        "SM clock frequency (in MHz).",
+        Source(CLOCKS["sm"], _MHZ),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "gauge",
+        "MHz",
+        "Memory clock frequency (in MHz).",
+        Source(CLOCKS["memory"], _MHZ),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_GPU_TEMP",
+        "gauge",
+        "°C",
+        "GPU temperature (in C).",
+        Source(TEMPERATURE),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_POWER_USAGE",
+        "gauge",
+        "W",
+        "Power draw (in W).",
+        Source(POWER),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "mJ",
+        "Total energy consumption since boot (in mJ).",
+        Source(ENERGY, _MILLI),
+        default=True,
+        note="since the driver loaded, as NVML counts it",
+    ),
+    _field(
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "counter",
+        "retries",
+        "Total number of PCIe retries.",
+        Source(PCIE_REPLAYS),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gauge",
+        "%",
+        "GPU utilization (in %).",
+        Source(UTILIZATION, _PERCENT),
+        split="utilization",
+        default=True,
+        note="absent on MIG instances, as with DCGM",
+    ),
+    _field(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "%",
+        "Memory utilization (in %).",
+        Source(MEMORY_UTILIZATION, _PERCENT),
+        default=True,
+        note="not split on a shared GPU: gpuscope's pod rows carry no per-process memory "
+        "utilization yet",
+    ),
+    Field(
+        XID_ERRORS,
+        "gauge",
+        "Value of the last XID error encountered.",
+        "XID",
+        default=True,
+        derived="`gpu_xid_errors_total`: the XID counted last, 0 before any; labels `err_code`, "
+        "`err_msg`",
+        note="kept while the GPU is down; with the `events` collector only",
+    ),
+    _field(
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "MiB",
+        "Framebuffer memory used (in MiB).",
+        Source(MEMORY_USED, _MIB),
+        split="memory",
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_FB_RESERVED",
+        "gauge",
+        "MiB",
+        "Framebuffer memory reserved (in MiB).",
+        Source(MEMORY_RESERVED, _MIB),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "rows",
+        "Number of remapped rows for uncorrectable errors",
+        Source(REMAPPED_UNCORRECTABLE),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "rows",
+        "Number of remapped rows for correctable errors",
+        Source(REMAPPED_CORRECTABLE),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gauge",
+        "0/1",
+        "Whether remapping of rows has failed",
+        Source(REMAPPED_FAILED),
+        default=True,
+    ),
+    Field(
+        DRIVER_VERSION,
+        "label",
+        "Driver Version",
+        "",
+        default=True,
+        derived="`gpu_info`'s `driver_version`, as a label of every series of the GPU",
+    ),
+    _field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gauge",
+        "ratio",
+        "Ratio of time the graphics engine is active.",
+        Source(UTILIZATION),
+        split="utilization",
+        default=True,
+        note="the share of time a kernel ran (NVML utilization), which is what the graphics "
+        "engine's activity measures; absent on MIG instances",
+    ),
+    _field(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "gauge",
+        "ratio",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        Source(TENSOR_ACTIVE),
+        default=True,
+        note="GPM: Hopper and newer",
+    ),
+    _field(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "gauge",
+        "ratio",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        Source(DRAM_ACTIVE),
+        default=True,
+        note="GPM: Hopper and newer",
+    ),
+    _field(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "bytes/s",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and "
+        "data payloads - in bytes per second.",
+        Source(PCIE_TRANSMIT),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "bytes/s",
+        "The rate of data received over the PCIe bus - including both protocol headers and data "
+        "payloads - in bytes per second.",
+        Source(PCIE_RECEIVE),
+        default=True,
+    ),
+    # -- served when a counters file lists them -------------------------------------------------
+    _field(
+        "DCGM_FI_DEV_FB_TOTAL",
+        "gauge",
+        "MiB",
+        "Total Frame Buffer of the GPU in MB",
+        Source(MEMORY_TOTAL, _MIB),
+    ),
+    _field(
+        "DCGM_FI_DEV_MAX_SM_CLOCK",
+        "gauge",
+        "MHz",
+        "Maximum supported SM clock for the device",
+        Source(MAX_CLOCKS["sm"], _MHZ),
+    ),
+    _field(
+        "DCGM_FI_DEV_MAX_MEM_CLOCK",
+        "gauge",
+        "MHz",
+        "Maximum supported Memory clock for the device",
+        Source(MAX_CLOCKS["memory"], _MHZ),
+    ),
+    *(
+        Field(
+            name,
+            "gauge",
+            "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*)",
+            "bitmask",
+            bits=_CLOCK_EVENT_BITS,
+            note=note,
+        )
+        for name, note in (
+            ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", ""),
+            ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM's older name of the same field"),
+        )
+    ),
+    _field(
+        "DCGM_FI_DEV_PSTATE",
+        "gauge",
+        "0-15",
+        "Performance state (P-State) 0-15. 0=highest",
+        Source(PSTATE),
+    ),
+    _field(
+        "DCGM_FI_DEV_FAN_SPEED",
+        "gauge",
+        "%",
+        "Fan speed for the device in percent 0-100",
+        Source(fan_series(0), _PERCENT),
+        note="the first fan; actively cooled cards only",
+    ),
+    _field(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gauge",
+        "W",
+        "Effective power limit that the driver enforces after taking into account all limiters",
+        Source(POWER_LIMIT),
+    ),
+    _field(
+        "DCGM_FI_DEV_MIG_MODE",
+        "gauge",
+        "0/1",
+        "MIG mode for the device",
+        Source(MIG_MODE),
+    ),
+    *(
+        _field(
+            f"DCGM_FI_DEV_{name}_VIOLATION",
+            "counter",
+            "ns",
+            f"Throttling duration due to {what} (in ns).",
+            Source(THROTTLE[reason], _NANO),
+            note=_VIOLATION_NOTE,
+        )
+        for name, reason, what in _THROTTLE_FIELDS
+    ),
+    _field(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "counter",
+        "errors",
+        "Total number of single-bit volatile ECC errors.",
+        Source(ECC_CORRECTED),
+    ),
+    _field(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "counter",
+        "errors",
+        "Total number of double-bit volatile ECC errors.",
+        Source(ECC_UNCORRECTED),
+    ),
+    _field(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "counter",
+        "pages",
+        "Total number of retired pages due to single-bit errors.",
+        Source(RETIRED_SINGLE_BIT),
+    ),
+    _field(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "counter",
+        "pages",
+        "Total number of retired pages due to double-bit errors.",
+        Source(RETIRED_DOUBLE_BIT),
+    ),
+    _field(
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "counter",
+        "0/1",
+        "Total number of pages pending retirement.",
+        Source(RETIRED_PENDING),
+        note="1 while a retirement waits for a reset (NVML gives a state, not a count)",
+    ),
+    _field(
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "gauge",
+        "0/1",
+        "Whether remapping of rows is pending",
+        Source(REMAPPED_PENDING),
+    ),
+    *(
+        _field(name, "gauge", "ratio", help_text, Source(series), note="GPM: Hopper and newer")
+        for name, series, help_text in (
+            (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                SM_ACTIVE,
+                "The ratio of cycles an SM has at least 1 warp assigned.",
+            ),
+            (
+                "DCGM_FI_PROF_SM_OCCUPANCY",
+                SM_OCCUPANCY,
+                "The ratio of number of warps resident on an SM.",
+            ),
+            (
+                "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+                FP64_ACTIVE,
+                "Ratio of cycles the fp64 pipes are active.",
+            ),
+            (
+                "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+                FP32_ACTIVE,
+                "Ratio of cycles the fp32 pipes are active.",
+            ),
+            (
+                "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+                FP16_ACTIVE,
+                "Ratio of cycles the fp16 pipes are active.",
+            ),
+        )
+    ),
+    _field(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "gauge",
+        "bytes/s",
+        "The rate of data transmitted over NVLink (not including protocol headers) in bytes "
+        "per second.",
+        Source(NVLINK_TRANSMIT),
+        note="GPM: Hopper and newer",
+    ),
+    _field(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "gauge",
+        "bytes/s",
+        "The rate of data received over NVLink (not including protocol headers) in bytes per "
+        "second.",
+        Source(NVLINK_RECEIVE),
+        note="GPM: Hopper and newer",
+    ),
+)
+"""Every DCGM field gpuscope serves: dcgm-exporter's defaults first, in its file's order."""
+
+BY_NAME: Final[Mapping[str, Field]] = {field.name: field for field in FIELDS}
+SPLIT_BY: Final[Mapping[Split, Series]] = {"utilization": UTILIZATION, "memory": MEMORY_USED}
+"""The device's own measure a split is relative to: a pod's share of a shared GPU is its
+processes' utilization (memory) over the device's, or over the pods' sum where that is larger."""
+DEFAULT_FIELDS: Final = tuple(field for field in FIELDS if field.default)
+
+NOT_SERVED: Final[Mapping[str, str]] = {
+    "DCGM_FI_DEV_MEMORY_TEMP": "gpuscope does not read the memory temperature yet",
+    "DCGM_FI_DEV_ENC_UTIL": "gpuscope does not read the video encoder's utilization yet",
+    "DCGM_FI_DEV_DEC_UTIL": "gpuscope does not read the video decoder's utilization yet",
+    "DCGM_FI_DEV_FB_FREE": "gpuscope does not read free frame buffer memory yet",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "gpuscope does not read NVLink byte counters yet",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state, which NVML answers only "
+    "inside a virtual machine with a vGPU: a Kubernetes node's physical GPUs have none",
+}
+"""dcgm-exporter's default fields that gpuscope does not serve, and why (the README says so)."""
+
+
+def known(name: str) -> bool:
+    """Whether gpuscope serves a DCGM field of this name."""
+    return name in BY_NAME
+
+
+# -- XID texts, as NVIDIA's XID catalog names them (dcgm-exporter's err_msg label) ---------------
+
+XID_MESSAGES: Final = (
+    "No Error",
+    "Invalid or corrupted push buffer stream",
+    "Invalid or corrupted push buffer stream",
+    "Invalid or corrupted push buffer stream",
+    "Invalid or corrupted push buffer stream",
+    "Unused",
+    "Invalid or corrupted push buffer stream",
+    "Invalid or corrupted push buffer address",
+    "GPU stopped processing",
+    "Driver error programming GPU",
+    "Unused",
+    "Invalid or corrupted push buffer stream",
+    "Driver error handling GPU exception",
+    "Graphics Engine Exception",
+    "Unused",
+    "Unused",
+    "Display engine hung",
+    "Unused",
+    "Bus mastering disabled in PCI Config Space",
+    "Display Engine error",
+    "Invalid or corrupted Mpeg push buffer",
+    "Invalid or corrupted Motion Estimation push buffer",
+    "Invalid or corrupted Video Processor push buffer",
+    "Unused",
+    "GPU semaphore timeout",
+    "Invalid or illegal push buffer stream",
+    "Framebuffer timeout",
+    "Video processor exception",
+    "Video processor exception",
+    "Video processor exception",
+    "GPU semaphore access error",
+    "GPU memory page fault",
+    "Invalid or corrupted push buffer stream",
+    "Internal micro-controller error",
+    "Video processor exception",
+    "Video processor exception",
+    "Video processor exception",
+    "Driver firmware error",
+    "Driver firmware error",
+    "Unused",
+    "Unused",
+    "Unused",
+    "Video processor exception",
+    "GPU stopped processing",
+    "Graphics Engine fault during context switch",
+    "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+    "GPU stopped processing",
+    "Video processor exception",
+    "Double Bit ECC Error",
+    "Unused",
+    "Unused",
+    "Unused",
+    "Unused",
+    "Unused",
+    "Auxiliary power is not connected to the GPU board",
+    "Unused",
+    "Display Engine error",
+    "Error programming video memory interface",
+    "Unstable video memory interface detected",
+    "Internal micro-controller error",
+    "Video processor exception",
+    "Internal micro-controller breakpoint/warning",
+    "Internal micro-controller halt",
+    "ECC page retirement or row remapping recording event",
+    "ECC page retirement or row remapper recording failure",
+    "Video processor exception",
+    "Illegal access by driver",
+    "Illegal access by driver",
+    "NVDEC0 Exception",
+    "Graphics Engine class error",
+    "CE3: Unknown Error",
+    "CE4: Unknown Error",
+    "CE5: Unknown Error",
+    "NVENC2 Error",
+    "NVLINK Error",
+    "CE6: Unknown Error",
+    "CE7: Unknown Error",
+    "CE8: Unknown Error",
+    "vGPU Start Error",
+    "GPU has fallen off the bus",
+    "Corrupted data sent to GPU",
+    "VGA Subsystem Error",
+    "NVJPG0 Error",
+    "NVDEC1 Error",
+    "NVDEC2 Error",
+    "CE9: Unknown Error",
+    "OFA Exception",
+    "Reserved",
+    "NVDEC3 Error",
+    "NVDEC4 Error",
+    "Reserved",
+    "Reserved",
+    "High single-bit ECC error rate",
+    "Non-fatal violation of provisioned InfoROM wear limit",
+    "Contained ECC error",
+    "Uncontained ECC error",
+    "NVDEC5 Error",
+    "NVDEC6 Error",
+    "NVDEC7 Error",
+    "NVJPG1 Error",
+    "NVJPG2 Error",
+    "NVJPG3 Error",
+    "NVJPG4 Error",
+    "NVJPG5 Error",
+    "NVJPG6 Error",
+    "NVJPG7 Error",
+    "SMBPBI Test Message",
+    "SMBPBI Test Message Silent",
+    "Reserved",
+    "Context Switch Timeout Error",
+    "Security Fault Error",
+    "Display Bundle Error Event",
+    "Display Supervisor Error",
+    "DP Link Training Error",
+    "Display Pipeline Underflow Error",
+    "Display Core Channel Error",
+    "Display Window Channel Error",
+    "Display Cursor Channel Error",
+    "Display Pixel Pipeline Error",
+    "GSP RPC Timeout",
+    "GSP Error",
+    "C2C Link Error",
+    "SPI PMU RPC Read Failure",
+    "SPI PMU RPC Write Failure",
+    "SPI PMU RPC Erase Failure",
+    "Inforom FS Failure",
+    *(f"Robust Channel CE{n} Error" for n in range(10, 20)),
+    "ALI Training Fail",
+    "NVLink Privilege Error",
+    "Robust Channel DLA Error",
+    "Robust Channel OFA1 Error",
+    "Unrecovered ECC Error",
+    "Robust Channel Fast Path Error",
+    "Robust Channel NVENVC3 Error",
+    "GPU Initialization Failure",
+    "NVLINK: Saw Error",
+    "NVLINK: RLW Error",
+    "NVLINK: TLW Error",
+    "NVLINK: TREX Error",
+    "NVLINK: NVLPW_CTRL Error",
+    "NVLINK: NETIR Error",
+    "NVLINK: MSE Error",
+    "Robust Channel Key rotation Error",
+    "Robust Channel DLA SMMU Error",
+    "Robust Channel DLA timeout Error",
+    "GPU Recovery Action Changed",
+    "NVLINK: SW Defined Error",
+    "Resource Retirement Event",
+    "Resource Retirement Failure",
+    "GPU Fatal Timeout",
+    "Robust Channel CHI Non-Data Error",
+    "Channel Retirement Event",
+    "Channel Retirement Failure",
+    "Power Smoothing HW Circuitry Reengaged",
+    "Power Smoothing HW Circuitry Disengaged",
+    "Power Smoothing HW Circuitry Low Lifetime",
+    "Power Smoothing HW Circuitry Lifetime Exhausted",
+    "NVLINK Secure Crypto Error",
+    "PCIE Fatal Timeout",
+    "Reduced GPU Memory Capacity (Errors found in write protection region)",
+    "Internal micro-controller halt",
+    "NVLINK: Interrupt seen in CC mode",
+    "Uncorrectable DRAM Error",
+    "Uncorrectable SRAM Error",
+)
+"""XID n's text at position n; an XID past the end is "Unknown Error"."""
+
+
+def xid_message(xid: int) -> str:
+    return XID_MESSAGES[xid] if 0 <= xid < len(XID_MESSAGES) else "Unknown Error"
+
+
+# -- the README's table ------------------------------------------------------------------------
+
+_SHARED: Final[Mapping[Split | None, str]] = {
+    "utilization": "per pod, by its processes' utilization",
+    "memory": "per pod, by its processes' memory",
+    None: "once, for the device",
+}
+
+
+def _factor(factor: float) -> str:
+    if factor == 1.0:
+        return ""
+    if factor > 1.0:
+        return f" * {factor:,.0f}"
+    return f" / {1.0 / factor:,.0f}"
+
+
+def _from(field: Field) -> str:
+    if field.derived:
+        return field.derived
+    if field.bits:
+        return "bits of `gpu_clock_event_active` (NVML's clock-event reason bits)"
+    sources = []
+    for source in field.sources:
+        family = source.series.family
+        labels = ",".join(f'{name}="{value}"' for name, value in source.series.labels)
+        shown = f"{family.exposed_name}{{{labels}}}" if labels else family.exposed_name
+        sources.append(f"`{shown}`{_factor(source.factor)}")
+    return ", else ".join(sources)
+
+
+def fields_table() -> str:
+    """The README's table of DCGM fields: what each is made from, and how shared GPUs split it."""
+    rows = [
+        "| DCGM field | default | type | unit | from gpuscope's | on a GPU pods share | notes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for field in FIELDS:
+        shared = "a label" if field.kind == "label" else _SHARED[field.split]
+        rows.append(
+            f"| `{field.name}` | {'yes' if field.default else ''} | {field.kind} | {field.unit} "
+            f"| {_from(field)} | {shared} | {field.note} |"
+        )
+    rows.extend(
+        f"| `{name}` | yes | | | not served | | {why} |" for name, why in NOT_SERVED.items()
+    )
+    return "\n".join(rows)
