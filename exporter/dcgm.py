@@ -21,26 +21,46 @@ from exporter.readings import (
     CLOCK_EVENT_REASONS,
     CLOCK_EVENTS,
     CLOCKS,
+    COMPUTE_MODE,
+    COMPUTE_MODES,
+    DECODER,
     DRAM_ACTIVE,
+    ECC_AGGREGATE_CORRECTED,
+    ECC_AGGREGATE_UNCORRECTED,
     ECC_CORRECTED,
     ECC_UNCORRECTED,
+    ENCODER,
     ENERGY,
     FP16_ACTIVE,
     FP32_ACTIVE,
     FP64_ACTIVE,
+    GRAPHICS_ACTIVE,
     MAX_CLOCKS,
+    MEMORY_FREE,
     MEMORY_RESERVED,
+    MEMORY_TEMPERATURE,
     MEMORY_TOTAL,
     MEMORY_USED,
     MEMORY_UTILIZATION,
     MIG_MODE,
+    NVLINK_ERRORS_FAMILY,
     NVLINK_RECEIVE,
+    NVLINK_RECEIVE_TOTAL_FAMILY,
     NVLINK_TRANSMIT,
+    NVLINK_TRANSMIT_TOTAL_FAMILY,
+    PCIE_GENERATION,
+    PCIE_MAX_GENERATION,
+    PCIE_MAX_WIDTH,
     PCIE_RECEIVE,
     PCIE_REPLAYS,
     PCIE_TRANSMIT,
+    PCIE_WIDTH,
+    PERSISTENCE_MODE,
     POWER,
     POWER_LIMIT,
+    POWER_LIMIT_DEFAULT,
+    POWER_LIMIT_MAX,
+    POWER_LIMIT_MIN,
     PSTATE,
     REMAPPED_CORRECTABLE,
     REMAPPED_FAILED,
@@ -61,7 +81,7 @@ from exporter.readings import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from exporter.series import Series
+    from exporter.series import Family, Series
 
 Kind = Literal["gauge", "counter", "label"]
 Split = Literal["utilization", "memory"]
@@ -86,6 +106,17 @@ class Source:
     factor: float = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Total:
+    """Every series of a family with these labels, summed: a per-link counter over the links."""
+
+    family: Family
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def matches(self, series: Series) -> bool:
+        return series.family is self.family and all(label in series.labels for label in self.labels)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Field:
     """One DCGM field as dcgm-exporter serves it, and where gpuscope's value for it comes from."""
@@ -100,6 +131,10 @@ class Field:
     """The value: the first of these series the GPU gave this cycle, times its factor."""
     bits: tuple[tuple[int, Series], ...] = ()
     """Or a bitmask: each bit set while its series is 1 (`gpu_clock_event_active`)."""
+    totals: tuple[Total, ...] = ()
+    """Or the sum of these series over a label (`link`), absent where there is none."""
+    modes: tuple[tuple[int, Series], ...] = ()
+    """Or the number of the one of these series that is 1 (`gpu_compute_mode_info`'s mode)."""
     split: Split | None = None
     """On a GPU several pods use: shared among them by this measure (else served once, for the
     device, without pod labels)."""
@@ -121,6 +156,16 @@ class Field:
             if all(state is None for _, state in states):
                 return None
             return float(sum(bit for bit, state in states if state))
+        if self.totals:
+            summed = [
+                number
+                for series, number in values.items()
+                if any(total.matches(series) for total in self.totals)
+            ]
+            return float(sum(summed)) if summed else None
+        for number, series in self.modes:
+            if values.get(series):
+                return float(number)
         return None
 
     @property
@@ -176,6 +221,15 @@ FIELDS: Final[tuple[Field, ...]] = (
         default=True,
     ),
     _field(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "gauge",
+        "°C",
+        "Memory temperature (in C).",
+        Source(MEMORY_TEMPERATURE),
+        default=True,
+        note="HBM boards only: GDDR boards have no sensor NVML reads",
+    ),
+    _field(
         "DCGM_FI_DEV_GPU_TEMP",
         "gauge",
         "°C",
@@ -228,6 +282,22 @@ FIELDS: Final[tuple[Field, ...]] = (
         note="not split on a shared GPU: gpuscope's pod rows carry no per-process memory "
         "utilization yet",
     ),
+    _field(
+        "DCGM_FI_DEV_ENC_UTIL",
+        "gauge",
+        "%",
+        "Encoder utilization (in %).",
+        Source(ENCODER, _PERCENT),
+        default=True,
+    ),
+    _field(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "gauge",
+        "%",
+        "Decoder utilization (in %).",
+        Source(DECODER, _PERCENT),
+        default=True,
+    ),
     Field(
         XID_ERRORS,
         "gauge",
@@ -237,6 +307,14 @@ FIELDS: Final[tuple[Field, ...]] = (
         derived="`gpu_xid_errors_total`: the XID counted last, 0 before any; labels `err_code`, "
         "`err_msg`",
         note="kept while the GPU is down; with the `events` collector only",
+    ),
+    _field(
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "MiB",
+        "Framebuffer memory free (in MiB).",
+        Source(MEMORY_FREE, _MIB),
+        default=True,
     ),
     _field(
         "DCGM_FI_DEV_FB_USED",
@@ -254,6 +332,16 @@ FIELDS: Final[tuple[Field, ...]] = (
         "Framebuffer memory reserved (in MiB).",
         Source(MEMORY_RESERVED, _MIB),
         default=True,
+    ),
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        "bytes",
+        totals=(Total(NVLINK_TRANSMIT_TOTAL_FAMILY), Total(NVLINK_RECEIVE_TOTAL_FAMILY)),
+        default=True,
+        note="bytes sent and received over every link since the driver loaded, payload only "
+        "(DCGM also counts packet headers); absent on GPUs without NVLink",
     ),
     _field(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
@@ -292,11 +380,13 @@ FIELDS: Final[tuple[Field, ...]] = (
         "gauge",
         "ratio",
         "Ratio of time the graphics engine is active.",
+        Source(GRAPHICS_ACTIVE),
         Source(UTILIZATION),
         split="utilization",
         default=True,
-        note="the share of time a kernel ran (NVML utilization), which is what the graphics "
-        "engine's activity measures; absent on MIG instances",
+        note="GPM's graphics-engine activity on Hopper and newer (MIG instances too); before "
+        "Hopper, NVML's share of time a kernel ran, what DCGM's profiling measures there; "
+        "absent on a MIG instance without GPM",
     ),
     _field(
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
@@ -392,6 +482,61 @@ FIELDS: Final[tuple[Field, ...]] = (
         "Effective power limit that the driver enforces after taking into account all limiters",
         Source(POWER_LIMIT),
     ),
+    *(
+        _field(name, "gauge", "W", help_text, Source(series))
+        for name, series, help_text in (
+            (
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
+                POWER_LIMIT_MIN,
+                "Minimum power management limit for the device",
+            ),
+            (
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
+                POWER_LIMIT_MAX,
+                "Maximum power management limit for the device",
+            ),
+            (
+                "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+                POWER_LIMIT_DEFAULT,
+                "Default power management limit for the device",
+            ),
+        )
+    ),
+    Field(
+        "DCGM_FI_DEV_COMPUTE_MODE",
+        "gauge",
+        "Compute mode for the device",
+        "mode",
+        modes=tuple((number, COMPUTE_MODE[name]) for number, name in COMPUTE_MODES.items()),
+        derived="`gpu_compute_mode_info`'s `mode`, numbered as NVML numbers it (0 default, 1 "
+        "exclusive thread, 2 prohibited, 3 exclusive process)",
+    ),
+    _field(
+        "DCGM_FI_DEV_PERSISTENCE_MODE",
+        "gauge",
+        "0/1",
+        "Persistence mode for the device",
+        Source(PERSISTENCE_MODE),
+    ),
+    *(
+        _field(name, "gauge", unit, help_text, Source(series))
+        for name, unit, series, help_text in (
+            (
+                "DCGM_FI_DEV_PCIE_LINK_GEN",
+                "generation",
+                PCIE_GENERATION,
+                "PCIe Current Link Generation",
+            ),
+            ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "lanes", PCIE_WIDTH, "PCIe Current Link Width"),
+            (
+                "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+                "generation",
+                PCIE_MAX_GENERATION,
+                "PCIe Max Link Generation",
+            ),
+            ("DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH", "lanes", PCIE_MAX_WIDTH, "PCIe Max Link Width"),
+        )
+    ),
     _field(
         "DCGM_FI_DEV_MIG_MODE",
         "gauge",
@@ -423,6 +568,20 @@ FIELDS: Final[tuple[Field, ...]] = (
         "errors",
         "Total number of double-bit volatile ECC errors.",
         Source(ECC_UNCORRECTED),
+    ),
+    _field(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "counter",
+        "errors",
+        "Total number of single-bit persistent ECC errors.",
+        Source(ECC_AGGREGATE_CORRECTED),
+    ),
+    _field(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "counter",
+        "errors",
+        "Total number of double-bit persistent ECC errors.",
+        Source(ECC_AGGREGATE_UNCORRECTED),
     ),
     _field(
         "DCGM_FI_DEV_RETIRED_SBE",
@@ -483,6 +642,21 @@ FIELDS: Final[tuple[Field, ...]] = (
             ),
         )
     ),
+    *(
+        Field(
+            f"DCGM_FI_DEV_NVLINK_{name}_COUNT_TOTAL",
+            "counter",
+            help_text,
+            "errors",
+            totals=(Total(NVLINK_ERRORS_FAMILY, (("type", kind),)),),
+        )
+        for name, kind, help_text in (
+            ("CRC_FLIT_ERROR", "crc_flit", "Total number of NVLink flow-control CRC errors."),
+            ("CRC_DATA_ERROR", "crc_data", "Total number of NVLink data CRC errors."),
+            ("REPLAY_ERROR", "replay", "Total number of NVLink retries."),
+            ("RECOVERY_ERROR", "recovery", "Total number of NVLink recovery errors."),
+        )
+    ),
     _field(
         "DCGM_FI_PROF_NVLINK_TX_BYTES",
         "gauge",
@@ -511,11 +685,6 @@ processes' utilization (memory) over the device's, or over the pods' sum where t
 DEFAULT_FIELDS: Final = tuple(field for field in FIELDS if field.default)
 
 NOT_SERVED: Final[Mapping[str, str]] = {
-    "DCGM_FI_DEV_MEMORY_TEMP": "gpuscope does not read the memory temperature yet",
-    "DCGM_FI_DEV_ENC_UTIL": "gpuscope does not read the video encoder's utilization yet",
-    "DCGM_FI_DEV_DEC_UTIL": "gpuscope does not read the video decoder's utilization yet",
-    "DCGM_FI_DEV_FB_FREE": "gpuscope does not read free frame buffer memory yet",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "gpuscope does not read NVLink byte counters yet",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state, which NVML answers only "
     "inside a virtual machine with a vGPU: a Kubernetes node's physical GPUs have none",
 }
@@ -724,6 +893,13 @@ def _from(field: Field) -> str:
         return field.derived
     if field.bits:
         return "bits of `gpu_clock_event_active` (NVML's clock-event reason bits)"
+    if field.totals:
+        summed = " and ".join(
+            f"`{total.family.exposed_name}"
+            + (f"{{{','.join(f'{k}={v!r}' for k, v in total.labels)}}}`" if total.labels else "`")
+            for total in field.totals
+        ).replace("'", '"')
+        return f"{summed}, summed over the links"
     sources = []
     for source in field.sources:
         family = source.series.family

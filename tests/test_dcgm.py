@@ -28,7 +28,7 @@ from exporter.dcgm_counters import COUNTERS_LIMIT, read_counters
 from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import OPENMETRICS, TEXT
 from exporter.model import GpuIdentity, GpuSample, PodIdentity, PodUsage, Snapshot, Unattributed
-from exporter.readings import CLOCK_EVENT_REASONS, MEMORY_USED, UTILIZATION
+from exporter.readings import CLOCK_EVENT_REASONS, COMPUTE_MODES, MEMORY_USED, UTILIZATION
 from tests.dcgm_fleet import NODE, dcgm_exposition, dcgm_series, declared_types
 from tests.golden_fleet import render_fleet
 from tests.helpers import ROOT, series, value
@@ -71,6 +71,7 @@ DEFAULT_COUNTERS: Final = (
 EXPECTED_KINDS: Final = {
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "counter",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "counter",
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
     "DCGM_FI_DRIVER_VERSION": "label",
@@ -118,8 +119,12 @@ def test_each_field_is_made_from_declared_series() -> None:
         assert field.name.startswith("DCGM_FI_")
         assert field.help
         assert field.kind in {"gauge", "counter", "label"}
-        made = bool(field.sources) + bool(field.bits) + bool(field.derived)
-        assert made == 1, f"{field.name}: exactly one of sources, bits, derived"
+        made = bool(field.sources) + bool(field.bits) + bool(field.totals) + bool(field.modes)
+        if field.name in {XID_ERRORS, DRIVER_VERSION}:
+            assert not made, field.name
+            assert field.derived, field.name
+        else:
+            assert made == 1, f"{field.name}: exactly one of sources, bits, totals, modes"
         assert field.kind != "label" or field.name == DRIVER_VERSION
         assert field.split is None or field.kind == "gauge"
 
@@ -162,9 +167,42 @@ def _device_value(text: str, field: Field, dcgm: dict[str, str]) -> float:
                 if _own_value(text, "gpu_clock_event_active", {"reason": reason}, dcgm)
             )
         )
-    (source,) = field.sources
-    own = _own_value(text, source.series.family.exposed_name, dict(source.series.labels), dcgm)
-    return own * source.factor
+    if field.totals:
+        return sum(
+            number
+            for total in field.totals
+            for key, number in series(
+                text, total.family.exposed_name, gpu=dcgm["gpu"], **dict(total.labels)
+            ).items()
+            if "gpu_instance" not in dict(key)
+        )
+    if field.modes:
+        (mode,) = [
+            dict(key)["mode"]
+            for key, number in series(text, "gpu_compute_mode_info", gpu=dcgm["gpu"]).items()
+            if number == 1 and "gpu_instance" not in dict(key)
+        ]
+        return float(next(n for n, name in COMPUTE_MODES.items() if name == mode))
+    for source in field.sources:  # the first the GPU gives
+        where = {
+            "gpu": dcgm["gpu"],
+            **({"gpu_instance": dcgm["GPU_I_ID"]} if "GPU_I_ID" in dcgm else {}),
+        }
+        present = [
+            number
+            for key, number in series(
+                text, source.series.family.exposed_name, **where, **dict(source.series.labels)
+            ).items()
+            if "GPU_I_ID" in dcgm or "gpu_instance" not in dict(key)
+        ]
+        if present:
+            return (
+                _own_value(
+                    text, source.series.family.exposed_name, dict(source.series.labels), dcgm
+                )
+                * source.factor
+            )
+    raise AssertionError(f"{field.name}: no source for {dcgm}")
 
 
 def _by_device(
@@ -235,10 +273,15 @@ def test_units_are_dcgms(defaults: str) -> None:
         for _, labels, v in dcgm_series(defaults, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
         if labels["gpu"] == "0"
     ]
-    assert (
-        busy
-        == pytest.approx(100 * engine)
-        == pytest.approx(100 * value(defaults, "gpu_utilization_ratio", **trainer))
+    assert busy == pytest.approx(100 * value(defaults, "gpu_utilization_ratio", **trainer))
+    assert engine == pytest.approx(value(defaults, "gpu_graphics_active_ratio", **trainer))
+    (older,) = [
+        v
+        for _, labels, v in dcgm_series(defaults, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+        if labels["gpu"] == "5"
+    ]
+    assert older == pytest.approx(value(defaults, "gpu_utilization_ratio", gpu="5")), (
+        "before Hopper: NVML's utilization"
     )
     assert 0 < engine <= 1
     for _, _, number in dcgm_series(defaults):

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Final
 
 import pytest
 
-from exporter.dcgm import DEFAULT_FIELDS, DRIVER_VERSION
+from exporter.dcgm import DEFAULT_FIELDS, DRIVER_VERSION, FIELDS
 from tests.dcgm_fleet import dcgm_series, declared_types
 from tests.fake_nvml import (
     XID_EVENT,
     FakeDevice,
     FakeEvent,
     FakeMigInstance,
+    FakeNvLink,
     FakeNvmlState,
     FakeProcess,
 )
@@ -33,7 +34,7 @@ MIB: Final = 1024**2
 H100: Final = "NVIDIA H100 80GB HBM3"
 A100: Final = "NVIDIA A100-SXM4-80GB"
 NODE: Final = "gpu-node-7"
-GPM: Final = {5: 40.0, 10: 55.0, 2: 62.5}  # tensor, DRAM, SM activity (percent)
+GPM: Final = {1: 45.0, 5: 40.0, 10: 55.0, 2: 62.5}  # graphics, tensor, DRAM, SM (percent)
 COUNTERS: Final = ROOT / "tests" / "fixtures" / "dcgm" / "default-counters.csv"
 
 
@@ -54,6 +55,13 @@ def node(*events: FakeEvent) -> FakeNvmlState:
         gpm_metrics=GPM,
         remapped_rows_correctable=1,
         remapped_rows_uncorrectable=2,
+        memory_temperature_c=47,
+        encoder_util_percent=3,
+        decoder_util_percent=21,
+        nvlinks=[
+            FakeNvLink(0, tx_kib=1000, rx_kib=2000, replay=3),
+            FakeNvLink(1, tx_kib=5, rx_kib=6, replay=1),
+        ],
         processes=[FakeProcess(4242, 30 * GIB)],
     )
     mig = FakeDevice.numbered(
@@ -138,19 +146,24 @@ def test_every_default_field_from_the_drivers_answers(fake_lib_dir: Path, tmp_pa
     expected = {
         "DCGM_FI_DEV_SM_CLOCK": 1755,
         "DCGM_FI_DEV_MEM_CLOCK": 2619,
+        "DCGM_FI_DEV_MEMORY_TEMP": 47,
         "DCGM_FI_DEV_GPU_TEMP": 61,
         "DCGM_FI_DEV_POWER_USAGE": 412.5,
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 123_456_789,
         "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
         "DCGM_FI_DEV_GPU_UTIL": 37,
         "DCGM_FI_DEV_MEM_COPY_UTIL": 12,
+        "DCGM_FI_DEV_ENC_UTIL": 3,
+        "DCGM_FI_DEV_DEC_UTIL": 21,
         "DCGM_FI_DEV_XID_ERRORS": 0,
+        "DCGM_FI_DEV_FB_FREE": 80 * 1024 - 577 - 30 * 1024,
         "DCGM_FI_DEV_FB_USED": 30 * 1024,
         "DCGM_FI_DEV_FB_RESERVED": 577,
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": (1000 + 2000 + 5 + 6) * 1024,
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 2,
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 1,
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": 0,
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.37,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.45,  # GPM's graphics activity, not NVML's 37%
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.40,
         "DCGM_FI_PROF_DRAM_ACTIVE": 0.55,
     }
@@ -190,6 +203,12 @@ def test_every_default_field_from_the_drivers_answers(fake_lib_dir: Path, tmp_pa
     ampere = {"gpu": "2"}
     labels, busy = one(text, "DCGM_FI_DEV_GPU_UTIL", **ampere)
     assert (labels["device"], labels["modelName"], busy) == ("nvidia6", A100, 80)
+    assert one(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", **ampere)[1] == 0.8, "no GPM: NVML's"
+    assert not [
+        labels
+        for _, labels, _ in dcgm_series(text, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
+        if labels["gpu"] == "2"
+    ], "no NVLink: absent, not 0"
     assert one(text, "DCGM_FI_PROF_PCIE_TX_BYTES", **ampere)[1] == 1000 * 1024
     assert one(text, "DCGM_FI_PROF_PCIE_RX_BYTES", **ampere)[1] == 4000 * 1024
     assert one(text, "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", **ampere)[1] == 3
@@ -293,3 +312,82 @@ def test_without_the_flag_not_one_dcgm_series(fake_lib_dir: Path, tmp_path: Path
             lambda text: "gpu_sm_active_ratio" in text, 10, "a cycle with GPM"
         )
     assert "DCGM_" not in text
+
+
+def test_every_other_field_a_counters_file_can_ask_for(fake_lib_dir: Path, tmp_path: Path) -> None:
+    state = FakeNvmlState(
+        driver_version="550.54.15",
+        devices=[
+            FakeDevice.numbered(
+                0,
+                name=H100,
+                gpm_supported=True,
+                gpm_metrics={3: 30.0, 11: 1.0, 12: 20.0, 13: 5.0, 60: 1000.0, 61: 2000.0},
+                violation_power_ns=1_500_000_000,
+                violation_thermal_ns=250_000_000,
+                ecc_corrected_volatile=3,
+                ecc_corrected_before_load=4,
+                compute_mode=3,
+                pcie_generation=5,
+                pcie_width=8,
+                remapped_rows_pending=1,
+                clock_event_reasons=0x4 | 0x20,
+                nvlinks=[FakeNvLink(0, replay=3, crc_flit=2), FakeNvLink(1, replay=1)],
+            )
+        ],
+    ).write(tmp_path / "state")
+    counters = tmp_path / "counters.csv"
+    counters.write_text(
+        "".join(f'{field.name}, {field.kind}, "{field.help}"\n' for field in FIELDS),
+        encoding="utf-8",
+    )
+    with running_daemon(
+        "--compat.dcgm",
+        f"--compat.dcgm-counters={counters}",
+        "--collect.interval=200ms",
+        env=fake_env(fake_lib_dir, state),
+    ) as daemon:
+        daemon.wait_ready()
+        text = daemon.metrics_until(
+            lambda text: bool(dcgm_series(text, "DCGM_FI_PROF_SM_OCCUPANCY")), 15, "GPM windows"
+        )
+    types = declared_types(text)
+    assert set(types) == {field.name for field in FIELDS if field.kind != "label"}
+    for field in FIELDS:
+        if field.kind != "label":
+            assert types[field.name] == field.kind, field.name
+    expected = {
+        "DCGM_FI_DEV_FB_TOTAL": 80 * 1024,
+        "DCGM_FI_DEV_MAX_SM_CLOCK": 1410,
+        "DCGM_FI_DEV_MAX_MEM_CLOCK": 1593,
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 0x4 | 0x20,
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 0x4 | 0x20,
+        "DCGM_FI_DEV_PSTATE": 0,
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": 400,
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN": 100,
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX": 400,
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF": 400,
+        "DCGM_FI_DEV_COMPUTE_MODE": 3,
+        "DCGM_FI_DEV_PERSISTENCE_MODE": 1,
+        "DCGM_FI_DEV_PCIE_LINK_GEN": 5,
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH": 8,
+        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN": 4,
+        "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH": 16,
+        "DCGM_FI_DEV_MIG_MODE": 0,
+        "DCGM_FI_DEV_POWER_VIOLATION": 1_500_000_000,
+        "DCGM_FI_DEV_THERMAL_VIOLATION": 250_000_000,
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 3,
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": 7,
+        "DCGM_FI_DEV_ROW_REMAP_PENDING": 1,
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": 4,
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": 2,
+        "DCGM_FI_PROF_SM_OCCUPANCY": 0.30,
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 0.01,
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.20,
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.05,
+        "DCGM_FI_PROF_NVLINK_RX_BYTES": 1000 * MIB,
+        "DCGM_FI_PROF_NVLINK_TX_BYTES": 2000 * MIB,
+    }
+    for name, number in expected.items():
+        assert one(text, name, gpu="0")[1] == pytest.approx(number), name
+    assert not dcgm_series(text, "DCGM_FI_DEV_FAN_SPEED"), "passively cooled: absent"
