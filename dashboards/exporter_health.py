@@ -87,8 +87,9 @@ def make() -> Json:
         4,
         4,
         stat(
-            "Pod watches down",
-            "Daemons whose watch on the Kubernetes API is down.",
+            "Kubernetes watches down",
+            "Daemons' watches on the Kubernetes API (pods; ResourceSlices where DRA is on) that "
+            "are down.",
             Query(f"count(gpuscope_kubernetes_watch_up{{{scope}}} == 0) or vector(0)"),
             thresholds=BAD_FROM_ONE,
             sparkline=False,
@@ -265,9 +266,10 @@ def make() -> Json:
         8,
         8,
         state_timeline(
-            "Pod watch",
-            "Whether each daemon's list+watch of the pods on its node is connected.",
-            Query(f"gpuscope_kubernetes_watch_up{{{scope}}}", "{{node}}"),
+            "Kubernetes watches",
+            "Whether each daemon's list+watch of its node's pods (and, where DRA is on, "
+            "ResourceSlices) is connected.",
+            Query(f"gpuscope_kubernetes_watch_up{{{scope}}}", "{{node}} {{resource}}"),
             states=((1, "watching", "green"), (0, "down", "red")),
         ),
     )
@@ -275,9 +277,10 @@ def make() -> Json:
         8,
         8,
         timeseries(
-            "Pod cache age",
-            "Seconds since each daemon's pod cache last heard from the API server.",
-            Query(f"gpuscope_kubernetes_cache_age_seconds{{{scope}}}", "{{node}}"),
+            "Kubernetes cache age",
+            "Seconds since each daemon's caches of pods (and ResourceSlices) last heard from the "
+            "API server.",
+            Query(f"gpuscope_kubernetes_cache_age_seconds{{{scope}}}", "{{node}} {{resource}}"),
             unit="s",
         ),
     )

@@ -103,6 +103,7 @@ async def _attribution(app: web.Application) -> AsyncIterator[None]:
             "cluster": cluster.source,
             "procfs": str(config.procfs),
             "pod_resources_socket": str(config.pod_resources_socket),
+            "dra_drivers": ",".join(config.dra_drivers) or "off",
         }
     elif fleet is not None and fleet.pods:
         # The attribution modules (protobuf among them) are imported only when used.

@@ -52,6 +52,10 @@ class ListenAddress:
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
+DRA_DRIVERS: Final = ("gpu.nvidia.com",)
+"""The DRA drivers read by default: NVIDIA's GPU driver (whole GPUs and MIG devices)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Settings of `gpuscope serve`. Field docs are the flags' help texts (see SETTINGS)."""
@@ -71,6 +75,8 @@ class ServeConfig:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     resource_names: tuple[str, ...] | None = None
     """Device-plugin resource names read beside nvidia.com/gpu and nvidia.com/mig-*."""
+    dra_drivers: tuple[str, ...] = DRA_DRIVERS
+    """DRA drivers whose ResourceSlices and claims are read; empty turns DRA off."""
     pod_labels: re.Pattern[str] | None = None
     """Pod label names (full match) exported on gpu_pod_info; None exports none."""
     web_config_file: Path | None = None
@@ -168,6 +174,20 @@ def parse_resource_names(value: object) -> tuple[str, ...]:
                 f"{quote(name)} is not a resource name like example.com/gpu "
                 "(a trailing * matches a prefix)"
             )
+    return names
+
+
+_MAX_DRA_DRIVERS: Final = 16
+
+
+def parse_dra_drivers(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else text(value).split(",")
+    if len(items) > _MAX_DRA_DRIVERS:
+        raise ValueError(f"more than {_MAX_DRA_DRIVERS} drivers")
+    names = tuple(dict.fromkeys(spelled for item in items if (spelled := text(item).strip())))
+    for name in names:
+        if len(name) > 63 or not _NODE_NAME.fullmatch(name):  # the API caps driver names at 63
+            raise ValueError(f"{quote(name)} is not a DRA driver name like gpu.nvidia.com")
     return names
 
 
@@ -291,6 +311,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         parse_resource_names,
         "Extra device-plugin resource names to read allocations of, comma-separated; "
         "nvidia.com/gpu and nvidia.com/mig-* are always read. A trailing * matches a prefix.",
+        "NAMES",
+    ),
+    Setting(
+        "kubernetes.dra-drivers",
+        "dra_drivers",
+        parse_dra_drivers,
+        "DRA drivers whose devices are read as allocations, comma-separated: their ResourceSlices "
+        "name the GPU behind each device a ResourceClaim holds. Empty turns DRA off.",
         "NAMES",
     ),
     Setting(

@@ -166,7 +166,11 @@ class Allocation:
     """At least one process of the holding container runs on the GPU; None while the GPU or its
     process list does not answer."""
     shared: bool
-    """Time-sliced (`<uuid>::N` ids) or held by more than one container."""
+    """Time-sliced (`<uuid>::N` ids), a share of a DRA device's capacity (a `share_id`), or held
+    by more than one container (a DRA claim several pods reserve, say)."""
+    claim: str = ""
+    """For a device allocated through Dynamic Resource Allocation: its ResourceClaim's name."""
+    claim_namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,13 +183,32 @@ class Unattributed:
 
 
 @dataclass(frozen=True, slots=True)
-class KubernetesStatus:
-    watch_up: bool
-    """The pod cache follows the API server right now."""
+class WatchStatus:
+    """One list + watch of the Kubernetes API (`pods`, `resourceslices`)."""
+
+    resource: str
+    up: bool
+    """The cache follows the API server right now."""
     cache_age_seconds: float | None
     """How long ago the cache was last known to be current (0 while the watch is up); None
     before the first list."""
+    objects: int
+    """Objects in the cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesStatus:
+    watches: tuple[WatchStatus, ...]
+    """Every watch running: the pods', and the ResourceSlices' while DRA is on."""
     pods_cached: int
+    dra_devices: int | None = None
+    """Devices the node's ResourceSlices publish (each pool's newest generation); None while
+    DRA is off."""
+
+    @property
+    def watch_up(self) -> bool:
+        """Every watch follows the API server."""
+        return all(watch.up for watch in self.watches)
 
 
 @dataclass(frozen=True, slots=True)

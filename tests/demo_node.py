@@ -2,9 +2,11 @@
 tests/fixtures/fleets/dashboards.yaml, with its processes in pods.
 
 `demo_cluster(workdir)` starts the stand-ins the daemon attributes pods from — the Kubernetes API
-(tests/fake_kube) serving the node's pods, the kubelet's PodResources API (tests/fake_kubelet)
-with their GPU allocations, and a procfs whose cgroup files put each process in its container —
-and yields the `gpuscope serve` flags that point the daemon at them.
+(tests/fake_kube) serving the node's pods, ResourceSlices, ResourceClaims and NVIDIA's
+DeviceClasses, the kubelet's PodResources API (tests/fake_kubelet) with their GPU allocations
+(some through the device plugin, some through DRA claims), and a procfs whose cgroup files put
+each process in its container — and yields the `gpuscope serve` flags that point the daemon at
+them.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import TYPE_CHECKING, Final
 from dashboards.live import Node
 from exporter.simulator import load_fleet
 from exporter.simulator.activity import mig_uuid
+from exporter.simulator.cluster import dra_device_name, resource_slice_document
+from exporter.simulator.spec import SimDevice
+from tests.fake_kube.dra import resource_claim, serve_dra
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
-from tests.fake_kubelet import FakeKubelet, gpu_allocations
+from tests.fake_kubelet import ClaimDevice, FakeKubelet, claim_allocations, gpu_allocations
 from tests.helpers import FLEETS, ROOT
 from tests.proc_fixture import container_id, pod_uid
 
@@ -43,6 +48,9 @@ class DemoPod:
     """(resource, device id) pairs the kubelet gave the container; `gpu:N` and `mig:N/P` stand
     for the fleet's GPU N and the P-th MIG instance of GPU N."""
     labels: tuple[tuple[str, str], ...] = ()
+    claim: str | None = None
+    """The DRA ResourceClaim its devices come through (NVIDIA's driver); None: the device
+    plugin's `resource`. Pods naming one claim share it."""
 
 
 PODS: Final = (
@@ -55,6 +63,7 @@ PODS: Final = (
         (6101,),
         ((GPU, "gpu:0"),),
         (("team", "research"),),
+        claim="llm-pretrain-0-gpu-x7k2p",
     ),
     DemoPod(
         102,
@@ -102,7 +111,8 @@ PODS: Final = (
         "server",
         ("StatefulSet", "ranker"),
         (6501,),
-        ((GPU, "gpu:4::0"),),
+        ((GPU, "gpu:4"),),
+        claim="ranker-gpu",
     ),
     DemoPod(
         107,
@@ -111,7 +121,8 @@ PODS: Final = (
         "server",
         ("StatefulSet", "ranker"),
         (6502,),
-        ((GPU, "gpu:4::1"),),
+        ((GPU, "gpu:4"),),
+        claim="ranker-gpu",
     ),
     DemoPod(
         108,
@@ -165,6 +176,28 @@ def _device_id(spec: str) -> str:
     return f"{uuid}::{replica}" if replica else uuid
 
 
+def _dra_device(spec: str) -> str:
+    """The name NVIDIA's DRA driver gives the device `gpu:N` or `mig:N/P` stands for."""
+    if spec.startswith("mig:"):
+        gpu, position = (int(part) for part in spec[4:].split("/"))
+        return dra_device_name(load_fleet(FLEET), SimDevice(gpu, position))
+    return dra_device_name(load_fleet(FLEET), SimDevice(int(spec[4:])))
+
+
+def _claims() -> list[tuple[str, dict[str, object]]]:
+    """The claims of the demo pods that hold theirs through DRA, with their consumers."""
+    found: dict[tuple[str, str], tuple[list[str], list[tuple[str, str]]]] = {}
+    for demo in PODS:
+        if demo.claim is not None:
+            devices, consumers = found.setdefault((demo.namespace, demo.claim), ([], []))
+            devices[:] = [_dra_device(spec) for _, spec in demo.devices]
+            consumers.append((demo.name, pod_uid(demo.number)))
+    return [
+        ("resourceclaims", resource_claim(name, namespace, devices, reserved_for=consumers))
+        for (namespace, name), (devices, consumers) in found.items()
+    ]
+
+
 def _write_procfs(root: Path) -> None:
     for demo in PODS:
         uid = pod_uid(demo.number).replace("-", "_")
@@ -196,13 +229,26 @@ def demo_cluster(workdir: Path) -> Iterator[list[str]]:
     allocations = gpu_allocations(
         (demo.namespace, demo.name, demo.container, resource, [_device_id(device)])
         for demo in PODS
+        if demo.claim is None
         for resource, device in demo.devices
     )
+    claims = claim_allocations(
+        (
+            demo.namespace,
+            demo.name,
+            demo.container,
+            demo.claim,
+            [ClaimDevice(_dra_device(spec), NODE) for _, spec in demo.devices],
+        )
+        for demo in PODS
+        if demo.claim is not None
+    )
+    node_slice = resource_slice_document(load_fleet(FLEET), NODE)
     with (
-        serve_pods(FakeKube(), *pods) as api,
+        serve_dra(serve_pods(FakeKube(), *pods), ("resourceslices", node_slice), *_claims()) as api,
         FakeKubelet(workdir / "kubelet.sock") as kubelet,
     ):
-        kubelet.set(allocations)
+        kubelet.set(allocations, claims)
         yield [
             f"--path.procfs={workdir / 'proc'}",
             f"--kubeconfig={api.write_kubeconfig(workdir / 'kubeconfig')}",

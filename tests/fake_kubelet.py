@@ -1,5 +1,6 @@
 """A real gRPC server on a unix socket serving the kubelet's PodResources v1 `List`, from the
-same proto gpuscope's client uses."""
+same proto gpuscope's client uses: device-plugin devices, and DRA claims' devices
+(`dynamic_resources`, with CDI device names and `share_id` where a device's capacity is shared)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 
 from exporter.attribution.proto.podresources_v1_pb2 import (
+    CDIDevice,
+    ClaimResource,
     ContainerDevices,
     ContainerMemory,
     ContainerResources,
+    DynamicResource,
     ListPodResourcesRequest,
     ListPodResourcesResponse,
     PodResources,
@@ -28,8 +33,26 @@ Allocations = Mapping[tuple[str, str], Mapping[str, Mapping[str, Sequence[str]]]
 """(namespace, pod) -> container -> resource name -> device ids"""
 
 
-def response(allocations: Allocations) -> ListPodResourcesResponse:
+@dataclass(frozen=True)
+class ClaimDevice:
+    """One device of a DRA claim, as the kubelet names it."""
+
+    device: str
+    pool: str
+    driver: str = "gpu.nvidia.com"
+    share_id: str | None = None
+
+
+Claims = Mapping[tuple[str, str], Mapping[str, Mapping[tuple[str, str], Sequence[ClaimDevice]]]]
+"""(namespace, pod) -> container -> (claim namespace, claim name) -> its devices"""
+
+
+def response(allocations: Allocations, claims: Claims | None = None) -> ListPodResourcesResponse:
     """A List answer as the kubelet gives it, CPU and memory assignments included."""
+    claims = claims or {}
+    pods = {key: dict.fromkeys(containers) for key, containers in allocations.items()}
+    for key, containers in claims.items():
+        pods.setdefault(key, {}).update(dict.fromkeys(containers))
     return ListPodResourcesResponse(
         pod_resources=[
             PodResources(
@@ -40,16 +63,44 @@ def response(allocations: Allocations) -> ListPodResourcesResponse:
                         name=container,
                         devices=[
                             ContainerDevices(resource_name=resource, device_ids=list(ids))
-                            for resource, ids in devices.items()
+                            for resource, ids in allocations.get((namespace, name), {})
+                            .get(container, {})
+                            .items()
                         ],
                         cpu_ids=[2, 3],
                         memory=[ContainerMemory(memory_type="memory", size=2**30)],
+                        dynamic_resources=[
+                            _dynamic_resource(claim, devices)
+                            for claim, devices in claims.get((namespace, name), {})
+                            .get(container, {})
+                            .items()
+                        ],
                     )
-                    for container, devices in containers.items()
+                    for container in containers
                 ],
             )
-            for (namespace, name), containers in allocations.items()
+            for (namespace, name), containers in pods.items()
         ]
+    )
+
+
+def _dynamic_resource(claim: tuple[str, str], devices: Sequence[ClaimDevice]) -> DynamicResource:
+    namespace, name = claim
+    return DynamicResource(
+        claim_name=name,
+        claim_namespace=namespace,
+        claim_resources=[
+            ClaimResource(
+                cdi_devices=[
+                    CDIDevice(name=f"k8s.{item.driver}/claim={namespace}-{name}-{item.device}")
+                ],
+                driver_name=item.driver,
+                pool_name=item.pool,
+                device_name=item.device,
+                share_id=item.share_id,
+            )
+            for item in devices
+        ],
     )
 
 
@@ -65,9 +116,9 @@ class FakeKubelet:
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
 
-    def set(self, allocations: Allocations) -> None:
+    def set(self, allocations: Allocations, claims: Claims | None = None) -> None:
         with self._lock:
-            self.answer = response(allocations)
+            self.answer = response(allocations, claims)
 
     def start(self) -> FakeKubelet:
         server = grpc.server(ThreadPoolExecutor(max_workers=2))
@@ -122,4 +173,17 @@ def gpu_allocations(
         nested.setdefault((namespace, pod), {}).setdefault(container, {}).setdefault(
             resource, []
         ).extend(ids)
+    return nested
+
+
+def claim_allocations(
+    entries: Iterable[tuple[str, str, str, str, Sequence[ClaimDevice]]],
+) -> dict[tuple[str, str], dict[str, dict[tuple[str, str], list[ClaimDevice]]]]:
+    """(namespace, pod, container, claim, devices) rows -> the nested form `set` takes (a
+    claim lives in its pod's namespace)."""
+    nested: dict[tuple[str, str], dict[str, dict[tuple[str, str], list[ClaimDevice]]]] = {}
+    for namespace, pod, container, claim, devices in entries:
+        nested.setdefault((namespace, pod), {}).setdefault(container, {}).setdefault(
+            (namespace, claim), []
+        ).extend(devices)
     return nested

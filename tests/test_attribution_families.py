@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from exporter.metrics.exposition import TEXT, Exposition
 from exporter.metrics.families import BuildInfo, attribution_families, snapshot_families
 from exporter.model import (
@@ -15,25 +17,34 @@ from exporter.model import (
     PodUsage,
     Snapshot,
     Unattributed,
+    WatchStatus,
 )
 from tests.helpers import ROOT, series, value
 
 GPU0 = GpuIdentity(0, "GPU-0000", "NVIDIA L4")
+GPU1 = GpuIdentity(1, "GPU-1111", "NVIDIA L4")
 POD = PodIdentity("ml", "infer-0", "uid-1", "infer", "StatefulSet", (("label_team", "vision"),))
 IDLE = PodIdentity("lab", "notebook", "uid-2", "notebook", "Pod")
+TRAINER = PodIdentity("ml", "train-0", "uid-3", "train", "StatefulSet")
 ATTRIBUTION = Attribution(
     node="gpu-node-1",
-    pods=(IDLE, POD),
+    pods=(IDLE, POD, TRAINER),
     usage=(
         PodUsage(POD, "server", GPU0, 3 * 2**30, 0.25, 12.5, 2),
         PodUsage(IDLE, "jupyter", GPU0, 0, 0.0, 0.0, 0),
+        PodUsage(TRAINER, "main", GPU1, 2**30, 0.5, 1.0, 1),
     ),
     allocations=(
         Allocation(POD, "server", "nvidia.com/gpu", GPU0, in_use=True, shared=True),
         Allocation(IDLE, "jupyter", "nvidia.com/gpu", GPU0, in_use=False, shared=True),
+        Allocation(TRAINER, "main", "nvidia.com/gpu", GPU1, True, False, "train-0-gpu-x7k2p", "ml"),
     ),
     unattributed=(Unattributed(GPU0, 1, 2**30),),
-    kubernetes=KubernetesStatus(watch_up=False, cache_age_seconds=31.5, pods_cached=200),
+    kubernetes=KubernetesStatus(
+        (WatchStatus("pods", False, 31.5, 200), WatchStatus("resourceslices", True, 0.0, 2)),
+        pods_cached=200,
+        dra_devices=9,
+    ),
 )
 
 
@@ -82,9 +93,36 @@ def test_pod_series_carry_pod_workload_and_gpu_labels() -> None:
     }
     assert value(text, "gpu_unattributed_processes", gpu="0") == 1
     assert value(text, "gpu_unattributed_memory_used_bytes", gpu="0") == 2**30
-    assert value(text, "gpuscope_kubernetes_watch_up") == 0
-    assert value(text, "gpuscope_kubernetes_cache_age_seconds") == 31.5
+    assert value(text, "gpuscope_kubernetes_watch_up", resource="pods") == 0
+    assert value(text, "gpuscope_kubernetes_cache_age_seconds", resource="pods") == 31.5
+    assert value(text, "gpuscope_kubernetes_watch_up", resource="resourceslices") == 1
+    assert value(text, "gpuscope_kubernetes_cache_age_seconds", resource="resourceslices") == 0
     assert value(text, "gpuscope_pods_cached") == 200
+    assert value(text, "gpuscope_dra_devices") == 9
+
+
+def test_a_claim_names_itself_on_the_info_series_only() -> None:
+    text = render(ATTRIBUTION)
+    (info,) = series(text, "gpu_allocation_info", pod="train-0")
+    assert dict(info)["claim"] == "train-0-gpu-x7k2p"
+    assert dict(info)["claim_namespace"] == "ml"
+    assert dict(info)["resource"] == "nvidia.com/gpu"
+    for family in ("gpu_allocation_in_use", "gpu_allocation_shared"):
+        (labels,) = series(text, family, pod="train-0")
+        assert {name for name, _ in labels} == {name for name, _ in info} - {
+            "claim",
+            "claim_namespace",
+        }, family
+    (plugin,) = series(text, "gpu_allocation_info", pod="notebook")
+    assert "claim" not in dict(plugin), "a device plugin's allocation names no claim"
+
+
+def test_without_dra_there_is_no_resourceslice_watch_nor_device_count() -> None:
+    text = render(
+        replace(ATTRIBUTION, kubernetes=KubernetesStatus(ATTRIBUTION.kubernetes.watches[:1], 200))
+    )
+    assert set(series(text, "gpuscope_kubernetes_watch_up")) == {frozenset({("resource", "pods")})}
+    assert series(text, "gpuscope_dra_devices") == {}
 
 
 def test_nothing_when_attribution_is_off() -> None:
@@ -94,7 +132,7 @@ def test_nothing_when_attribution_is_off() -> None:
 
 def test_no_cache_age_before_the_first_list() -> None:
     empty = Attribution(
-        "n", (), (), (), (), KubernetesStatus(watch_up=False, cache_age_seconds=None, pods_cached=0)
+        "n", (), (), (), (), KubernetesStatus((WatchStatus("pods", False, None, 0),), pods_cached=0)
     )
     assert series(render(empty), "gpuscope_kubernetes_cache_age_seconds") == {}
 

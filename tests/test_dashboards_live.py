@@ -145,6 +145,23 @@ def test_the_fleets_alerts_are_active_and_no_others(prometheus: Prometheus) -> N
     assert not unexpected, f"alerts active without a reason in the fleet: {unexpected}"
 
 
+def test_gpus_held_through_dra_claims_count_like_the_device_plugins(
+    prometheus: Prometheus,
+) -> None:
+    # the demo node's rankers share one ResourceClaim on GPU 4, its trainer claims GPU 0 alone
+    now = time.time()
+    shares = prometheus.query('allocation:gpu_allocation:share{claim="ranker-gpu"}', at=now)
+    assert sorted(
+        (row["metric"]["pod"], float(row["value"][1])) for row in shares["data"]["result"]
+    ) == [("ranker-0", 0.5), ("ranker-1", 0.5)]
+    trainer = prometheus.query(
+        'gpu_allocation_info{claim="llm-pretrain-0-gpu-x7k2p",resource="nvidia.com/gpu"}', at=now
+    )
+    assert [row["metric"]["gpu"] for row in trainer["data"]["result"]] == ["0"]
+    slices = prometheus.query('gpuscope_kubernetes_watch_up{resource="resourceslices"}', at=now)
+    assert [row["value"][1] for row in slices["data"]["result"]] == ["1"]
+
+
 def test_every_alert_is_either_triggered_live_or_says_why_not() -> None:
     alerts = {rule["alert"] for rule in rules() if "alert" in rule}
     triggered = {name for name, _ in EXPECTED_ALERTS}

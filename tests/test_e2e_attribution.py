@@ -87,8 +87,11 @@ def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
     )
     assert series(text, "gpu_pod_info", pod="elsewhere") == {}
     assert value(text, "gpuscope_pods_cached") == 5
-    assert value(text, "gpuscope_kubernetes_watch_up") == 1
-    assert value(text, "gpuscope_kubernetes_cache_age_seconds") == 0
+    assert value(text, "gpuscope_kubernetes_watch_up", resource="pods") == 1
+    assert value(text, "gpuscope_kubernetes_cache_age_seconds", resource="pods") == 0
+    # this API server serves no resource.k8s.io: DRA is off, said once, and costs nothing else
+    assert set(series(text, "gpuscope_kubernetes_watch_up")) == {frozenset({("resource", "pods")})}
+    assert len([line for line in daemon.log_lines if "DRA is off" in line]) == 1
     for collector in ("nvml", "kubernetes", "podresources", "cgroups"):
         assert value(text, "gpuscope_collector_success", collector=collector) == 1, collector
     assert any("pod attribution on" in line for line in daemon.log_lines)
@@ -97,7 +100,7 @@ def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
 
 
 def watch_up(text: str) -> bool:
-    return value(text, "gpuscope_kubernetes_watch_up") == 1
+    return value(text, "gpuscope_kubernetes_watch_up", resource="pods") == 1
 
 
 def test_a_deleted_pod_disappears_within_two_sample_intervals(node: Node) -> None:

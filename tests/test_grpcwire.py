@@ -15,7 +15,7 @@ from exporter.attribution.proto.podresources_v1_pb2 import (
     ListPodResourcesRequest,
     ListPodResourcesResponse,
 )
-from tests.fake_kubelet import FakeKubelet, gpu_allocations
+from tests.fake_kubelet import ClaimDevice, FakeKubelet, claim_allocations, gpu_allocations
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,6 +49,38 @@ def test_an_answer_far_larger_than_the_flow_control_window(kubelet: FakeKubelet)
     response = call(kubelet)
     assert len(response.pod_resources) == 3000
     assert response.pod_resources[2999].containers[0].devices[0].device_ids == [f"GPU-{2999:032x}"]
+
+
+def test_dra_claims_arrive_whole_over_the_h2_path(kubelet: FakeKubelet) -> None:
+    # 2,000 pods each holding a GPU through a claim, half of them shares of one device
+    kubelet.set(
+        {},
+        claim_allocations(
+            (
+                "ns",
+                f"pod-{n}",
+                "main",
+                f"claim-{n}",
+                [ClaimDevice(f"gpu-{n % 8}", "node-1", share_id=f"share-{n}" if n % 2 else None)],
+            )
+            for n in range(2000)
+        ),
+    )
+    response = call(kubelet)
+    assert len(response.pod_resources) == 2000
+    (claim,) = response.pod_resources[1999].containers[0].dynamic_resources
+    assert (claim.claim_name, claim.claim_namespace) == ("claim-1999", "ns")
+    (device,) = claim.claim_resources
+    assert (device.driver_name, device.pool_name, device.device_name) == (
+        "gpu.nvidia.com",
+        "node-1",
+        "gpu-7",
+    )
+    assert device.HasField("share_id")
+    assert device.share_id == "share-1999"
+    assert device.cdi_devices[0].name.startswith("k8s.gpu.nvidia.com/claim=")
+    unshared = response.pod_resources[0].containers[0].dynamic_resources[0].claim_resources[0]
+    assert not unshared.HasField("share_id"), "optional: absent, not empty, when not shared"
 
 
 @pytest.mark.parametrize(

@@ -229,9 +229,15 @@ def test_daemonset_defaults() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/-/ready"
     assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     (role,) = find(documents, "ClusterRole")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert role["rules"][0] == {
+        "apiGroups": [""],
+        "resources": ["pods"],
+        "verbs": ["get", "list", "watch"],
+    }
+    assert {group for rule in role["rules"] for group in rule["apiGroups"]} == {
+        "",
+        "resource.k8s.io",
+    }, "pods, and DRA's objects (tests/test_dra_deploy.py)"
 
 
 def test_without_pod_resources_the_daemon_runs_as_non_root() -> None:

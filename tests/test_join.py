@@ -12,12 +12,13 @@ from kubernetes.client import Configuration
 
 from exporter.attribution import ClusterAccess
 from exporter.attribution.cgroups import ContainerRef
+from exporter.attribution.dra import DeviceIndex, DraDevice, ResourceSlice
 from exporter.attribution.join import Join
 from exporter.attribution.live import cluster_attributor
 from exporter.attribution.pod import PodIndex, pod_from_api
 from exporter.attribution.podresources import DeviceAllocation
 from exporter.config import ServeConfig
-from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
+from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample, WatchStatus
 from exporter.readings import SM_ACTIVE, UTILIZATION
 from tests.fake_kube.pods import NODE, pod
 from tests.proc_fixture import PROC, STATIC_UID, container_id, pod_uid
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 GIB = 2**30
 GPU0 = GpuIdentity(0, "GPU-0000", "NVIDIA H100 80GB HBM3", minor_number=0)
 GPU1 = GpuIdentity(1, "GPU-1111", "NVIDIA H100 80GB HBM3", minor_number=1)
-KUBE = KubernetesStatus(watch_up=True, cache_age_seconds=0.0, pods_cached=4)
+KUBE = KubernetesStatus((WatchStatus("pods", True, 0.0, 4),), pods_cached=4)
 GPU = "nvidia.com/gpu"
 
 PODS = PodIndex.of(
@@ -208,6 +209,117 @@ def test_two_containers_holding_one_gpu_share_it() -> None:
         "infer-a-7d9c8b6f5-abcde": False,
         "infer-b-0": True,
     }
+
+
+# -- DRA: devices through claims, named by the node's ResourceSlices ----------------------------
+
+DRIVER = "gpu.nvidia.com"
+MIG_A = GpuIdentity(
+    1,
+    "MIG-aaaa",
+    "NVIDIA H100 80GB HBM3",
+    mig_profile="1g.10gb",
+    gpu_instance=9,
+    parent_uuid="GPU-1111",
+)
+MIG_B = GpuIdentity(
+    1,
+    "MIG-bbbb",
+    "NVIDIA H100 80GB HBM3",
+    mig_profile="1g.10gb",
+    gpu_instance=10,
+    parent_uuid="GPU-1111",
+)
+SLICES = DeviceIndex.of(
+    [
+        ResourceSlice(
+            DRIVER,
+            "gpu-node-1",
+            2,
+            (
+                ("gpu-0", DraDevice("GPU-0000")),
+                ("gpu-1-mig-a", DraDevice("MIG-aaaa", "GPU-1111", "1g.10gb")),
+                ("gpu-1-mig-dyn", DraDevice("", "GPU-1111", "1g.10gb")),
+                ("gpu-1-mig-3g", DraDevice("", "GPU-1111", "3g.40gb")),
+                ("gpu-9", DraDevice("GPU-9999")),
+            ),
+        ),
+        ResourceSlice(DRIVER, "gpu-node-1", 1, (("gpu-old", DraDevice("GPU-0000")),)),
+    ]
+)
+
+
+def claimed(
+    namespace: str, pod: str, container: str, device: str, claim: str, share_id: str = ""
+) -> DeviceAllocation:
+    return DeviceAllocation(
+        namespace, pod, container, GPU, device, DRIVER, "gpu-node-1", claim, namespace, share_id
+    )
+
+
+def test_only_each_pools_newest_generation_counts() -> None:
+    assert SLICES.get(DRIVER, "gpu-node-1", "gpu-0") == DraDevice("GPU-0000")
+    assert SLICES.get(DRIVER, "gpu-node-1", "gpu-old") is None
+    assert len(SLICES) == 5
+
+
+def test_claims_join_like_device_plugin_allocations(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    allocations = (
+        claimed("ml", "infer-a-7d9c8b6f5-abcde", "server", "gpu-0", "pair"),
+        claimed("ml", "infer-b-0", "server", "gpu-0", "pair"),
+        claimed("lab", "notebook", "jupyter", "gpu-1-mig-a", "nb", share_id="7c1e"),
+        claimed("lab", "notebook", "jupyter", "gpu-9", "nb"),  # NVML shows no GPU-9999
+        claimed("lab", "notebook", "jupyter", "gpu-unpublished", "nb"),
+        DeviceAllocation("lab", "notebook", "jupyter", GPU, "GPU-0000"),
+    )
+    gpus = (gpu(GPU0, process(102, 1, 0.2)), gpu(MIG_A), gpu(MIG_B))
+    result = Join(NODE)(gpus, CONTAINERS, PODS, allocations, KUBE, devices=SLICES, now=1.0)
+    held = {(a.pod.name, a.gpu.uuid): a for a in result.allocations}
+    pair_a = held[("infer-a-7d9c8b6f5-abcde", "GPU-0000")]
+    assert (pair_a.claim, pair_a.claim_namespace, pair_a.shared) == ("pair", "ml", True)
+    assert held[("infer-b-0", "GPU-0000")].in_use
+    assert not pair_a.in_use
+    share = held[("notebook", "MIG-aaaa")]
+    assert (share.claim, share.shared, share.gpu) == ("nb", True, MIG_A), "a share of a device"
+    plugin = held[("notebook", "GPU-0000")]
+    assert plugin.claim == "", "the device plugin's allocation beside the claims"
+    assert set(held) == {
+        ("infer-a-7d9c8b6f5-abcde", "GPU-0000"),
+        ("infer-b-0", "GPU-0000"),
+        ("notebook", "MIG-aaaa"),
+        ("notebook", "GPU-0000"),
+    }
+    skipped = sorted(r.device for r in caplog.records if "skipping it" in r.getMessage())  # type: ignore[attr-defined]
+    assert skipped == ["gpu-9", "gpu-unpublished"]
+
+
+def test_a_mig_device_without_a_uuid_is_the_instance_of_its_profile_its_holder_runs_on() -> None:
+    allocations = (claimed("ml", "infer-b-0", "server", "gpu-1-mig-dyn", "dyn"),)
+    join = Join(NODE)
+    # two 1g.10gb instances on the parent and the holder runs on neither: which one is unknown
+    result = join(
+        (gpu(MIG_A), gpu(MIG_B)), CONTAINERS, PODS, allocations, KUBE, devices=SLICES, now=1.0
+    )
+    assert result.allocations == ()
+    result = join(
+        (gpu(MIG_A), gpu(MIG_B, process(102, 3, None))),
+        CONTAINERS,
+        PODS,
+        allocations,
+        KUBE,
+        devices=SLICES,
+        now=2.0,
+    )
+    ((held),) = result.allocations
+    assert held.gpu == MIG_B
+    # one instance of the profile: that one, whatever runs there
+    result = join((gpu(MIG_A),), CONTAINERS, PODS, allocations, KUBE, devices=SLICES, now=3.0)
+    assert [a.gpu for a in result.allocations] == [MIG_A]
+    # a partition not created yet (no instance of its profile) holds nothing NVML shows
+    missing = (claimed("ml", "infer-b-0", "server", "gpu-1-mig-3g", "dyn"),)
+    result = join((gpu(MIG_A),), CONTAINERS, PODS, missing, KUBE, devices=SLICES, now=4.0)
+    assert result.allocations == ()
 
 
 def test_utilization_is_capped_and_unknown_values_stay_unknown() -> None:

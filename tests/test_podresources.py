@@ -21,7 +21,13 @@ from exporter.attribution.podresources import (
     resource_matcher,
 )
 from exporter.attribution.proto import podresources_v1_pb2
-from tests.fake_kubelet import FakeKubelet, gpu_allocations, response
+from tests.fake_kubelet import (
+    ClaimDevice,
+    FakeKubelet,
+    claim_allocations,
+    gpu_allocations,
+    response,
+)
 from tests.helpers import ROOT, ManualClock
 
 if TYPE_CHECKING:
@@ -80,6 +86,57 @@ def test_only_gpu_resources_and_configured_extras_are_read() -> None:
     assert DeviceAllocation("ml", "trainer", "main", "example.com/nic", "nic-1") in extra
 
 
+CLAIMS = claim_allocations(
+    [
+        ("ml", "trainer", "main", "trainer-gpu", [ClaimDevice("gpu-0", "node-1")]),
+        ("ml", "pair-a", "main", "pair", [ClaimDevice("gpu-1", "node-1")]),
+        ("ml", "pair-b", "server", "pair", [ClaimDevice("gpu-1", "node-1")]),
+        ("ml", "cap-a", "main", "cap-a", [ClaimDevice("gpu-2", "node-1", share_id="5e2f")]),
+        (
+            "ml",
+            "imex",
+            "main",
+            "channel",
+            [ClaimDevice("channel-0", "node-1", driver="compute-domain.nvidia.com")],
+        ),
+    ]
+)
+
+
+def dra(allocation: DeviceAllocation) -> tuple[str, ...]:
+    return (
+        allocation.pod,
+        allocation.container,
+        allocation.claim,
+        allocation.driver,
+        allocation.pool,
+        allocation.device_id,
+        allocation.share_id,
+    )
+
+
+def test_dra_devices_are_read_with_their_claim_and_share() -> None:
+    answer = response(ALLOCATIONS, CLAIMS)
+    found = allocations_from_response(answer, resource_matcher())
+    plugin = [a for a in found if not a.driver]
+    assert len(plugin) == 3, "device-plugin devices are read as before"
+    claimed = [a for a in found if a.driver]
+    assert [dra(a) for a in claimed] == [
+        ("trainer", "main", "trainer-gpu", "gpu.nvidia.com", "node-1", "gpu-0", ""),
+        ("pair-a", "main", "pair", "gpu.nvidia.com", "node-1", "gpu-1", ""),
+        ("pair-b", "server", "pair", "gpu.nvidia.com", "node-1", "gpu-1", ""),
+        ("cap-a", "main", "cap-a", "gpu.nvidia.com", "node-1", "gpu-2", "5e2f"),
+    ], "only the configured drivers' devices (not the IMEX channel)"
+    assert {(a.resource, a.claim_namespace) for a in claimed} == {("gpu.nvidia.com", "ml")}
+    assert not [
+        a for a in allocations_from_response(answer, resource_matcher(), frozenset()) if a.driver
+    ], "DRA off: no claim is read"
+    imex = allocations_from_response(
+        answer, resource_matcher(), frozenset({"compute-domain.nvidia.com"})
+    )
+    assert [a.device_id for a in imex if a.driver] == ["channel-0"]
+
+
 @pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[FakeKubelet]:
     with FakeKubelet(tmp_path / "kubelet.sock") as fake:
@@ -94,6 +151,17 @@ def test_lists_allocations_over_the_socket(kubelet: FakeKubelet) -> None:
     assert healthy
     assert allocations is not None
     assert {a.device_id for a in allocations} == {"GPU-aaaa", "GPU-bbbb::0", "MIG-cccc"}
+
+
+def test_claims_are_listed_over_the_socket(kubelet: FakeKubelet) -> None:
+    kubelet.set(ALLOCATIONS, CLAIMS)
+    allocations, healthy = PodResourcesClient(kubelet.socket).allocations()
+    assert healthy
+    assert allocations is not None
+    assert {a.device_id for a in allocations if a.driver} == {"gpu-0", "gpu-1", "gpu-2"}
+    off, _ = PodResourcesClient(kubelet.socket, dra_drivers=()).allocations()
+    assert off is not None
+    assert {a.device_id for a in off} == {"GPU-aaaa", "GPU-bbbb::0", "MIG-cccc"}
 
 
 def test_asked_on_the_samplers_clock_at_most_once_per_period(kubelet: FakeKubelet) -> None:

@@ -1,19 +1,21 @@
-"""The pod cache: pure parsing of the API's pods and workloads, then list + watch with the real
-kubernetes client against the stand-in API server, including every way it misbehaves."""
+"""The pod cache: pure parsing of the API's pods and workloads, then list + watch (the watch
+engine, exporter/attribution/watch.py) with the real kubernetes client against the stand-in API
+server, including every way it misbehaves."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.attribution import pods
+from exporter.attribution import watch
 from exporter.attribution.cluster import KubernetesClient, resolve_cluster
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 from exporter.attribution.pod import PodFormatError, PodIndex, pod_from_api
-from exporter.attribution.pods import PodCache
+from exporter.attribution.pods import PodWatch, pod_watch
 from exporter.config import ConfigError
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
@@ -23,6 +25,8 @@ from tests.proc_fixture import STATIC_UID, container_id, pod_uid
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from exporter.model import WatchStatus
 
 FAST_BACKOFF = (0.05, 0.1, 0.2)
 
@@ -225,28 +229,40 @@ def server() -> Iterator[FakeKube]:
         yield fake
 
 
-def start_cache(server: FakeKube, tmp_path: Path, **kwargs: object) -> PodCache:
+def start_cache(server: FakeKube, tmp_path: Path, *, max_list_bytes: int | None = None) -> PodWatch:
     access = resolve_cluster(
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
     )
     assert access is not None
-    cache = PodCache(KubernetesClient(access), NODE, backoff=FAST_BACKOFF, **kwargs)  # type: ignore[arg-type]
+    cache = pod_watch(
+        KubernetesClient(access),
+        NODE,
+        backoff=FAST_BACKOFF,
+        max_list_bytes=max_list_bytes or watch.MAX_LIST_BYTES,
+    )
     cache.start()
     return cache
 
 
-def names(cache: PodCache) -> set[str]:
+def names(cache: PodWatch) -> set[str]:
     return {name for _, name in cache.view().by_name}
+
+
+def status(cache: PodWatch) -> WatchStatus:
+    found = cache.status()
+    assert found is not None, "the pods' watch never turns itself off"
+    return found
 
 
 def test_lists_this_nodes_pods_and_follows_changes(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
-        status = cache.status()
-        assert status.watch_up
-        assert status.cache_age_seconds == 0.0
-        assert status.pods_cached == 2
+        current = status(cache)
+        assert current.up
+        assert current.resource == "pods"
+        assert current.cache_age_seconds == 0.0
+        assert current.objects == 2
         server.put("pods", pod("c", pod_uid(4), containers={"main": container_id(4)}))
         eventually(lambda: names(cache) == {"a", "b", "c"}, 10, "names(cache) == {'a', 'b', 'c'}")
         server.put("pods", pod("a", pod_uid(1), containers={"main": container_id(5)}))
@@ -299,7 +315,7 @@ def test_dropped_connections_resume_without_losing_events(server: FakeKube, tmp_
             10,
             "names(cache) == {'a', 'b', 'new0', 'new1', 'new2'}",
         )
-        eventually(lambda: cache.status().watch_up, 10, "cache.status().watch_up")
+        eventually(lambda: status(cache).up, 10, "status(cache).up")
         assert sum("watch" not in q for q in server.requests) == lists, "resumed, not re-listed"
     finally:
         cache.stop()
@@ -329,7 +345,7 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
     cache = start_cache(server, tmp_path)
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
-        server.send_endless_line(pods.MAX_EVENT_BYTES + 1024 * 1024)
+        server.send_endless_line(watch.MAX_EVENT_BYTES + 1024 * 1024)
         server.put("pods", pod("after", pod_uid(30)))
         eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")
     finally:
@@ -339,25 +355,21 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
 
 
 def test_a_pod_list_past_its_limit_is_refused_until_it_fits(
-    server: FakeKube,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    monkeypatch.setattr(pods, "MAX_LIST_BYTES", 100)
-    cache = start_cache(server, tmp_path)
+    one_pod = len(json.dumps(server.objects("pods")[0]))
+    limit = 2 * one_pod  # the node's two pods and the list's envelope do not fit; one pod does
+    cache = start_cache(server, tmp_path, max_list_bytes=limit)
     try:
         eventually(
-            lambda: any(
-                "pod list is larger than 100 bytes" in str(r.__dict__) for r in caplog.records
-            ),
+            lambda: any("list of pods is larger than" in str(r.__dict__) for r in caplog.records),
             10,
-            "any( 'pod list is larger than 100 bytes' in str(r.__dict__) for r in caplog.records )",
+            "the list refused",
         )
         assert names(cache) == set()
-        monkeypatch.setattr(pods, "MAX_LIST_BYTES", 64 * 1024 * 1024)
-        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
+        server.delete("pods", "default", "b")
+        eventually(lambda: names(cache) == {"a"}, 10, "names(cache) == {'a'}")
     finally:
         cache.stop()
 
@@ -369,16 +381,16 @@ def test_api_away_keeps_the_last_pods_and_comes_back_by_itself(
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         with server.away():
-            eventually(lambda: not cache.status().watch_up, 10, "not cache.status().watch_up")
+            eventually(lambda: not status(cache).up, 10, "not status(cache).up")
             time.sleep(0.3)
-            status = cache.status()
+            away = status(cache)
             assert names(cache) == {"a", "b"}
-            assert status.cache_age_seconds is not None
-            assert status.cache_age_seconds > 0.2
+            assert away.cache_age_seconds is not None
+            assert away.cache_age_seconds > 0.2
             server.put("pods", pod("while-away", pod_uid(30)))
         eventually(lambda: "while-away" in names(cache), 10, "'while-away' in names(cache)")
-        assert cache.status().watch_up
-        assert cache.status().cache_age_seconds == 0.0
+        assert status(cache).up
+        assert status(cache).cache_age_seconds == 0.0
     finally:
         cache.stop()
 
@@ -387,7 +399,7 @@ def test_a_slow_api_server(server: FakeKube, tmp_path: Path) -> None:
     server.delay = 0.5
     cache = start_cache(server, tmp_path)
     try:
-        assert cache.status().cache_age_seconds is None, "nothing known before the first list"
+        assert status(cache).cache_age_seconds is None, "nothing known before the first list"
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
     finally:
         cache.stop()
@@ -406,7 +418,7 @@ def test_refusals_are_logged_once(
     )
     access = resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
     assert access is not None
-    cache = PodCache(KubernetesClient(access), NODE, backoff=(0.02,))
+    cache = pod_watch(KubernetesClient(access), NODE, backoff=(0.02,))
     cache.start()
     try:
         eventually(
@@ -414,7 +426,7 @@ def test_refusals_are_logged_once(
             10,
             "sum('watch' not in q for q in server.requests) >= 3",
         )
-        assert not cache.status().watch_up
+        assert not status(cache).up
         assert names(cache) == set()
     finally:
         cache.stop()
@@ -426,9 +438,9 @@ def test_refusals_are_logged_once(
 def test_stop_interrupts_an_open_watch_promptly(server: FakeKube, tmp_path: Path) -> None:
     cache = start_cache(server, tmp_path)
     eventually(
-        lambda: cache.status().watch_up and any("watch=true" in q for q in server.requests),
+        lambda: status(cache).up and any("watch=true" in q for q in server.requests),
         10,
-        "cache.status().watch_up and any('watch=true' in q for q in server.requests)",
+        "status(cache).up and any('watch=true' in q for q in server.requests)",
     )
     time.sleep(0.1)
     started = time.monotonic()

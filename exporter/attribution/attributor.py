@@ -1,13 +1,14 @@
-"""`Attributor` joins the cycle's GPU samples with three sources — the pods of this node, the
-kubelet's allocations, and which container each GPU process runs in — into who holds and who
-uses each GPU. It runs once per sampling cycle, in the sampler's worker thread; each source
-fails alone and reports itself as a collector (`kubernetes`, `podresources`, `cgroups`).
+"""`Attributor` joins the cycle's GPU samples with its sources — the pods of this node, the
+kubelet's allocations, the DRA devices of the node's ResourceSlices, and which container each GPU
+process runs in — into who holds and who uses each GPU. It runs once per sampling cycle, in the
+sampler's worker thread; each source fails alone and reports itself as a collector
+(`kubernetes`: the pod and ResourceSlice watches; `podresources`; `cgroups`).
 
-The sources are small protocols: on a node they are the pod watch, the kubelet's PodResources
-API and `/proc` (`exporter.attribution.live`); under `--simulate` they are the fleet file's pods
-(`exporter.simulator.cluster`). The join is the same either way. Sources that block (the pod
-watch, the kubelet's gRPC API) do so in threads of their own: the cycle only takes what they
-last learned.
+The sources are small protocols: on a node they are the pod and ResourceSlice watches, the
+kubelet's PodResources API and `/proc` (`exporter.attribution.live`); under `--simulate` they are
+the fleet file's pods (`exporter.simulator.cluster`). The join is the same either way. Sources
+that block (the watches, the kubelet's gRPC API) do so in threads of their own: the cycle only
+takes what they last learned.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from exporter.attribution.join import Join
 from exporter.logs import LogOnce
-from exporter.model import Attribution, CollectorStatus
+from exporter.model import Attribution, CollectorStatus, KubernetesStatus
 
 if TYPE_CHECKING:
     import re
     from collections.abc import Callable, Iterable
 
     from exporter.attribution.cgroups import ContainerRef
+    from exporter.attribution.dra import DeviceIndex
     from exporter.attribution.pod import PodIndex
     from exporter.attribution.podresources import DeviceAllocation
-    from exporter.model import GpuSample, KubernetesStatus
+    from exporter.model import GpuSample, WatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,17 @@ class PodSource(Protocol):
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def view(self) -> PodIndex: ...
-    def status(self) -> KubernetesStatus: ...
+    def status(self) -> WatchStatus | None: ...
+
+
+class DeviceSource(Protocol):
+    """The DRA devices of this node (its ResourceSlices), kept current in the background."""
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def view(self) -> DeviceIndex: ...
+    def status(self) -> WatchStatus | None:
+        """None while DRA is off (no driver configured, or the cluster serves no slices)."""
 
 
 class AllocationSource(Protocol):
@@ -64,6 +76,7 @@ class Attributor:
         pods: PodSource,
         allocations: AllocationSource,
         processes: ProcessSource,
+        devices: DeviceSource,
         *,
         pod_labels: re.Pattern[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -72,6 +85,7 @@ class Attributor:
         self.pods = pods
         self._allocations = allocations
         self._processes = processes
+        self.devices = devices
         self._join = Join(node, pod_labels=pod_labels)
         self._clock = clock
         self._once = LogOnce(log)
@@ -79,11 +93,22 @@ class Attributor:
     def start(self) -> None:
         """Start the sources' background work."""
         self.pods.start()
+        self.devices.start()
         self._allocations.start()
 
     def stop(self) -> None:
         self._allocations.stop()
+        self.devices.stop()
         self.pods.stop()
+
+    def kubernetes(self) -> KubernetesStatus:
+        """How current the watches are."""
+        pods, devices = self.pods.status(), self.devices.status()
+        return KubernetesStatus(
+            watches=tuple(status for status in (pods, devices) if status is not None),
+            pods_cached=pods.objects if pods is not None else 0,
+            dra_devices=None if devices is None else len(self.devices.view()),
+        )
 
     def attribute(
         self, gpus: tuple[GpuSample, ...]
@@ -102,7 +127,7 @@ class Attributor:
                 error,
             )
             failed = self._clock() - started
-            empty = Attribution(self._node, (), (), (), (), self.pods.status())
+            empty = Attribution(self._node, (), (), (), (), self.kubernetes())
             return empty, tuple(
                 CollectorStatus(name, success=False, duration_seconds=failed)
                 for name in ("kubernetes", "podresources", "cgroups")
@@ -112,7 +137,8 @@ class Attributor:
         self, gpus: tuple[GpuSample, ...], started: float
     ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
         index = self.pods.view()
-        kubernetes = self.pods.status()
+        devices = self.devices.view()
+        kubernetes = self.kubernetes()
         viewed = self._clock()
         allocations, allocations_ok = self._allocations.allocations()
         asked = self._clock()
@@ -121,7 +147,9 @@ class Attributor:
         }
         containers, cgroups_ok = self._processes.lookup(pids)
         read = self._clock()
-        attribution = self._join(gpus, containers, index, allocations, kubernetes, now=read)
+        attribution = self._join(
+            gpus, containers, index, allocations, kubernetes, devices=devices, now=read
+        )
         joined = self._clock()
         return attribution, (
             CollectorStatus("kubernetes", kubernetes.watch_up, viewed - started + joined - read),

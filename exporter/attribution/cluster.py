@@ -12,6 +12,7 @@ read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -167,5 +168,29 @@ class KubernetesClient:
         raw: BaseHTTPResponse = response.response
         return raw
 
+    def get_object(self, path: str, *, limit: int, timeout: tuple[float, float]) -> object:
+        """One object's JSON (`GET path`), read at most `limit` bytes; raises as `get` does, and
+        `ValueError` for an answer that is not JSON or is larger."""
+        response = self.get(path, [], timeout=timeout)
+        try:
+            return json.loads(read_bounded(response, limit, path))
+        finally:
+            response.release_conn()
+
     def close(self) -> None:
         self._api.close()
+
+
+class AnswerTooLarge(ValueError):
+    """An answer past its size limit; `str()` names it and the limit."""
+
+
+def read_bounded(response: BaseHTTPResponse, limit: int, what: str) -> bytes:
+    """The whole body of an answer, refused (`AnswerTooLarge`) past `limit` bytes before more
+    is read; `what` names the answer in the error."""
+    body = bytearray()
+    for chunk in response.stream(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge(f"{what} is larger than {documents.size_text(limit)}")
+    return bytes(body)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from exporter.attribution.dra import NO_DEVICES
 from exporter.logs import LogOnce
 from exporter.model import (
     Allocation,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from exporter.attribution.cgroups import ContainerRef
+    from exporter.attribution.dra import DeviceIndex
     from exporter.attribution.pod import Pod, PodIndex
     from exporter.attribution.podresources import DeviceAllocation
     from exporter.model import GpuSample
@@ -75,11 +77,12 @@ class Join:
         allocations: tuple[DeviceAllocation, ...] | None,
         kubernetes: KubernetesStatus,
         *,
+        devices: DeviceIndex = NO_DEVICES,
         now: float,
     ) -> Attribution:
         by_uuid = {gpu.identity.uuid: gpu for gpu in gpus if gpu.identity.uuid}
         uses, unattributed = self._uses(gpus, containers, pods)
-        held = self._allocations(allocations or (), pods, gpus, uses)
+        held = self._allocations(allocations or (), pods, gpus, uses, devices)
 
         for key in uses.keys() | {(a.pod.uid, a.container, a.gpu.uuid) for a in held.values()}:
             self._busy.setdefault(key, _Busy())
@@ -195,6 +198,7 @@ class Join:
         pods: PodIndex,
         gpus: tuple[GpuSample, ...],
         uses: Mapping[Key, _Use],
+        devices: DeviceIndex,
     ) -> dict[tuple[str, str, str, str], Allocation]:
         by_uuid = {gpu.identity.uuid: gpu.identity for gpu in gpus if gpu.identity.uuid}
         answering = {gpu.identity.uuid for gpu in gpus if gpu.up and gpu.processes is not None}
@@ -209,23 +213,20 @@ class Join:
             pod = pods.by_name.get((allocation.namespace, allocation.pod))
             if pod is None:
                 continue  # a pod the API has not shown yet, or one that ended
-            device, replica, _ = allocation.device_id.partition(_REPLICA_SEPARATOR)
-            identity = by_uuid.get(device)
-            if identity is None:
-                minor = _MINOR_DEVICE.fullmatch(device)
-                identity = by_minor.get(int(minor[1])) if minor else None
-            if identity is None:
-                self._once(
-                    logging.WARNING,
-                    ("unknown device", allocation.device_id),
-                    "the kubelet allocated a device this node's NVML does not show; skipping it",
-                    fields={
-                        "namespace": allocation.namespace,
-                        "pod": allocation.pod,
-                        "resource": allocation.resource,
-                        "device": allocation.device_id,
-                    },
+            if allocation.driver:
+                identity = self._dra_device(
+                    allocation, pod, devices=devices, gpus=gpus, by_uuid=by_uuid, uses=uses
                 )
+                replica = allocation.share_id
+            else:
+                device, replica, _ = allocation.device_id.partition(_REPLICA_SEPARATOR)
+                identity = by_uuid.get(device)
+                if identity is None:
+                    minor = _MINOR_DEVICE.fullmatch(device)
+                    identity = by_minor.get(int(minor[1])) if minor else None
+                if identity is None:
+                    self._unknown(allocation, "a device this node's NVML does not show")
+            if identity is None:
                 continue
             resolved.append((pod, allocation, identity, bool(replica)))
             holders.setdefault(identity.uuid, set()).add((pod.uid, allocation.container))
@@ -250,6 +251,8 @@ class Join:
                 or known.gpu is not identity
                 or known.in_use != in_use
                 or known.shared != shared
+                or known.claim != allocation.claim
+                or known.claim_namespace != allocation.claim_namespace
             ):
                 known = Allocation(
                     pod_identity,
@@ -258,10 +261,73 @@ class Join:
                     identity,
                     in_use,
                     shared,
+                    allocation.claim,
+                    allocation.claim_namespace,
                 )
             held[key] = known
         self._held = held
         return held
+
+    def _dra_device(
+        self,
+        allocation: DeviceAllocation,
+        pod: Pod,
+        *,
+        devices: DeviceIndex,
+        gpus: tuple[GpuSample, ...],
+        by_uuid: Mapping[str, GpuIdentity],
+        uses: Mapping[Key, _Use],
+    ) -> GpuIdentity | None:
+        """The GPU or MIG instance behind a DRA device: by the `uuid` its ResourceSlice gives,
+        else (a MIG device without one) the instance of its profile on its parent GPU — the one
+        the holder runs on when the parent has several of that profile."""
+        device = devices.get(allocation.driver, allocation.pool, allocation.device_id)
+        if device is None:
+            self._unknown(allocation, "a DRA device no ResourceSlice of this node publishes")
+            return None
+        identity = by_uuid.get(device.uuid) if device.uuid else None
+        if identity is not None or not (device.parent_uuid and device.profile):
+            if identity is None:
+                self._unknown(allocation, "a DRA device whose GPU this node's NVML does not show")
+            return identity
+        candidates = [
+            gpu.identity
+            for gpu in gpus
+            if gpu.identity.parent_uuid == device.parent_uuid
+            and gpu.identity.mig_profile == device.profile
+        ]
+        if len(candidates) > 1:
+            candidates = [
+                candidate
+                for candidate in candidates
+                if (pod.uid, allocation.container, candidate.uuid) in uses
+            ]
+        if len(candidates) == 1:
+            return candidates[0]
+        self._unknown(
+            allocation,
+            "a DRA MIG device without a UUID, and no single MIG instance of its profile on its "
+            "GPU that its holder runs on",
+        )
+        return None
+
+    def _unknown(self, allocation: DeviceAllocation, what: str) -> None:
+        fields: dict[str, object] = {
+            "namespace": allocation.namespace,
+            "pod": allocation.pod,
+            "resource": allocation.resource,
+            "device": allocation.device_id,
+        }
+        if allocation.driver:
+            fields |= {"driver": allocation.driver, "pool": allocation.pool}
+            fields["claim"] = allocation.claim
+        self._once(
+            # a DRA device may come before the first list of the node's ResourceSlices
+            logging.INFO if allocation.driver else logging.WARNING,
+            ("unknown device", allocation.driver, allocation.pool, allocation.device_id, what),
+            f"the kubelet allocated {what}; skipping it",
+            fields=fields,
+        )
 
     def _identity(self, pod: Pod) -> PodIdentity:
         cached = self._identities.get(pod.uid)

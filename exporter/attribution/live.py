@@ -1,7 +1,8 @@
-"""The attribution sources of a real node: the pod watch (list + watch of the API server, in a
-thread of its own), the kubelet's PodResources API (asked by a poller thread of its own, so a
-slow kubelet never delays a cycle) and `/proc` (read in the cycle: one `stat` per GPU process,
-a file only for a process not seen before).
+"""The attribution sources of a real node: the pod and ResourceSlice watches (list + watch of
+the API server, each in a thread of its own), the kubelet's PodResources API (asked by a poller
+thread of its own, so a slow kubelet never delays a cycle; the same thread reads the DRA claims
+it names, once each) and `/proc` (read in the cycle: one `stat` per GPU process, a file only for
+a process not seen before).
 
 Imported only when a cluster is configured: the `kubernetes` package it pulls in costs about
 20 MiB of memory.
@@ -13,16 +14,23 @@ import threading
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.attributor import Attributor
+from exporter.attribution.claims import ClaimResources
 from exporter.attribution.cluster import KubernetesClient
+from exporter.attribution.dra import NO_DEVICES
 from exporter.attribution.podresources import PodResourcesClient
-from exporter.attribution.pods import BATCH_SECONDS, PodCache
+from exporter.attribution.pods import pod_watch
 from exporter.attribution.procfs import ProcessContainers
+from exporter.attribution.resourceslices import resource_slice_watch
+from exporter.attribution.watch import BATCH_SECONDS
 from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
     from exporter.attribution import ClusterAccess
+    from exporter.attribution.attributor import DeviceSource
+    from exporter.attribution.dra import DeviceIndex
     from exporter.attribution.podresources import DeviceAllocation
     from exporter.config import ServeConfig
+    from exporter.model import WatchStatus
 
 POLL_SECONDS: Final = 1.0
 """How often the poller asks the client (which itself calls the kubelet at most every 5 s)."""
@@ -33,8 +41,10 @@ FIRST_ANSWER_SECONDS: Final = 2.0
 class PodResourcesPoller:
     """The kubelet's allocations, asked in a thread of its own; the cycle takes the latest."""
 
-    def __init__(self, client: PodResourcesClient) -> None:
+    def __init__(self, client: PodResourcesClient, *, claims: ClaimResources | None = None) -> None:
         self._client = client
+        self._claims = claims
+        """Gives DRA allocations their resource names (blocking: asks the API server)."""
         self._latest: tuple[tuple[DeviceAllocation, ...] | None, bool] = (None, False)
         self._answered = threading.Event()
         self._stopping = threading.Event()
@@ -48,6 +58,8 @@ class PodResourcesPoller:
     def stop(self) -> None:
         self._stopping.set()
         self._thread.stop(2.0)
+        if self._claims is not None:
+            self._claims.close()
 
     def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
         """The latest answer (an immutable tuple, replaced whole by the poller); the first cycle
@@ -58,25 +70,57 @@ class PodResourcesPoller:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            self._latest = self._client.allocations()
+            allocations, healthy = self._client.allocations()
+            if allocations is not None and self._claims is not None:
+                allocations = self._claims.resolve(allocations)
+            self._latest = (allocations, healthy)
             self._answered.set()
             self._stopping.wait(POLL_SECONDS)
 
 
+class NoDevices:
+    """The device source of a node with DRA switched off (`--kubernetes.dra-drivers=`)."""
+
+    def start(self) -> None:
+        """Nothing to watch."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def view(self) -> DeviceIndex:
+        return NO_DEVICES
+
+    def status(self) -> WatchStatus | None:
+        return None
+
+
 def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor:
     """The attributor of a node in a real cluster."""
-    return Attributor(
-        access.node_name,
-        PodCache(
+    batch_seconds = min(BATCH_SECONDS, config.collect_interval / 2)
+    pods = pod_watch(KubernetesClient(access), access.node_name, batch_seconds=batch_seconds)
+    devices: DeviceSource = NoDevices()
+    claims = None
+    if config.dra_drivers:
+        slices = resource_slice_watch(
             KubernetesClient(access),
             access.node_name,
-            batch_seconds=min(BATCH_SECONDS, config.collect_interval / 2),
-        ),
+            config.dra_drivers,
+            batch_seconds=batch_seconds,
+        )
+        devices = slices
+        claims = ClaimResources(KubernetesClient(access), active=lambda: not slices.off)
+    return Attributor(
+        access.node_name,
+        pods,
         PodResourcesPoller(
             PodResourcesClient(
-                config.pod_resources_socket, resource_names=config.resource_names or ()
-            )
+                config.pod_resources_socket,
+                resource_names=config.resource_names or (),
+                dra_drivers=config.dra_drivers,
+            ),
+            claims=claims,
         ),
         ProcessContainers(config.procfs),
+        devices,
         pod_labels=config.pod_labels,
     )

@@ -1,6 +1,11 @@
 """Which container the kubelet gave which GPU: the PodResources v1 `List` over its unix socket.
 
-It is the only record of allocation (a pod holding a GPU it never uses shows up nowhere else).
+It is the only record of allocation (a pod holding a GPU it never uses shows up nowhere else):
+devices a device plugin handed out (`devices`: a resource name and device ids), and devices
+Dynamic Resource Allocation gave a container through a ResourceClaim (`dynamic_resources`: the
+claim, and per device its driver, pool and name, and a `share_id` where the device's capacity is
+shared); the ResourceSlices of the node name the GPU behind a DRA device
+(`exporter.attribution.dra`).
 The kubelet rate-limits this API, so it is asked on the sampler's clock — at most once per
 `MIN_PERIOD_SECONDS`, since allocations change only when pods start — with a timeout, and the
 answer is cached. A socket that is missing or an
@@ -20,6 +25,7 @@ from exporter.attribution.proto.podresources_v1_pb2 import (
     ListPodResourcesRequest,
     ListPodResourcesResponse,
 )
+from exporter.config import DRA_DRIVERS
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
@@ -40,20 +46,32 @@ MAX_MESSAGE_BYTES: Final = 16 * 2**20
 
 
 class DeviceAllocation(NamedTuple):
-    """One device id the kubelet allocated to one container (a tuple: hundreds are made every
-    few seconds)."""
+    """One device the kubelet allocated to one container (a tuple: hundreds are made every few
+    seconds). A device plugin's: `resource` and `device_id`. A DRA device's: `driver`, `pool`
+    and its name in `device_id`, the claim, and `resource` the driver's name until the claim's
+    DeviceClass gives a better one (`exporter.attribution.claims`)."""
 
     namespace: str
     pod: str
     container: str
     resource: str
     device_id: str
+    driver: str = ""
+    """The DRA driver (`gpu.nvidia.com`); "" for a device plugin's device."""
+    pool: str = ""
+    claim: str = ""
+    claim_namespace: str = ""
+    share_id: str = ""
+    """Set when DRA shares the device's capacity between claims."""
 
 
 def allocations_from_response(
-    response: ListPodResourcesResponse, matches: Callable[[str], bool]
+    response: ListPodResourcesResponse,
+    matches: Callable[[str], bool],
+    drivers: frozenset[str] = frozenset(DRA_DRIVERS),
 ) -> tuple[DeviceAllocation, ...]:
-    """Every allocated device whose resource name `matches`. Pure."""
+    """Every allocated device whose resource name `matches`, and every device of a DRA driver
+    in `drivers`. Pure."""
     found: list[DeviceAllocation] = []
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -65,6 +83,25 @@ def allocations_from_response(
                         pod.namespace, pod.name, container.name, devices.resource_name, device_id
                     )
                     for device_id in devices.device_ids
+                )
+            if not drivers:
+                continue
+            for claim in container.dynamic_resources:
+                found.extend(
+                    DeviceAllocation(
+                        pod.namespace,
+                        pod.name,
+                        container.name,
+                        device.driver_name,
+                        device.device_name,
+                        device.driver_name,
+                        device.pool_name,
+                        claim.claim_name,
+                        claim.claim_namespace,
+                        device.share_id,
+                    )
+                    for device in claim.claim_resources
+                    if device.driver_name in drivers and device.device_name
                 )
     return tuple(found)
 
@@ -93,11 +130,13 @@ class PodResourcesClient:
         socket: Path,
         *,
         resource_names: Iterable[str] = (),
+        dra_drivers: Iterable[str] = DRA_DRIVERS,
         timeout: float = MAX_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._socket = socket
         self._matches = resource_matcher(resource_names)
+        self._drivers = frozenset(dra_drivers)
         self._timeout = min(timeout, MAX_TIMEOUT_SECONDS)
         self._clock = clock
         self._once = LogOnce(log)
@@ -148,7 +187,7 @@ class PodResourcesClient:
                 fields={"socket": str(self._socket), "code": name, "error": str(error)},
             )
             return False
-        self._answer = allocations_from_response(response, self._matches)
+        self._answer = allocations_from_response(response, self._matches, self._drivers)
         self._answered_at = now
         if not self._healthy and self._asked_before:
             log.info("kubelet pod-resources answers", extra={"socket": str(self._socket)})

@@ -52,11 +52,14 @@ POD_BUSY: Final = Family(
 )
 ALLOCATION_INFO: Final = Family(
     "gpu_allocation_info",
-    "The kubelet allocated this GPU to this container (device plugin resource); always 1.",
+    "The kubelet allocated this GPU to this container, by a device plugin or through a DRA "
+    "ResourceClaim (claim, claim_namespace); always 1.",
     labels=(*POD_LABELS, "resource"),
-    labels_doc="as above, `resource`",
-    doc="the kubelet allocated this GPU to that container (`resource` is the device-plugin "
-    "resource, e.g. `nvidia.com/gpu`); always 1",
+    labels_doc="as above, `resource`; through DRA also `claim`, `claim_namespace`",
+    doc="the kubelet allocated this GPU to that container: by a device plugin (`resource` is its "
+    "resource, e.g. `nvidia.com/gpu`), or through a DRA ResourceClaim (`resource` is the "
+    "DeviceClass's extended resource name, e.g. `nvidia.com/gpu`, else the driver's name; "
+    "`claim` and `claim_namespace` name the claim); always 1",
     collector="attribution",
 )
 ALLOCATION_IN_USE: Final = Family(
@@ -64,18 +67,20 @@ ALLOCATION_IN_USE: Final = Family(
     "1 when at least one process of the holding container runs on the allocated GPU, "
     "0 when it holds the GPU idle.",
     labels=(*POD_LABELS, "resource"),
-    labels_doc="as `gpu_allocation_info`",
+    labels_doc="as `gpu_allocation_info`, without `claim` and `claim_namespace`",
     doc="1 when at least one process of the holding container runs on the GPU, 0 when it holds "
     "the GPU idle",
     collector="attribution",
 )
 ALLOCATION_SHARED: Final = Family(
     "gpu_allocation_shared",
-    "1 when the allocated GPU is shared: time-sliced replicas or more than one holder.",
+    "1 when the allocated GPU is shared: time-sliced replicas, a share of a DRA device, or more "
+    "than one holder.",
     labels=(*POD_LABELS, "resource"),
-    labels_doc="as `gpu_allocation_info`",
-    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids) or more than "
-    "one holding container",
+    labels_doc="as `gpu_allocation_in_use`",
+    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids), a share of a "
+    "DRA device's capacity (`share_id`), or more than one holding container (one ResourceClaim "
+    "several pods reserve, say)",
     collector="attribution",
 )
 POD_INFO: Final = Family(
@@ -105,19 +110,23 @@ UNATTRIBUTED_PROCESSES: Final = Family(
 )
 WATCH_UP: Final = Family(
     "gpuscope_kubernetes_watch_up",
-    "1 while the pod cache follows the Kubernetes API (list + watch), 0 while it cannot.",
+    "1 while a cache follows the Kubernetes API (list + watch of resource), 0 while it cannot.",
+    labels=("resource",),
     gpu=False,
-    doc="1 while the pod cache follows the Kubernetes API (list + watch), 0 while it cannot "
-    "reach it",
+    labels_doc="`resource`: `pods`, and `resourceslices` while DRA is on",
+    doc="1 while the cache of that resource follows the Kubernetes API (list + watch), 0 while "
+    "it cannot reach it",
     collector="attribution",
 )
 CACHE_AGE: Final = Family(
     "gpuscope_kubernetes_cache_age_seconds",
-    "How long ago the pod cache was last known to be current (0 while the watch is up).",
+    "How long ago a cache was last known to be current (0 while its watch is up).",
     unit="seconds",
+    labels=("resource",),
     gpu=False,
-    doc="how long ago the pod cache was last known to be current: 0 while the watch is up, "
-    "growing while the API is away; absent before the first list",
+    labels_doc="`resource`, as above",
+    doc="how long ago the cache of that resource was last known to be current: 0 while the watch "
+    "is up, growing while the API is away; absent before the first list",
     collector="attribution",
 )
 PODS_CACHED: Final = Family(
@@ -125,6 +134,15 @@ PODS_CACHED: Final = Family(
     "Pods on this node in the pod cache.",
     gpu=False,
     doc="pods of this node in the pod cache",
+    collector="attribution",
+)
+DRA_DEVICES: Final = Family(
+    "gpuscope_dra_devices",
+    "Devices of the configured DRA drivers that this node's ResourceSlices publish (each pool's "
+    "newest generation); absent while DRA is off.",
+    gpu=False,
+    doc="devices of the configured DRA drivers that this node's ResourceSlices publish (each "
+    "pool's newest generation); absent while DRA is off",
     collector="attribution",
 )
 FAMILIES: Final = (
@@ -140,6 +158,7 @@ FAMILIES: Final = (
     WATCH_UP,
     CACHE_AGE,
     PODS_CACHED,
+    DRA_DEVICES,
 )
 
 
@@ -182,10 +201,19 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     in_use = new_metric(ALLOCATION_IN_USE)
     shared = new_metric(ALLOCATION_SHARED)
     for allocation in attribution.allocations:
-        labels = _row_labels((allocation.gpu, allocation.pod, allocation.container)).with_pairs(
-            ("resource", allocation.resource)
+        row = _row_labels((allocation.gpu, allocation.pod, allocation.container))
+        labels = row.with_pairs(("resource", allocation.resource))
+        # a DRA claim names itself on the info series only: the others keep one row's labels
+        info_labels = (
+            row.with_pairs(
+                ("resource", allocation.resource),
+                ("claim", allocation.claim),
+                ("claim_namespace", allocation.claim_namespace),
+            )
+            if allocation.claim
+            else labels
         )
-        info.samples.append(Sample(info.name, labels, 1))
+        info.samples.append(Sample(info.name, info_labels, 1))
         if allocation.in_use is not None:
             in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
         shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
@@ -212,13 +240,17 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     yield from (stray_memory, stray)
 
     kubernetes = attribution.kubernetes
-    watch_up = new_metric(WATCH_UP)
-    add(watch_up, {}, 1 if kubernetes.watch_up else 0)
-    yield watch_up
-    age = new_metric(CACHE_AGE)
-    if kubernetes.cache_age_seconds is not None:
-        add(age, {}, kubernetes.cache_age_seconds)
-    yield age
+    watch_up, age = new_metric(WATCH_UP), new_metric(CACHE_AGE)
+    for watch in kubernetes.watches:
+        resource = {"resource": watch.resource}
+        add(watch_up, resource, 1 if watch.up else 0)
+        if watch.cache_age_seconds is not None:
+            add(age, resource, watch.cache_age_seconds)
+    yield from (watch_up, age)
     cached = new_metric(PODS_CACHED)
     add(cached, {}, kubernetes.pods_cached)
     yield cached
+    devices = new_metric(DRA_DEVICES)
+    if kubernetes.dra_devices is not None:
+        add(devices, {}, kubernetes.dra_devices)
+    yield devices

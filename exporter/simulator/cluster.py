@@ -5,9 +5,11 @@ real node.
 Each simulated pod becomes the API's JSON for a `v1.Pod` (UID, owner references, labels, the
 container ids in its status), parsed by the same `pod_from_api` as the pod watch's; each pod's
 devices become the kubelet's PodResources allocations (`<uuid>::N` replicas when time-sliced, a
-MIG instance by its UUID); each process's pod and container become the container its `/proc`
-cgroup would name. Nothing here blocks, and nothing changes while the daemon runs (pods come
-and go only in a real cluster).
+MIG instance by its UUID; through a `claim`, NVIDIA's DRA driver's devices `gpu-<index>` and
+`gpu-<index>-mig-<profile>-<position>` in the node's pool, published in one ResourceSlice parsed
+by the same `slice_from_api` as the ResourceSlice watch's); each process's pod and container
+become the container its `/proc` cgroup would name. Nothing here blocks, and nothing changes
+while the daemon runs (pods come and go only in a real cluster).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from exporter.attribution.attributor import Attributor
 from exporter.attribution.cgroups import ContainerRef
+from exporter.attribution.dra import NO_DEVICES, DeviceIndex, slice_from_api
 from exporter.attribution.pod import PodIndex, pod_from_api
 from exporter.attribution.podresources import DeviceAllocation
-from exporter.model import KubernetesStatus
+from exporter.config import DRA_DRIVERS
+from exporter.model import WatchStatus
 from exporter.simulator.activity import mig_uuid
+from exporter.simulator.spec import SimDevice
 
 if TYPE_CHECKING:
     import re
@@ -39,9 +44,14 @@ def _digest(*parts: str) -> str:
     return hashlib.sha256("/".join(parts).encode()).hexdigest()
 
 
-def _uid(pod: SimPod) -> str:
-    digest = _digest("uid", pod.namespace, pod.name)
+def _uuid(*parts: str) -> str:
+    """A stable UUID (version 4 in form) made from `parts`."""
+    digest = _digest(*parts)
     return f"{digest[:8]}-{digest[8:12]}-4{digest[13:16]}-8{digest[17:20]}-{digest[20:32]}"
+
+
+def _uid(pod: SimPod) -> str:
+    return _uuid("uid", pod.namespace, pod.name)
 
 
 def container_id(pod: SimPod, container: str) -> str:
@@ -109,17 +119,101 @@ class SimulatedPods:
     def view(self) -> PodIndex:
         return self._index
 
-    def status(self) -> KubernetesStatus:
-        return KubernetesStatus(watch_up=True, cache_age_seconds=0.0, pods_cached=self._count)
+    def status(self) -> WatchStatus:
+        return WatchStatus("pods", up=True, cache_age_seconds=0.0, objects=self._count)
+
+
+DRIVER: Final = DRA_DRIVERS[0]
+"""The DRA driver of the simulated node: NVIDIA's."""
+
+
+def dra_device_name(fleet: Fleet, device: SimDevice) -> str:
+    """The name NVIDIA's DRA driver gives a device: `gpu-<minor>`, or for a MIG device
+    `gpu-<minor>-mig-<profile without dots>-<position>`."""
+    layout = fleet.gpus[device.gpu].mig
+    if device.mig_instance is None or layout is None:
+        return f"gpu-{device.gpu}"
+    profile = layout[device.mig_instance].profile.replace(".", "")
+    return f"gpu-{device.gpu}-mig-{profile}-{device.mig_instance}"
+
+
+def resource_slice_document(fleet: Fleet, node: str) -> dict[str, Any]:
+    """The ResourceSlice NVIDIA's DRA driver would publish for the simulated node: every GPU
+    and every MIG instance of the starting layout, one pool named after the node."""
+    devices: list[dict[str, Any]] = []
+    for gpu in fleet.gpus:
+        layout = gpu.mig or ()
+        for position, profile in enumerate(layout):
+            name = dra_device_name(fleet, SimDevice(gpu.index, position))
+            attributes = {
+                "type": "mig",
+                "uuid": mig_uuid(fleet.seed, gpu.index, position, profile.profile),
+                "parentUUID": gpu.uuid,
+                "profile": profile.profile,
+            }
+            devices.append({"name": name, "attributes": _attributes(attributes)})
+        if gpu.mig is None:
+            attributes = {"type": "gpu", "uuid": gpu.uuid, "productName": gpu.model.name}
+            devices.append({"name": f"gpu-{gpu.index}", "attributes": _attributes(attributes)})
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}-sim"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def _attributes(values: dict[str, str]) -> dict[str, dict[str, str]]:
+    return {key: {"string": value} for key, value in values.items()}
+
+
+class SimulatedDevices:
+    """The ResourceSlice watch of a simulated node: its DRA devices when a pod holds a claim,
+    else DRA is off."""
+
+    def __init__(self, fleet: Fleet, node: str) -> None:
+        self._on = any(pod.claim is not None for pod in fleet.pods)
+        self._index = (
+            DeviceIndex.of([slice_from_api(resource_slice_document(fleet, node))])
+            if self._on
+            else NO_DEVICES
+        )
+
+    def start(self) -> None:
+        """Nothing to watch."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def view(self) -> DeviceIndex:
+        return self._index
+
+    def status(self) -> WatchStatus | None:
+        if not self._on:
+            return None
+        return WatchStatus("resourceslices", up=True, cache_age_seconds=0.0, objects=1)
 
 
 class SimulatedAllocations:
     """The kubelet's PodResources answer of a simulated node."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, node: str) -> None:
         found: list[DeviceAllocation] = []
         replicas: dict[int, int] = {}
+        claims_of: dict[SimDevice, set[tuple[str, str]]] = {}
         for pod in fleet.pods:
+            if pod.claim is not None:
+                for device in pod.devices:
+                    claims_of.setdefault(device, set()).add((pod.namespace, pod.claim))
+        for pod in fleet.pods:
+            if pod.claim is not None:
+                found.extend(_claimed(fleet, pod, node, claims_of))
+                continue
             for device in pod.devices:
                 gpu = fleet.gpus[device.gpu]
                 resource = pod.resource or "nvidia.com/gpu"
@@ -149,6 +243,34 @@ class SimulatedAllocations:
         return self._allocations, True
 
 
+def _claimed(
+    fleet: Fleet, pod: SimPod, node: str, claims_of: dict[SimDevice, set[tuple[str, str]]]
+) -> Iterable[DeviceAllocation]:
+    """A claim's devices as the kubelet lists them for the pod's first container; a device in
+    more than one claim gets a `share_id` (its capacity shared between them)."""
+    assert pod.claim is not None
+    for device in pod.devices:
+        mig = device.mig_instance is not None and fleet.gpus[device.gpu].mig is not None
+        shared = len(claims_of[device]) > 1
+        share_id = (
+            _uuid("share", pod.namespace, pod.claim, dra_device_name(fleet, device))
+            if shared
+            else ""
+        )
+        yield DeviceAllocation(
+            pod.namespace,
+            pod.name,
+            pod.containers[0],
+            pod.resource or (DRIVER if mig else "nvidia.com/gpu"),
+            dra_device_name(fleet, device),
+            driver=DRIVER,
+            pool=node,
+            claim=pod.claim,
+            claim_namespace=pod.namespace,
+            share_id=share_id,
+        )
+
+
 class SimulatedProcesses:
     """Which container each simulated process runs in, as its cgroup would say."""
 
@@ -175,7 +297,8 @@ def simulated_attributor(
     return Attributor(
         name,
         SimulatedPods(fleet, name),
-        SimulatedAllocations(fleet),
+        SimulatedAllocations(fleet, name),
         SimulatedProcesses(fleet),
+        SimulatedDevices(fleet, name),
         pod_labels=pod_labels,
     )

@@ -35,6 +35,7 @@ POD_KEYS: Final = (
     "gpus",
     "resource",
     "shared",
+    "claim",
 )
 MAX_CONTAINERS: Final = 64
 _DNS_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -61,6 +62,16 @@ def pod(value: object, path: str, gpus: tuple[SimGpu, ...]) -> SimPod:
     )
     devices = entries(entry.get("gpus"), join(path, "gpus"), MAX_GPUS * MIG_COMPUTE_SLICES)
     resource = entry.get("resource")
+    claim = entry.get("claim")
+    shared = boolean(entry.get("shared", False), join(path, "shared"))
+    if claim is not None:
+        if not devices:
+            raise Invalid(join(path, "claim"), "a claim holds devices: give the pod gpus")
+        if shared:
+            raise Invalid(
+                join(path, "shared"),
+                "time-slicing is the device plugin's; pods share a claim by naming the same one",
+            )
     return SimPod(
         namespace=kubernetes_name(entry.get("namespace", "default"), join(path, "namespace")),
         name=name,
@@ -79,7 +90,8 @@ def pod(value: object, path: str, gpus: tuple[SimGpu, ...]) -> SimPod:
             _device(device, join(join(path, "gpus"), n), gpus) for n, device in enumerate(devices)
         ),
         resource=None if resource is None else _resource(resource, join(path, "resource")),
-        shared=boolean(entry.get("shared", False), join(path, "shared")),
+        shared=shared,
+        claim=None if claim is None else kubernetes_name(claim, join(path, "claim")),
     )
 
 
@@ -98,12 +110,23 @@ def kubernetes_name(value: object, path: str) -> str:
 
 
 def check_pods(pods: Sequence[SimPod], processes: Sequence[SimProcess]) -> None:
-    """Pods named once; every process's pod and container exist."""
+    """Pods named once; pods naming one claim hold the same devices; every process's pod and
+    container exist."""
     by_key: dict[str, SimPod] = {}
+    claims: dict[tuple[str, str], SimPod] = {}
     for n, entry in enumerate(pods):
         if entry.key in by_key:
             raise Invalid(join("pods", n), f"{entry.key} appears more than once")
         by_key[entry.key] = entry
+        if entry.claim is None:
+            continue
+        first = claims.setdefault((entry.namespace, entry.claim), entry)
+        if first.devices != entry.devices or first.resource != entry.resource:
+            raise Invalid(
+                join(join("pods", n), "claim"),
+                f"claim {entry.claim} holds other gpus or another resource in {first.key}: "
+                "pods naming one claim share its devices",
+            )
     for n, process in enumerate(processes):
         path = join("processes", n)
         if process.pod is None:

@@ -117,9 +117,15 @@ class SimPod:
     devices: tuple[SimDevice, ...] = ()
     """Allocated to its first container, as the device plugin hands them out."""
     resource: str | None = None
-    """The device plugin's resource; None: `nvidia.com/gpu`, or `nvidia.com/mig-<profile>`."""
+    """The device plugin's resource; None: `nvidia.com/gpu`, or `nvidia.com/mig-<profile>`.
+    Through a claim: the DeviceClass's extended resource name; None: `nvidia.com/gpu` for a
+    whole GPU, the driver's name (`gpu.nvidia.com`) for a MIG device."""
     shared: bool = False
     """Time-sliced: the kubelet hands out a replica of each GPU (`<uuid>::N`)."""
+    claim: str | None = None
+    """The ResourceClaim (in the pod's namespace) its devices come through, from NVIDIA's DRA
+    driver; None: from the device plugin. Pods naming one claim share its devices; a device in
+    several claims is shared by capacity (each claim gets a `share_id`)."""
 
     @property
     def key(self) -> str:

@@ -7,6 +7,11 @@ from one server-wide counter and is kept in a history, so that a watch from an o
 resourceVersion replays what it missed, and a watch from before `expire()` gets `410 Gone` —
 as a status line or as an ERROR event, like the real server.
 
+Single objects are served by name too (`GET <collection>/<name>`). Acting as an older cluster,
+it serves none of the API groups in `withheld` (`resource.k8s.io` before Kubernetes 1.34): every
+path under `/apis/<group>/` answers 404 as the real server does; a resource in `forbidden`
+answers 403, as RBAC without a rule for it does.
+
 Faults: `drop_connections()`, `expire()`, `answer_gone(n)`, `send_garbage()`, `go_away()` /
 `come_back()`, a `delay` before every answer, and a `failure` status answered to every request.
 Test code calls the synchronous methods from its own thread; they run on the server's loop and
@@ -28,6 +33,8 @@ from aiohttp import web
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Iterator
     from pathlib import Path
+
+    from aiohttp.typedefs import Handler
 
 GARBAGE: Final = b"{this is not json\n"
 _CLOSE: Final = object()
@@ -78,6 +85,10 @@ class FakeKube:
         """Answer an expired watch with 200 and an ERROR event instead of a 410 status line."""
         self.requests: list[str] = []
         """Every request path with its query, in order."""
+        self.withheld: set[str] = set()
+        """API groups not served at all (`resource.k8s.io`): an older cluster."""
+        self.forbidden: set[str] = set()
+        """Resources (plurals) every request for is refused with 403."""
         self._collections: dict[str, Collection] = {}
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self._history: list[_Change] = []
@@ -205,12 +216,17 @@ class FakeKube:
         asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(10)
 
     async def _listen(self) -> None:
-        app = web.Application()
+        app = web.Application(middlewares=[self._older_cluster])
         for collection in self._collections.values():
             handler = self._handler(collection)
+            one = self._one(collection)
             app.router.add_get(f"{collection.prefix}/{collection.plural}", handler)
             app.router.add_get(
                 f"{collection.prefix}/namespaces/{{namespace}}/{collection.plural}", handler
+            )
+            app.router.add_get(f"{collection.prefix}/{collection.plural}/{{name}}", one)
+            app.router.add_get(
+                f"{collection.prefix}/namespaces/{{namespace}}/{collection.plural}/{{name}}", one
             )
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
@@ -243,12 +259,47 @@ class FakeKube:
             kind = "MODIFIED" if key in store else "ADDED"
             store[key] = obj
         obj.setdefault("kind", collection.kind)
-        obj.setdefault("apiVersion", "v1")
+        obj.setdefault("apiVersion", collection.prefix.removeprefix("/api/").removeprefix("/apis/"))
         change = _Change(self._version, plural, kind, obj)
         self._history.append(change)
         for watcher in list(self._watchers):
             if watcher.collection.plural == plural and watcher.matches(obj):
                 watcher.queue.put_nowait(change)
+
+    @web.middleware
+    async def _older_cluster(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """What a cluster answers for an API group it does not serve: the server's plain 404."""
+        group = request.path.split("/")[2] if request.path.startswith("/apis/") else ""
+        if group in self.withheld:
+            self.requests.append(request.path_qs)
+            return web.Response(status=404, text="404 page not found\n")
+        return await handler(request)
+
+    def _one(
+        self, collection: Collection
+    ) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
+        async def get(request: web.Request) -> web.StreamResponse:
+            self.requests.append(request.path_qs)
+            refused = self._refused(collection, request)
+            if refused is not None:
+                return refused
+            key = (request.match_info.get("namespace", ""), request.match_info["name"])
+            obj = self._objects[collection.plural].get(key)
+            if obj is None:
+                return _status(404, "NotFound", f'{collection.plural} "{key[1]}" not found')
+            return web.json_response(obj)
+
+        return get
+
+    def _refused(self, collection: Collection, request: web.Request) -> web.Response | None:
+        """The answer to a request refused before it is looked at, if it is."""
+        if self.failure is not None:
+            return _status(self.failure, "InternalError", "the stand-in was told to fail")
+        if request.headers.get("Authorization") is None:
+            return _status(401, "Unauthorized", "no bearer token")
+        if collection.plural in self.forbidden:
+            return _status(403, "Forbidden", f"cannot get resource {collection.plural!r}")
+        return None
 
     def _handler(
         self, collection: Collection
@@ -257,10 +308,9 @@ class FakeKube:
             self.requests.append(request.path_qs)
             if self.delay:
                 await asyncio.sleep(self.delay)
-            if self.failure is not None:
-                return _status(self.failure, "InternalError", "the stand-in was told to fail")
-            if request.headers.get("Authorization") is None:
-                return _status(401, "Unauthorized", "no bearer token")
+            refused = self._refused(collection, request)
+            if refused is not None:
+                return refused
             try:
                 matches = _selector(collection, request)
             except ValueError as error:
@@ -271,7 +321,7 @@ class FakeKube:
             return web.json_response(
                 {
                     "kind": f"{collection.kind}List",
-                    "apiVersion": "v1",
+                    "apiVersion": collection.prefix.removeprefix("/api/").removeprefix("/apis/"),
                     "metadata": {"resourceVersion": str(self._version)},
                     "items": items,
                 }

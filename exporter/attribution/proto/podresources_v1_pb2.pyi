@@ -97,16 +97,18 @@ class DynamicResource(_message.Message):
     def __init__(self, claim_name: _Optional[str] = ..., claim_namespace: _Optional[str] = ..., claim_resources: _Optional[_Iterable[_Union[ClaimResource, _Mapping]]] = ...) -> None: ...
 
 class ClaimResource(_message.Message):
-    __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name")
+    __slots__ = ("cdi_devices", "driver_name", "pool_name", "device_name", "share_id")
     CDI_DEVICES_FIELD_NUMBER: _ClassVar[int]
     DRIVER_NAME_FIELD_NUMBER: _ClassVar[int]
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
     cdi_devices: _containers.RepeatedCompositeFieldContainer[CDIDevice]
     driver_name: str
     pool_name: str
     device_name: str
-    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ...) -> None: ...
+    share_id: str
+    def __init__(self, cdi_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., driver_name: _Optional[str] = ..., pool_name: _Optional[str] = ..., device_name: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
 
 class CDIDevice(_message.Message):
     __slots__ = ("name",)

@@ -1,0 +1,440 @@
+"""List + watch of one kind of Kubernetes object, kept current in a cache, never polled per scrape.
+
+One dedicated thread per kind lists `<path>?fieldSelector=<selector>`, then watches from the
+list's resourceVersion, applying each event to the cache; the sampler's worker thread takes an
+immutable index of it once per cycle (`view`), rebuilt only after a change. When the API server
+is away the last known objects stay, reconnection follows `BACKOFF_SECONDS`, and a watch
+answered with `410 Gone` (in the status line or as an ERROR event) starts again from a fresh
+list. Failures are logged once per cause, and the return of the API server once. Lists and
+events are read bounded (`MAX_LIST_BYTES`, `MAX_EVENT_BYTES`).
+
+The pods of this node (`exporter.attribution.pods`) and its ResourceSlices
+(`exporter.attribution.resourceslices`) are both kept this way. A kind the cluster may not
+serve (`Kind.optional`: resource.k8s.io before Kubernetes 1.34, or without the RBAC for it)
+turns itself off at the first 404 or 403, with one log line, and costs nothing after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from exporter.attribution.cluster import AnswerTooLarge, read_bounded
+from exporter.documents import size_text
+from exporter.logs import LogOnce
+from exporter.model import WatchStatus
+from exporter.supervise import SupervisedThread
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator
+
+    from urllib3 import BaseHTTPResponse
+
+    from exporter.attribution.cluster import KubernetesClient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+V = TypeVar("V")
+
+BACKOFF_SECONDS: Final = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+"""Waits before successive reconnection attempts while the API server fails (each +-20%)."""
+RETRYABLE_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
+"""Answers worth retrying soon; any other refusal (401, 403, 404) waits the longest backoff."""
+ABSENT_STATUS: Final = frozenset({403, 404})
+"""What an optional kind's API answers on a cluster that does not serve it, or not to us."""
+GONE: Final = 410
+CONNECT_TIMEOUT_SECONDS: Final = 5.0
+LIST_READ_TIMEOUT_SECONDS: Final = 30.0
+WATCH_READ_TIMEOUT_SECONDS: Final = 120.0
+"""A watch that sends nothing for this long is re-opened from the last resourceVersion."""
+WATCH_SECONDS: Final = (300, 600)
+"""The server ends each watch after a random time in this range (spreads reconnections)."""
+STOP_SECONDS: Final = 1.0
+BATCH_SECONDS: Final = 0.5
+"""After an event that arrived while the watch was idle, wait this long for more (see _watch)."""
+MAX_LIST_BYTES: Final = 64 * 1024 * 1024
+"""A list of this node's objects: a pod is a few KiB (at most 1.5 MiB, etcd's limit), a node runs
+110 by default; a ResourceSlice holds at most 128 devices. Past this the list is refused (and
+retried with backoff) rather than read into memory."""
+MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
+"""One watch event: an object and its envelope, well within etcd's 1.5 MiB per object."""
+_BLOCKED_SECONDS: Final = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Kind(Generic[T, V]):
+    """What to watch and how to keep it."""
+
+    resource: str
+    """The plural RBAC names it by (`pods`), and the `resource` label of its watch's series."""
+    noun: str
+    """How the log names the objects (`pods`, `ResourceSlices`)."""
+    path: str
+    """The collection, `/api/v1/pods`."""
+    selector: str
+    """The field selector: `spec.nodeName=<node>`."""
+    parse: Callable[[object], tuple[str, T] | None]
+    """An object of the API's JSON -> (its key in the cache, what is kept of it); None for one
+    to skip (the parser says why, once)."""
+    index: Callable[[Iterable[T]], V]
+    """The immutable view the sampler reads, built from the objects kept."""
+    empty: V
+    """The view before the first list."""
+    optional: bool = False
+    """Turned off for good by a 404 or 403 (an API the cluster may not serve)."""
+    absent: str = ""
+    """For an optional kind: the one log line saying it is off, and what that costs."""
+    max_list_bytes: int = MAX_LIST_BYTES
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class _BadStream(Exception):
+    """The watch stream sent something that is not a watch event."""
+
+
+class _Absent(Exception):
+    """An optional kind the cluster does not serve (or not to this service account)."""
+
+
+class ListWatch(Generic[T, V]):
+    """List + watch of one kind in a thread of its own (`gpuscope-<resource>-watch`)."""
+
+    def __init__(
+        self,
+        client: KubernetesClient,
+        kind: Kind[T, V],
+        *,
+        thread: str,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: tuple[float, ...] = BACKOFF_SECONDS,
+        watch_read_timeout: float = WATCH_READ_TIMEOUT_SECONDS,
+        batch_seconds: float = BATCH_SECONDS,
+    ) -> None:
+        self._client = client
+        self.kind = kind
+        self._clock = clock
+        self._backoff = backoff
+        self._watch_read_timeout = watch_read_timeout
+        self._batch_seconds = batch_seconds
+        self._once = LogOnce(log)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = SupervisedThread(thread, self._run, on_crash=self._crashed)
+        self._response: BaseHTTPResponse | None = None
+        self._objects: dict[str, T] = {}
+        self._version = 0
+        self._index: tuple[int, V] = (0, kind.empty)
+        self._resource_version: str | None = None
+        self._up = False
+        self._off = False
+        self._current_at: float | None = None
+        """When the cache was last known current (None before the first list)."""
+        self._attempt = 0
+        self._failures = 0
+
+    # -- the sampler's side -------------------------------------------------------------------
+
+    def view(self) -> V:
+        """The current objects' index; rebuilt only after a change. Safe from any thread."""
+        with self._lock:
+            version, index = self._index
+            if version == self._version:
+                return index
+            version, objects = self._version, list(self._objects.values())
+        index = self.kind.index(objects)
+        with self._lock:
+            self._index = (version, index)
+        return index
+
+    def status(self) -> WatchStatus | None:
+        """How current the cache is; None once an optional kind turned out absent."""
+        with self._lock:
+            if self._off:
+                return None
+            if self._current_at is None:
+                age = None
+            else:
+                age = 0.0 if self._up else max(0.0, self._clock() - self._current_at)
+            return WatchStatus(self.kind.resource, self._up, age, len(self._objects))
+
+    @property
+    def off(self) -> bool:
+        """An optional kind the cluster does not serve: nothing more is asked."""
+        with self._lock:
+            return self._off
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the watch thread, interrupting a blocked read; waits at most `timeout`."""
+        self._stopping.set()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except OSError as error:
+                log.debug("closing the watch connection failed", extra={"error": str(error)})
+        self._thread.stop(timeout)
+        self._client.close()
+
+    # -- the watch thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        expired_before = False
+        while not self._stopping.is_set():
+            try:
+                if self._resource_version is None:
+                    self._list()
+                self._watch()
+                self._attempt = 0  # the server ended the watch as asked: all is well
+                expired_before = False
+            except _Expired:
+                log.info(
+                    "a watch expired (410 Gone); listing again",
+                    extra={"resource": self.kind.resource},
+                )
+                self._resource_version = None
+                if expired_before:  # twice in a row: do not hammer the server with lists
+                    self._stopping.wait(self._backoff[0])
+                expired_before = True
+            except _Absent:
+                return
+            except Exception as error:  # noqa: BLE001 - whatever broke, retry with backoff
+                if self._stopping.is_set():
+                    break
+                delay = self._failed(error)
+                self._stopping.wait(delay)
+
+    def _crashed(self) -> None:
+        """The watch loop itself failed (not the API): the cache is stale until it restarts,
+        and starts again from a fresh list."""
+        with self._lock:
+            if self._up:
+                self._current_at = self._clock()
+            self._up = False
+        self._resource_version = None
+
+    def _get(self, query: list[tuple[str, str]], read_timeout: float) -> BaseHTTPResponse:
+        try:
+            return self._client.get(
+                self.kind.path,
+                [("fieldSelector", self.kind.selector), *query],
+                timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
+            )
+        except ApiException as error:
+            if error.status == GONE:
+                raise _Expired from error
+            if self.kind.optional and error.status in ABSENT_STATUS:
+                self._turn_off(error)
+                raise _Absent from error
+            raise
+
+    def _list(self) -> None:
+        response = self._get([], LIST_READ_TIMEOUT_SECONDS)
+        what = f"the list of {self.kind.noun}"
+        try:
+            document = json.loads(read_bounded(response, self.kind.max_list_bytes, what))
+        except AnswerTooLarge as error:
+            raise _BadStream(str(error)) from error
+        except ValueError as error:
+            raise _BadStream(f"{what} is not JSON") from error
+        finally:
+            response.release_conn()
+        items = document.get("items") if isinstance(document, dict) else None
+        version = (
+            (document.get("metadata") or {}).get("resourceVersion") if items is not None else None
+        )
+        if not isinstance(items, list) or not isinstance(version, str):
+            raise _BadStream(f"the list of {self.kind.noun} has no items or no resourceVersion")
+        objects: dict[str, T] = {}
+        for item in items:
+            parsed = self.kind.parse(item)
+            if parsed is not None:
+                objects[parsed[0]] = parsed[1]
+        with self._lock:
+            self._objects = objects
+            self._version += 1
+        self._resource_version = version
+        self._connected(listed=len(objects))
+
+    def _watch(self) -> None:
+        assert self._resource_version is not None
+        response = self._get(
+            [
+                ("resourceVersion", self._resource_version),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(random.randint(*WATCH_SECONDS))),  # noqa: S311 - not a secret
+                ("watch", "true"),
+            ],
+            self._watch_read_timeout,
+        )
+        with self._lock:
+            self._response = response
+        if self._stopping.is_set():  # stop() came before the response was known
+            response.shutdown()
+        self._connected()
+        try:
+            waited_from = self._clock()
+            for line in _lines(response):
+                if self._stopping.is_set():
+                    return
+                self._apply(line)
+                self._attempt = 0
+                if self._clock() - waited_from > _BLOCKED_SECONDS and self._batch_seconds:
+                    # The event came after a wait: let the next ones gather in the socket and
+                    # take them together. Each wake-up from idle costs far more CPU than an
+                    # event read in a row (cold caches); bursts are never slowed by this.
+                    self._stopping.wait(self._batch_seconds)
+                waited_from = self._clock()
+        except urllib3.exceptions.ReadTimeoutError:
+            return  # a quiet node: watch again from the same resourceVersion
+        finally:
+            with self._lock:
+                self._response = None
+            response.release_conn()
+
+    def _apply(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError as error:
+            raise _BadStream("a watch event is not JSON") from error
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            raise _BadStream("a watch line is not an event with an object")
+        kind, obj = event.get("type"), event["object"]
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == GONE:
+                raise _Expired
+            raise ApiException(
+                status=code if isinstance(code, int) else 0, reason=str(obj.get("message", ""))
+            )
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            if isinstance(version, str):
+                self._resource_version = version
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            raise _BadStream(f"unknown watch event type {kind!r}")
+        parsed = self.kind.parse(obj)
+        if isinstance(version, str):
+            self._resource_version = version
+        if parsed is None:
+            return
+        key, value = parsed
+        with self._lock:
+            if kind == "DELETED":
+                self._objects.pop(key, None)
+            else:
+                self._objects[key] = value
+            self._version += 1
+
+    def _connected(self, *, listed: int | None = None) -> None:
+        with self._lock:
+            was_up = self._up
+            self._up = True
+            self._current_at = self._clock()
+        if self._failures:
+            log.info(
+                "Kubernetes API answers again; the cache is current",
+                extra={
+                    "resource": self.kind.resource,
+                    "selector": self.kind.selector,
+                    "failed_attempts": self._failures,
+                },
+            )
+            self._failures = 0
+            self._once.forget_matching(("api",))
+        elif listed is not None and not was_up:
+            log.info(
+                "cache filled",
+                extra={
+                    "resource": self.kind.resource,
+                    "selector": self.kind.selector,
+                    "objects": listed,
+                },
+            )
+
+    def _turn_off(self, error: ApiException) -> None:
+        with self._lock:
+            self._off = True
+            self._up = False
+            self._objects = {}
+            self._version += 1
+        log.log(
+            logging.INFO if error.status == 404 else logging.WARNING,
+            self.kind.absent,
+            extra={"status": error.status, "reason": str(error.reason), "path": self.kind.path},
+        )
+
+    def _failed(self, error: Exception) -> float:
+        """Note a failure: the cache goes stale; the answer is how long to wait."""
+        with self._lock:
+            if self._up:
+                self._current_at = self._clock()
+            self._up = False
+        self._failures += 1
+        attempt = self._attempt
+        self._attempt += 1
+        wait = self._backoff[min(attempt, len(self._backoff) - 1)]
+        noun, resource = self.kind.noun, self.kind.resource
+        fields: dict[str, object] = {"selector": self.kind.selector, "attempt": self._failures}
+        if isinstance(error, ApiException) and error.status not in RETRYABLE_STATUS:
+            wait = self._backoff[-1]
+            fields["status"] = error.status
+            fields["reason"] = str(error.reason)
+            message = (
+                f"the Kubernetes API refused to list or watch {noun} (RBAC must allow get, list "
+                f"and watch on {resource}); keeping the last known {noun}"
+            )
+            cause: tuple[object, ...] = ("api", "refused", error.status)
+        elif isinstance(error, _BadStream):
+            self._resource_version = None  # an event may be lost: start again from a list
+            fields["problem"] = str(error)
+            message = "the Kubernetes API sent a malformed answer; listing again"
+            cause = ("malformed", str(error))  # bad input: said once, even across recoveries
+        else:
+            fields["error"] = _describe(error)
+            message = f"Kubernetes API unreachable; keeping the last known {noun} and retrying"
+            cause = ("api", "unreachable")
+        self._once(logging.WARNING, cause, message, fields=fields)
+        return wait * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not a secret
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, ApiException):
+        return f"HTTP {error.status} {error.reason}"
+    reason = getattr(error, "reason", None)
+    return f"{type(error).__name__}: {reason or error}"
+
+
+def _lines(response: BaseHTTPResponse, limit: int = MAX_EVENT_BYTES) -> Iterator[bytes]:
+    """The non-empty lines of a streamed body, as they arrive. A last line cut off without its
+    newline is dropped: its event was not applied, so watching again from the last applied
+    resourceVersion delivers it again. A line longer than `limit` is refused."""
+    pending = b""
+    for chunk in response.stream(None):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if len(line) > limit:
+                raise _BadStream(f"a watch event is larger than {size_text(limit)}")
+            if line.strip():
+                yield line
+        if len(pending) > limit:
+            raise _BadStream(f"a watch event is larger than {size_text(limit)}")
