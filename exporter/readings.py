@@ -136,8 +136,10 @@ class Reading:
             raise ValueError(f"{self.name}: unknown architecture {self.since!r}")
         if self.per not in (None, "fan", "link"):
             raise ValueError(f"{self.name}: per {self.per!r} is not fan or link")
-        if self.per is not None and self.fallback is not None:
-            raise ValueError(f"{self.name}: a per-{self.per} reading has no fallback")
+        if self.per is not None and (self.fallback is not None or self.once):
+            raise ValueError(
+                f"{self.name}: a per-{self.per} reading has no fallback and is not read once"
+            )
         if self.field is not None and (
             self.call != "nvmlDeviceGetFieldValues"
             or self.per == "fan"

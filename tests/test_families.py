@@ -216,6 +216,8 @@ def test_declarations_say_how_they_are_read() -> None:
         Reading("x", "nvmlDeviceGetTemperature", (template,), field=82)
     with pytest.raises(ValueError, match="no fallback"):
         Reading("x", "y", (template,), per="link", fallback=READINGS[0])
+    with pytest.raises(ValueError, match="not read once"):
+        Reading("x", "y", (template,), per="fan", once=True)
 
 
 def test_processes_are_labelled_by_pid() -> None:
