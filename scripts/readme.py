@@ -24,7 +24,9 @@ from exporter.calibrate.options import settings_table as calibrate_settings_tabl
 from exporter.config import collectors_table, settings_table  # noqa: E402
 from exporter.dcgm import fields_table as dcgm_fields_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
+from exporter.rightsize.options import server_settings_table  # noqa: E402
 from exporter.rightsize.options import settings_table as rightsize_settings_table  # noqa: E402
+from exporter.rightsize.server import metrics_table as rightsize_metrics_table  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +39,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "dcgm-fields": dcgm_fields_table,
     "calibrate-flags": calibrate_settings_table,
     "rightsize-flags": rightsize_settings_table,
+    "rightsize-serve-flags": server_settings_table,
+    "rightsize-metrics": rightsize_metrics_table,
 }
 
 

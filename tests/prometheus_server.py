@@ -25,15 +25,28 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_prometheus(
-    data_dir: Path, *, retention: str = "400d", ready_timeout: float = 90.0
+    data_dir: Path,
+    *,
+    retention: str = "400d",
+    ready_timeout: float = 90.0,
+    scrape: tuple[str, float] | None = None,
 ) -> Iterator[str]:
     """`prometheus` serving `data_dir` on a free loopback port; yields its base URL.
 
     Retention counts back from the newest block, so backfilled history stays whatever its date.
+    `scrape` is a (host:port, interval in seconds) it scrapes `/metrics` of, as job `target`.
     """
     binary = require_tool("prometheus")
     config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    if scrape is None:
+        config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+    else:
+        target, interval = scrape
+        config.write_text(
+            f"global:\n  scrape_interval: {interval:g}s\n  scrape_timeout: {interval:g}s\n"
+            f"scrape_configs:\n  - job_name: target\n    static_configs:\n"
+            f"      - targets: ['{target}']\n"
+        )
     port = free_port()
     log = (data_dir.parent / f"{data_dir.name}-prometheus.log").open("w")
     process = subprocess.Popen(

@@ -47,7 +47,9 @@ def device(
         uuid=uuid,
         model=model,
         mig_profile=mig_profile,
-        resource=f"nvidia.com/mig-{mig_profile}" if mig_profile else "nvidia.com/gpu",
+        resource=extra.pop(
+            "resource", f"nvidia.com/mig-{mig_profile}" if mig_profile else "nvidia.com/gpu"
+        ),
         held_seconds=held,
         observed_seconds=held if observed is None else observed,
         in_use_ratio=extra.pop("in_use_ratio", 1.0),

@@ -10,6 +10,10 @@ Expected answers (default settings, built-in catalog prices):
   input-bound, add CPU.
 - serving/new-ranker started 2 h ago: undefined (not enough data).
 - serving/tts and serving/asr time-slice one A100 80GB at ~15% each: underused, -> 2g.20gb each.
+  asr's demand rose by 20 points over the last 12 hours: the trend is rising, and the last day
+  alone would want a 3g.40gb, so its confidence is at most medium.
+- serving/rerank runs 3 replicas, each on an A100 80GB at ~12%, autoscaled by an HPA (2-6 on
+  cpu): underused, -> 2g.20gb per replica, and the reason says it is sized per replica.
 """
 
 from __future__ import annotations
@@ -100,9 +104,19 @@ WORKLOADS = [
         "serving",
         "asr",
         model=A100_80,
-        busy=Wave(0.14, 0.05, period=43200, jitter=0.005),
+        busy=Wave(0.14, 0.05, period=43200, jitter=0.005, rise=0.2, rise_from=END - 12 * 3600),
         memory_gib=Wave(10.0, 0.5),
         shared_uuid="GPU-5a4e0c11-shared",
+        labels={"team": "serving"},
+    ),
+    FakeWorkload(
+        "serving",
+        "rerank",
+        model=A100_80,
+        pods=3,
+        busy=Wave(0.12, 0.03, jitter=0.01),
+        memory_gib=Wave(10.0, 0.8, jitter=0.2),
+        autoscaler=(2, 6, "cpu"),
         labels={"team": "serving"},
     ),
 ]

@@ -30,15 +30,20 @@ RESTARTED_INSTANCE = "10.0.0.9:9455"
 
 @dataclass(frozen=True)
 class Wave:
-    """level + amplitude x sin(2 pi t / period) + uniform jitter in [-jitter, jitter]."""
+    """level + amplitude x sin(2 pi t / period) + uniform jitter in [-jitter, jitter], and
+    `rise` more from the unix time `rise_from` on (demand going up)."""
 
     level: float
     amplitude: float = 0.0
     period: float = 86400.0
     jitter: float = 0.0
+    rise: float = 0.0
+    rise_from: float = math.inf
 
     def at(self, t: float, rng: random.Random, *, low: float = 0.0, high: float = 1.0) -> float:
         value = self.level + self.amplitude * math.sin(2 * math.pi * t / self.period)
+        if t >= self.rise_from:
+            value += self.rise
         if self.jitter:
             value += self.jitter * (2 * rng.random() - 1)
         return min(max(value, low), high)
@@ -70,6 +75,10 @@ class FakeWorkload:
     """The daemon on this workload's node restarted this many hours before the end: from then on
     its series carry another `instance` label (new series, as after a real restart)."""
     labels: dict[str, str] = field(default_factory=dict)
+    cluster: str | None = None
+    """A `cluster` label on every series of the workload, as a store of many clusters has it."""
+    autoscaler: tuple[int, int, str] | None = None
+    """A HorizontalPodAutoscaler (min replicas, max replicas, metric) in kube-state-metrics."""
 
     def pod_name(self, index: int) -> str:
         return (
@@ -83,12 +92,21 @@ class FakeWorkload:
         found = []
         for pod in range(self.pods):
             for gpu in range(self.gpus_per_pod):
-                digest = zlib.crc32(f"{self.namespace}/{self.name}".encode())
+                digest = zlib.crc32(_key(self, f"{self.namespace}/{self.name}").encode())
                 uuid = self.shared_uuid or f"GPU-{digest:08x}-{pod}-{gpu}"
                 if self.mig_profile and not self.shared_uuid:
                     uuid = "MIG" + uuid[3:]
                 found.append((self.pod_name(pod), str(gpu), uuid))
         return found
+
+
+def _clustered(w: FakeWorkload, labels: dict[str, str]) -> dict[str, str]:
+    return labels | {"cluster": w.cluster} if w.cluster else labels
+
+
+def _key(w: FakeWorkload, key: str) -> str:
+    """A random sequence's or counter's key, apart per cluster."""
+    return f"{w.cluster}/{key}" if w.cluster else key
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -140,7 +158,7 @@ def write_openmetrics(
         }
         if w.mig_profile:
             labels |= {"mig_profile": w.mig_profile, "gpu_instance": "1"}
-        return labels | TARGET
+        return _clustered(w, labels | TARGET)
 
     def series(
         name: str, kind: str, rows: Iterator[tuple[dict[str, str], Iterator[tuple[float, float]]]]
@@ -234,7 +252,7 @@ def write_openmetrics(
         "gpu_pod_busy_seconds_total",
         "counter",
         (
-            (device_labels(w, p, g, u), counter(w, w.busy, f"busy/{p}/{u}"))
+            (device_labels(w, p, g, u), counter(w, w.busy, _key(w, f"busy/{p}/{u}")))
             for w, p, g, u in each_device(True)
             if w.busy
         ),
@@ -243,7 +261,10 @@ def write_openmetrics(
         "gpu_pod_memory_used_bytes",
         "gauge",
         (
-            (device_labels(w, p, g, u), gauge(w, w.memory_gib, f"mem/{p}/{u}", GIB, high=1e6))
+            (
+                device_labels(w, p, g, u),
+                gauge(w, w.memory_gib, _key(w, f"mem/{p}/{u}"), GIB, high=1e6),
+            )
             for w, p, g, u in each_device(True)
             if w.memory_gib
         ),
@@ -258,31 +279,34 @@ def write_openmetrics(
             "counter",
             (
                 (
-                    {"gpu": g, "uuid": u, "model": w.model} | TARGET,
-                    counter(w, getattr(w, attribute), f"{attribute}/{u}"),
+                    _clustered(w, {"gpu": g, "uuid": u, "model": w.model} | TARGET),
+                    counter(w, getattr(w, attribute), _key(w, f"{attribute}/{u}")),
                 )
                 for w, _, g, u in each_device(True)
                 if getattr(w, attribute) is not None
             ),
         )
-    pods = {(w.namespace, p): w for w, p, _, _ in each_device()}
+    pods = {(w.cluster, w.namespace, p): w for w, p, _, _ in each_device()}
     series(
         "gpu_pod_info",
         "gauge",
         (
             (
-                {
-                    "namespace": w.namespace,
-                    "pod": p,
-                    "workload": w.name,
-                    "workload_kind": w.kind,
-                    "node": "node-a",
-                }
-                | {f"label_{k}": v for k, v in w.labels.items()}
-                | TARGET,
+                _clustered(
+                    w,
+                    {
+                        "namespace": w.namespace,
+                        "pod": p,
+                        "workload": w.name,
+                        "workload_kind": w.kind,
+                        "node": "node-a",
+                    }
+                    | {f"label_{k}": v for k, v in w.labels.items()}
+                    | TARGET,
+                ),
                 constant(w, 1),
             )
-            for (_, p), w in pods.items()
+            for (_, _, p), w in pods.items()
         ),
     )
     cadvisor = {"job": "kubelet", "instance": "node-a"}
@@ -291,11 +315,14 @@ def write_openmetrics(
         "counter",
         (
             (
-                {"namespace": w.namespace, "pod": p, "container": "main", "image": "trainer:1"}
-                | cadvisor,
-                counter(w, w.cpu_usage, f"cpu/{p}", high=w.cpu_limit or 1e6),
+                _clustered(
+                    w,
+                    {"namespace": w.namespace, "pod": p, "container": "main", "image": "trainer:1"}
+                    | cadvisor,
+                ),
+                counter(w, w.cpu_usage, _key(w, f"cpu/{p}"), high=w.cpu_limit or 1e6),
             )
-            for (_, p), w in pods.items()
+            for (_, _, p), w in pods.items()
             if w.cpu_usage is not None
         ),
     )
@@ -305,29 +332,85 @@ def write_openmetrics(
         "gauge",
         (
             (
-                {
-                    "namespace": w.namespace,
-                    "pod": p,
-                    "container": "main",
-                    "resource": "cpu",
-                    "unit": "core",
-                    "node": "node-a",
-                }
-                | ksm,
+                _clustered(
+                    w,
+                    {
+                        "namespace": w.namespace,
+                        "pod": p,
+                        "container": "main",
+                        "resource": "cpu",
+                        "unit": "core",
+                        "node": "node-a",
+                    }
+                    | ksm,
+                ),
                 constant(w, w.cpu_limit),
             )
-            for (_, p), w in pods.items()
+            for (_, _, p), w in pods.items()
             if w.cpu_limit is not None
         ),
     )
+    scaled = [w for w in workloads if w.autoscaler is not None]
+
+    def hpa(w: FakeWorkload, extra: dict[str, str] | None = None) -> dict[str, str]:
+        labels = {"namespace": w.namespace, "horizontalpodautoscaler": w.name} | ksm
+        return _clustered(w, labels | (extra or {}))
+
+    series(
+        "kube_horizontalpodautoscaler_info",
+        "gauge",
+        (
+            (
+                hpa(
+                    w,
+                    {
+                        "scaletargetref_api_version": "apps/v1",
+                        "scaletargetref_kind": w.kind,
+                        "scaletargetref_name": w.name,
+                    },
+                ),
+                constant(w, 1),
+            )
+            for w in scaled
+        ),
+    )
+    for family, index in (
+        ("kube_horizontalpodautoscaler_spec_min_replicas", 0),
+        ("kube_horizontalpodautoscaler_spec_max_replicas", 1),
+    ):
+        series(
+            family,
+            "gauge",
+            ((hpa(w), constant(w, (w.autoscaler or (0, 0, ""))[index])) for w in scaled),
+        )
+    series(
+        "kube_horizontalpodautoscaler_spec_target_metric",
+        "gauge",
+        (
+            (
+                hpa(
+                    w,
+                    {
+                        "metric_name": (w.autoscaler or (0, 0, ""))[2],
+                        "metric_target_type": "utilization",
+                    },
+                ),
+                constant(w, 70),
+            )
+            for w in scaled
+        ),
+    )
     calibrated = calibration or {}
-    gpus = {(w.model, g, u): w for w, _, g, u in each_device() if w.model in calibrated}
+    gpus = {(w.cluster, w.model, g, u): w for w, _, g, u in each_device() if w.model in calibrated}
     series(
         "gpu_calibrated_flops",
         "gauge",
         (
-            ({"gpu": g, "uuid": u, "model": model, "dtype": dtype} | TARGET, constant(w, flops))
-            for (model, g, u), w in gpus.items()
+            (
+                _clustered(w, {"gpu": g, "uuid": u, "model": model, "dtype": dtype} | TARGET),
+                constant(w, flops),
+            )
+            for (_, model, g, u), w in gpus.items()
             for dtype, flops in calibrated[model][0].items()
         ),
     )
@@ -335,8 +418,11 @@ def write_openmetrics(
         "gpu_calibrated_memory_bandwidth_bytes_per_second",
         "gauge",
         (
-            ({"gpu": g, "uuid": u, "model": model} | TARGET, constant(w, calibrated[model][1]))
-            for (model, g, u), w in gpus.items()
+            (
+                _clustered(w, {"gpu": g, "uuid": u, "model": model} | TARGET),
+                constant(w, calibrated[model][1]),
+            )
+            for (_, model, g, u), w in gpus.items()
         ),
     )
     out.write("# EOF\n")

@@ -72,6 +72,7 @@ def test_each_workload_gets_the_answer_its_history_was_built_for(prometheus: str
         "new-ranker": ("undefined", "-"),
         "tts": ("underused", "A100 80GB SXM MIG 2g.20gb"),
         "asr": ("underused", "A100 80GB SXM MIG 2g.20gb"),
+        "rerank": ("underused", "A100 80GB SXM MIG 2g.20gb"),
     }
     # The reasons carry what was measured.
     assert workloads["chat-small"]["demand"]["compute_signal"] == "SM activity"
@@ -104,6 +105,7 @@ def test_savings_arithmetic_follows_the_prices(prometheus: str) -> None:
         "embed-finetune": (month("A100 80GB SXM"), month("A100 80GB SXM")),
         "llm-pretrain": (month("H100 SXM", 8), month("H100 SXM", 8)),
         "resnet-train": (month("A100 40GB SXM"), month("A100 40GB SXM")),
+        "rerank": (month("A100 80GB SXM", 3), month("A100 80GB SXM", 3 * 2 / 7)),
     }
     for name, (current, recommended) in expected.items():
         row = workloads[name]
@@ -133,18 +135,19 @@ def test_savings_arithmetic_follows_the_prices(prometheus: str) -> None:
     assert namespaces["serving"]["savings_usd_per_month"] == pytest.approx(
         sum(
             workloads[n]["savings_usd_per_month"]
-            for n in ("chat-small", "tts", "asr", "new-ranker")
+            for n in ("chat-small", "tts", "asr", "new-ranker", "rerank")
         ),
         abs=0.05,
     )
     consolidation = document["consolidation"]
-    # Before: 10 H100s, 3 A100 80GB (one time-sliced by tts and asr), 1 A100 40GB. After: the
-    # idle H100 released; chat-small's 1g.10gb and two 2g.20gb share one A100 80GB.
-    assert (consolidation["gpus_before"], consolidation["gpus_after"]) == (14, 12)
+    # Before: 10 H100s, 6 A100 80GB (one time-sliced by tts and asr, three for rerank's
+    # replicas), 1 A100 40GB. After: the idle H100 released; chat-small's 1g.10gb and five
+    # 2g.20gb (tts, asr, rerank's three) fit on two A100 80GB, embed-finetune keeps its own.
+    assert (consolidation["gpus_before"], consolidation["gpus_after"]) == (17, 13)
     models = {m["model"]: (m["gpus_before"], m["gpus_after"]) for m in consolidation["models"]}
-    assert models == {"H100 SXM": (10, 9), "A100 80GB SXM": (3, 2), "A100 40GB SXM": (1, 1)}
+    assert models == {"H100 SXM": (10, 9), "A100 80GB SXM": (6, 3), "A100 40GB SXM": (1, 1)}
     assert consolidation["utilization_after"] > consolidation["utilization_before"]
-    assert "fit on 12 GPUs" in summary["business_case"]
+    assert "fit on 13 GPUs" in summary["business_case"]
 
 
 def test_calibrated_ceilings_from_prometheus_draw_the_roofline(prometheus: str) -> None:
@@ -166,6 +169,7 @@ def test_namespace_and_label_selector_narrow_the_report(prometheus: str) -> None
         "new-ranker",
         "tts",
         "asr",
+        "rerank",
     }
     research = report_json(prometheus, "--selector=team in (research, vision),team!=serving")
     assert {w["workload"] for w in research["workloads"]} == {
@@ -184,14 +188,15 @@ def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> No
     assert "serving/chat-small" in table.stdout
     assert "A100 80GB SXM MIG 1g.10gb" in table.stdout
     assert "\x1b[" not in table.stdout  # not a terminal: no colour codes
-    assert 'msg="report ready" workloads=8 queries=20' in table.stderr
+    # 24 over the window, 16 over each shorter term (the last day and week), and the check.
+    assert 'msg="report ready" workloads=9 queries=57' in table.stderr
     for name, check in (
         (
             "markdown",
             lambda text: text.startswith("# GPU rightsizing: 14d to 2026-05-28T20:30:00Z"),
         ),
-        ("csv", lambda text: text.count("\n") == 9),
-        ("yaml", lambda text: yaml.safe_load(text)["summary"]["workloads"] == 8),
+        ("csv", lambda text: text.count("\n") == 10),
+        ("yaml", lambda text: yaml.safe_load(text)["summary"]["workloads"] == 9),
     ):
         out = tmp_path / f"report.{name}"
         result = rightsize(
@@ -362,7 +367,7 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
         (["--window=1h", "--step=1h"], "invalid --window: must span at least two steps"),
         (
             ["--format=pdf"],
-            "invalid --format: 'pdf' is not one of json, yaml, csv, markdown, table, html",
+            "invalid --format: 'pdf' is not one of json, yaml, csv, markdown, table, html, patches",
         ),
         (["--strategy=magic"], "invalid --strategy: 'magic' is not one of simple"),
         (["--percentile=101"], "invalid --percentile: 101% is outside 50..100%"),

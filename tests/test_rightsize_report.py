@@ -54,7 +54,7 @@ def test_money_per_workload_is_the_window_spend_scaled_to_a_month() -> None:
         assert row.savings == pytest.approx((row.cost_current or 0) - (row.cost_recommended or 0))
     assert report.total.current == pytest.approx(sum(r.cost_current or 0 for r in report.rows))
     assert report.total.savings == pytest.approx(sum(r.savings or 0 for r in report.rows))
-    by_namespace = dict(report.namespaces)
+    by_namespace = {entry.namespace: entry.money for entry in report.namespaces}
     assert set(by_namespace) == {"research", "serving", "training"}
     assert sum(m.savings for m in by_namespace.values()) == pytest.approx(report.total.savings)
     assert by_namespace["research"].savings == pytest.approx(6.88 * HOURS)

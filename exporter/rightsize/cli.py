@@ -1,8 +1,10 @@
-"""`gpuscope rightsize`: read history from a PromQL API, recommend, report.
+"""`gpuscope rightsize`: read history from a PromQL API, recommend, report, notify;
+`gpuscope rightsize serve`: the same, again and again, as a server (`server.py`).
 
-Exit status: 0 with a report, 1 when the report cannot be made (Prometheus unreachable or
-refusing, the ConfigMap not writable), 2 for bad settings (`exporter/rightsize/options.py`,
-checked before any query). Each failure is one line on stderr.
+Exit status: 0 with a report (whether or not the notifications went out: a failed one is
+logged), 1 when the report cannot be made (Prometheus unreachable or refusing, the output or the
+ConfigMap not writable), 2 for bad settings (`exporter/rightsize/options.py`, checked before any
+query). Each failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import TYPE_CHECKING
 
 from exporter import logs
 from exporter.rightsize.configmap import ConfigMapError, write_report
-from exporter.rightsize.formatters import EXTENSIONS, FORMATTERS, Output
+from exporter.rightsize.formatters import DIRECTORIES, EXTENSIONS, FORMATTERS, Output
+from exporter.rightsize.formatters.patches import MARK, SCRIPT
 from exporter.rightsize.hardware import Hardware
 from exporter.rightsize.history import fetch
+from exporter.rightsize.notify import notify
 from exporter.rightsize.options import PROG, RightsizeConfig, UsageError, load
 from exporter.rightsize.prometheus import PrometheusClient, PrometheusError
 from exporter.rightsize.report import build_report
@@ -28,6 +32,7 @@ from exporter.settings import ConfigError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     from exporter.rightsize.report import Report
 
@@ -45,6 +50,7 @@ async def produce(config: RightsizeConfig) -> Report:
             window=config.window,
             step=config.step,
             quantile=config.settings.percentile,
+            cluster_label=config.cluster_label,
         )
         queries = client.queries_sent
     hardware = Hardware.build(
@@ -59,6 +65,7 @@ async def produce(config: RightsizeConfig) -> Report:
         hardware=hardware,
         settings=config.settings,
         source=config.connection.url,
+        min_confidence=config.min_confidence,
     )
     log.info(
         "report ready",
@@ -73,7 +80,12 @@ async def produce(config: RightsizeConfig) -> Report:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run `gpuscope rightsize` with these arguments; the exit status."""
+    """Run `gpuscope rightsize` (or `gpuscope rightsize serve`) with these arguments; the exit
+    status."""
+    if list(argv[:1]) == ["serve"]:
+        from exporter.rightsize.server import main as serve  # noqa: PLC0415 - only the server's
+
+        return serve(argv[1:])
     try:
         config = load(argv, os.environ)
     except (UsageError, ConfigError) as error:
@@ -85,6 +97,32 @@ def main(argv: Sequence[str]) -> int:
     except PrometheusError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
+    status = _write(config, report)
+    if status == 0 and config.notify:
+        asyncio.run(
+            notify(
+                report,
+                config.notify,
+                report_url=config.report_url,
+                attempt_seconds=config.notify_timeout,
+            )
+        )
+    return status
+
+
+def _write(config: RightsizeConfig, report: Report) -> int:
+    """The report where the settings say; the exit status."""
+    if config.output_format in DIRECTORIES and config.output is not None:
+        try:
+            written = write_directory(config.output, DIRECTORIES[config.output_format](report))
+        except OSError as error:
+            print(
+                f"{PROG}: error: cannot write {config.output}: {error.strerror or error}",
+                file=sys.stderr,
+            )
+            return 1
+        log.info("patches written", extra={"directory": str(config.output), "files": written})
+        return 0
     terminal = config.output is None and sys.stdout.isatty()
     width = shutil.get_terminal_size().columns if terminal else 180
     text = FORMATTERS[config.output_format](report, Output(terminal=terminal, width=width))
@@ -108,3 +146,27 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def write_directory(directory: Path, files: dict[str, str]) -> int:
+    """Write `files` into `directory` (made if need be), `apply.sh` executable; patch files of an
+    earlier run that this one no longer has are removed, so the directory holds this report's
+    changes only. The number of files written."""
+    directory.mkdir(exist_ok=True)
+    for stale in directory.glob("*.yaml"):
+        if stale.name not in files and _is_patch(stale):
+            stale.unlink()
+    for name, text in files.items():
+        path = directory / name
+        path.write_text(text, encoding="utf-8")
+        if name == SCRIPT:
+            path.chmod(0o755)
+    return len(files)
+
+
+def _is_patch(path: Path) -> bool:
+    try:
+        with path.open("rb") as file:
+            return file.read(len(MARK)) == MARK.encode()
+    except OSError:
+        return False

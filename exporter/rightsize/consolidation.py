@@ -3,8 +3,8 @@
 Each device a workload holds at the end of the window is a `Slot` on a GPU model: a whole GPU
 (one GPU each), a MIG instance (packed onto GPUs of that model by compute and memory slices,
 first-fit decreasing, no more instances of a profile than the model allows), or a time-sliced
-GPU (the pods sharing one keep sharing it). Utilization is the mean work (busy time weighted by
-the slot's share of the GPU) over the GPUs needed.
+GPU (the pods sharing one keep sharing it), each cluster on GPUs of its own. Utilization is
+the mean work (busy time weighted by the slot's share of the GPU) over the GPUs needed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class Slot:
     """Mean busy time in whole GPUs of `model` (a MIG slice busy half the time: half its share)."""
     shared_uuid: str | None = None
     """A time-sliced device: every slot with this uuid lands on the same GPU."""
+    cluster: str = ""
+    """Slots of different clusters never share a GPU."""
 
 
 @dataclass(slots=True)
@@ -79,14 +81,14 @@ class ModelUsage:
 
 
 def gpus_needed(slots: Iterable[Slot]) -> list[ModelUsage]:
-    """Per model (by name): GPUs needed for the slots, and the work on them."""
-    by_model: dict[str, list[Slot]] = defaultdict(list)
+    """Per model (by name): GPUs needed for the slots, packed per cluster, and the work on them."""
+    by_model: dict[tuple[str, str], list[Slot]] = defaultdict(list)
     names: dict[str, str] = {}
     for slot in slots:
-        by_model[slot.model.key].append(slot)
+        by_model[(slot.model.key, slot.cluster)].append(slot)
         names[slot.model.key] = slot.model.name
-    usage = []
-    for key, model_slots in sorted(by_model.items()):
+    totals: dict[str, tuple[int, float]] = {}
+    for (key, _), model_slots in sorted(by_model.items()):
         whole = 0
         shared_seen: set[tuple[str, str]] = set()
         mig: list[MigProfile] = []
@@ -100,9 +102,9 @@ def gpus_needed(slots: Iterable[Slot]) -> list[ModelUsage]:
                 whole += 1
             else:
                 mig.append(slot.mig_profile)
-        gpus = whole + pack_mig(mig)
-        usage.append(ModelUsage(names[key], gpus, sum(slot.work for slot in model_slots)))
-    return usage
+        gpus, work = totals.get(key, (0, 0.0))
+        totals[key] = (gpus + whole + pack_mig(mig), work + sum(slot.work for slot in model_slots))
+    return [ModelUsage(names[key], gpus, work) for key, (gpus, work) in totals.items()]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,14 @@ Results are keyed per device a pod held (namespace, workload_kind, workload, pod
 grouped per workload. A signal whose series do not exist (no GPM on Ampere, no cAdvisor, no
 calibration) simply leaves its fields `None`; an optional signal whose query fails is reported
 in `History.missing_signals` and costs only its own fields.
+
+With a cluster label (`--cluster-label cluster`, for Thanos, Mimir or VictoriaMetrics holding
+many clusters) every grouping and join carries it too, so two clusters' `ml/trainer` are two
+workloads. Besides the window, the signals a strategy needs are asked again over the shorter
+terms (the last day and week, as Kruize's short and medium terms), so a recommendation can say
+where demand is going; a term's query that fails costs only that term. Once per run the job also
+reads which GPU resource names the cluster's pods hold (`gpu_allocation_info{resource}`: the
+names a patch must use) and kube-state-metrics' HorizontalPodAutoscalers.
 """
 
 from __future__ import annotations
@@ -27,14 +35,14 @@ import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from exporter.durations import format_duration
 from exporter.rightsize.prometheus import PrometheusQueryError
 from exporter.rightsize.selection import promql_string
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
     from exporter.rightsize.prometheus import PrometheusClient, Sample
     from exporter.rightsize.selection import Selection
@@ -48,41 +56,94 @@ IDLE_QUANTILE: Final = 0.99
 MEMORY_QUANTILE: Final = 0.99
 SHARING_STEP: Final = 3600.0
 """Resolution at which the pods time-slicing a GPU are counted (a per-step count is costly)."""
+AUTOSCALER_LABELS: Final = ("namespace", "horizontalpodautoscaler")
+
+
+class Term(NamedTuple):
+    """A span of history ending where the window ends, recommended on separately."""
+
+    name: str
+    seconds: float
+
+
+TERMS: Final = (Term("short_term", 86400.0), Term("medium_term", 7 * 86400.0))
+"""The shorter terms beside the whole window (`long_term`), as Kruize names them: the last day
+and the last week. A term as long as the window, or longer, is the window itself."""
+LONG_TERM: Final = "long_term"
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """The labels results are grouped and joined by: a workload's device, a GPU, a container;
+    with a cluster label, each of them also per cluster."""
+
+    cluster_label: str | None = None
+
+    @property
+    def extra(self) -> tuple[str, ...]:
+        return (self.cluster_label,) if self.cluster_label else ()
+
+    @property
+    def device(self) -> tuple[str, ...]:
+        return (*self.extra, *DEVICE_LABELS)
+
+    @property
+    def uuid(self) -> tuple[str, ...]:
+        return (*self.extra, "uuid")
+
+    @property
+    def container(self) -> tuple[str, ...]:
+        return (*self.extra, *CONTAINER_LABELS)
+
+    @property
+    def autoscaler(self) -> tuple[str, ...]:
+        return (*self.extra, *AUTOSCALER_LABELS)
+
+    def cluster(self, labels: Mapping[str, str]) -> str:
+        return labels.get(self.cluster_label, "") if self.cluster_label else ""
 
 
 @dataclass(frozen=True, slots=True)
 class Signal:
     name: str
     template: str
-    """PromQL with `{D}` (the device labels), `{m}` (namespace matchers), `{mc}` (the same after a
-    comma), `{w}` (window), `{s}` (step), `{c}` (the sharing step), `{q}` (the strategy's
-    quantile), `{f}` (the label-selector filter), `{pods}` (matchers for the pods found)."""
+    """PromQL with `{D}` (the device labels), `{U}` (a GPU's), `{C}` (a container's), `{H}` (an
+    autoscaler's), `{K}` (the cluster label and a comma, or nothing), `{m}` (namespace matchers),
+    `{w}` (window), `{s}` (step), `{c}` (the sharing step), `{q}` (the strategy's quantile), `{f}`
+    (the label-selector filter), `{pods}` (matchers for the pods found)."""
     required: bool = False
     """A failed required signal fails the report; a failed optional one only blanks its field."""
     per_pod: bool = False
     """Asked only once the pods holding GPUs are known (cAdvisor and kube-state-metrics have
     series for every container of the cluster: the query names the pods it wants)."""
+    per_term: bool = True
+    """Asked again over each shorter term: the strategy needs it to recommend."""
 
 
 _HELD_UUIDS: Final = (
     # Device series carry no namespace: keep the GPUs the selected pods held.
-    " and on (uuid) group by (uuid) (last_over_time(gpu_allocation_info{{{m}}}[{w}]))"
+    " and on ({U}) group by ({U}) (last_over_time(gpu_allocation_info{{{m}}}[{w}]))"
 )
 
 
 SIGNALS: Final = (
     Signal(
         "held",
-        "sum by ({D}, model, mig_profile, resource) "
+        "sum by ({D}, container, model, mig_profile, resource) "
         "(count_over_time(gpu_allocation_info{{{m}}}[{w}:{s}])){f}",
         required=True,
     ),
-    Signal("present", "max by ({D}) (timestamp(gpu_allocation_info{{{m}}})){f}", required=True),
+    Signal(
+        "present",
+        "max by ({D}) (timestamp(gpu_allocation_info{{{m}}})){f}",
+        required=True,
+        per_term=False,
+    ),
     Signal("shared", "max by ({D}) (max_over_time(gpu_allocation_shared{{{m}}}[{w}])){f}"),
     Signal(
         "sharers",
         # Every holder counts, whatever the selection: the cost of a shared GPU is split by all.
-        "avg_over_time((count by (uuid) (gpu_allocation_shared == 1))[{w}:{c}])",
+        "avg_over_time((count by ({U}) (gpu_allocation_shared == 1))[{w}:{c}])",
     ),
     Signal("in_use", "max by ({D}) (avg_over_time(gpu_allocation_in_use{{{m}}}[{w}])){f}"),
     Signal(
@@ -119,39 +180,68 @@ SIGNALS: Final = (
     ),
     Signal(
         "sm_quantile",
-        "max by (uuid) (quantile_over_time({q}, rate(gpu_sm_active_seconds_total[{s}])[{w}:{s}]))"
+        "max by ({U}) (quantile_over_time({q}, rate(gpu_sm_active_seconds_total[{s}])[{w}:{s}]))"
         + _HELD_UUIDS,
     ),
-    Signal(
-        "sm_seconds", "sum by (uuid) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS
-    ),
+    Signal("sm_seconds", "sum by ({U}) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS),
     Signal(
         "tensor_seconds",
-        "sum by (uuid) (increase(gpu_tensor_active_seconds_total[{w}]))" + _HELD_UUIDS,
+        "sum by ({U}) (increase(gpu_tensor_active_seconds_total[{w}]))" + _HELD_UUIDS,
     ),
     Signal(
-        "dram_seconds", "sum by (uuid) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS
+        "dram_seconds", "sum by ({U}) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS
     ),
     Signal(
         "cpu_usage_quantile",
-        "max by (namespace, pod, container) (quantile_over_time({q}, "
+        "max by ({C}) (quantile_over_time({q}, "
         'rate(container_cpu_usage_seconds_total{{container!="", container!="POD", {pods}}}[{s}])'
         "[{w}:{s}]))",
         per_pod=True,
     ),
     Signal(
         "cpu_limit",
-        "max by (namespace, pod, container) (max_over_time("
+        "max by ({C}) (max_over_time("
         'kube_pod_container_resource_limits{{resource="cpu", {pods}}}[{w}]))',
         per_pod=True,
     ),
     Signal(
         "calibrated_flops",
         "avg by (model, dtype) (last_over_time(gpu_calibrated_flops[{w}]))",
+        per_term=False,
     ),
     Signal(
         "calibrated_bandwidth",
         "avg by (model) (last_over_time(gpu_calibrated_memory_bandwidth_bytes_per_second[{w}]))",
+        per_term=False,
+    ),
+    Signal(
+        # The GPU resource names the cluster's pods hold, whatever the selection: a patch asks
+        # for the names the cluster's device plugin offers (MIG's mixed or single strategy).
+        "resources",
+        "count by ({K}resource, mig_profile) (last_over_time(gpu_allocation_info[{w}]))",
+        per_term=False,
+    ),
+    Signal(
+        "autoscalers",
+        "max by ({H}, scaletargetref_kind, scaletargetref_name) "
+        "(last_over_time(kube_horizontalpodautoscaler_info{{{m}}}[{w}]))",
+        per_term=False,
+    ),
+    Signal(
+        "autoscaler_min",
+        "max by ({H}) (last_over_time(kube_horizontalpodautoscaler_spec_min_replicas{{{m}}}[{w}]))",
+        per_term=False,
+    ),
+    Signal(
+        "autoscaler_max",
+        "max by ({H}) (last_over_time(kube_horizontalpodautoscaler_spec_max_replicas{{{m}}}[{w}]))",
+        per_term=False,
+    ),
+    Signal(
+        "autoscaler_metrics",
+        "max by ({H}, metric_name, metric_target_type) "
+        "(last_over_time(kube_horizontalpodautoscaler_spec_target_metric{{{m}}}[{w}]))",
+        per_term=False,
     ),
 )
 
@@ -164,6 +254,7 @@ def render(
     step: float,
     quantile: float,
     pods: Iterable[tuple[str, str]] = (),
+    cluster_label: str | None = None,
 ) -> str:
     """The PromQL of one signal for this selection, window, step and quantile; `pods` are the
     (namespace, pod) pairs the per-pod signals ask about."""
@@ -172,15 +263,19 @@ def render(
     found = sorted(set(pods))
     namespaces = sorted({namespace for namespace, _ in found})
     names = sorted({pod for _, pod in found})
+    grouping = Grouping(cluster_label)
     return signal.template.format(
-        D=", ".join(DEVICE_LABELS),
+        D=", ".join(grouping.device),
+        U=", ".join(grouping.uuid),
+        C=", ".join(grouping.container),
+        H=", ".join(grouping.autoscaler),
+        K=f"{cluster_label}, " if cluster_label else "",
         m=m,
-        mc=f", {m}" if m else "",
         w=w,
         s=s,
         c=format_duration(max(step, min(SHARING_STEP, window))),
         q=f"{quantile:g}",
-        f=selection.pod_filter(w),
+        f=selection.pod_filter(w, cluster_label=cluster_label),
         pods=f'namespace=~"{_alternatives(namespaces)}", pod=~"{_alternatives(names)}"',
     )
 
@@ -198,6 +293,8 @@ class DeviceHistory:
     """As NVML names it (`NVIDIA H100 80GB HBM3`); a MIG instance carries its parent's model."""
     mig_profile: str | None
     resource: str
+    """The resource name the pod was allocated it under (`nvidia.com/gpu`, `nvidia.com/mig-1g.10gb`,
+    a renamed time-sliced resource, ...)."""
     held_seconds: float
     """How long the pod held it within the window (steps held x step)."""
     observed_seconds: float
@@ -220,6 +317,8 @@ class DeviceHistory:
     sm_mean: float | None = None
     tensor_mean: float | None = None
     dram_mean: float | None = None
+    container: str = ""
+    """The container it was allocated to (the one a patch changes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +335,11 @@ class PodHistory:
     devices: tuple[DeviceHistory, ...]
     cpu: tuple[ContainerCpu, ...] = ()
 
+    @property
+    def present(self) -> bool:
+        """Still holding a GPU at the end of the window."""
+        return any(device.present for device in self.devices)
+
 
 @dataclass(frozen=True, slots=True)
 class WorkloadHistory:
@@ -247,6 +351,8 @@ class WorkloadHistory:
     model: str
     mig_profile: str | None
     pods: tuple[PodHistory, ...]
+    cluster: str = ""
+    """The cluster label's value (empty without `--cluster-label`)."""
 
     @property
     def devices(self) -> tuple[DeviceHistory, ...]:
@@ -254,7 +360,18 @@ class WorkloadHistory:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.kind}/{self.name}"
+        key = f"{self.namespace}/{self.kind}/{self.name}"
+        return f"{self.cluster}/{key}" if self.cluster else key
+
+    @property
+    def owner(self) -> tuple[str, str, str, str]:
+        """(cluster, namespace, kind, name): the object a patch changes."""
+        return (self.cluster, self.namespace, self.kind, self.name)
+
+    @property
+    def configuration(self) -> tuple[str, str, str, str, str, str]:
+        """The workload on its GPU configuration: how the terms' histories are matched."""
+        return (*self.owner, self.model, self.mig_profile or "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +385,37 @@ class Ceilings:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceUse:
+    """A GPU resource name the cluster's pods held in the window, and what it offers."""
+
+    cluster: str
+    resource: str
+    mig_profile: str | None
+    """The MIG profile of the devices held under it (None for whole GPUs): a MIG device under
+    `nvidia.com/gpu` is the device plugin's single strategy."""
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaler:
+    """A HorizontalPodAutoscaler scaling a workload (kube-state-metrics)."""
+
+    name: str
+    min_replicas: int | None
+    max_replicas: int | None
+    metrics: tuple[str, ...] = ()
+    """The metrics it scales on (`cpu`, `nvidia_gpu_utilization`, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TermHistory:
+    """The workloads over a shorter term, by `WorkloadHistory.configuration`."""
+
+    name: str
+    window_seconds: float
+    workloads: Mapping[tuple[str, ...], WorkloadHistory]
+
+
+@dataclass(frozen=True, slots=True)
 class History:
     end: float
     window_seconds: float
@@ -276,7 +424,13 @@ class History:
     workloads: tuple[WorkloadHistory, ...]
     ceilings: Ceilings = field(default_factory=Ceilings)
     missing_signals: tuple[str, ...] = ()
-    """Optional signals whose query failed; their fields are `None` everywhere."""
+    """Optional signals whose query failed (their fields are `None` everywhere), and terms that
+    could not be read (`short_term`)."""
+    terms: tuple[TermHistory, ...] = ()
+    resources: tuple[ResourceUse, ...] = ()
+    autoscalers: Mapping[tuple[str, str, str, str], Autoscaler] = field(default_factory=dict)
+    """By the (cluster, namespace, kind, name) of the workload they scale."""
+    cluster_label: str | None = None
 
 
 async def fetch(
@@ -287,45 +441,137 @@ async def fetch(
     window: float,
     step: float,
     quantile: float,
+    cluster_label: str | None = None,
+    terms: Sequence[Term] = TERMS,
 ) -> History:
-    """Run every signal's query (concurrency bounded by the client) and assemble the history."""
+    """Run every signal's query over the window, and the strategy's over each shorter term
+    (concurrency bounded by the client), and assemble the history."""
     # One cheap query first, so an unreachable or unauthorized server is one clear error, not
-    # nineteen parallel ones.
+    # dozens of parallel ones.
     await client.query("vector(1)", at=end, name="connectivity check")
+    shorter = [term for term in terms if 2 * step <= term.seconds < window]
+
+    async def ask_window(seconds: float, name: str) -> tuple[dict[str, list[Sample]], list[str]]:
+        return await _ask_window(
+            client,
+            [s for s in SIGNALS if s.per_term or name == LONG_TERM],
+            selection=selection,
+            end=end,
+            window=seconds,
+            step=step,
+            quantile=quantile,
+            cluster_label=cluster_label,
+            term=name,
+        )
+
+    async def ask_term(term: Term) -> tuple[dict[str, list[Sample]], list[str]] | None:
+        try:
+            return await ask_window(term.seconds, term.name)
+        except PrometheusQueryError as error:
+            log.warning("term unavailable", extra={"term": term.name, "error": str(error)})
+            return None
+
+    term_answers = asyncio.gather(*(ask_term(term) for term in shorter))
+    answers, missing = await ask_window(window, LONG_TERM)
+    history = assemble(
+        answers,
+        end=end,
+        window=window,
+        step=step,
+        quantile=quantile,
+        missing_signals=tuple(missing),
+        cluster_label=cluster_label,
+    )
+    read: list[TermHistory] = []
+    lost: list[str] = []
+    for term, found in zip(shorter, await term_answers, strict=True):
+        if found is None:
+            lost.append(term.name)
+            continue
+        term_history = assemble(
+            found[0],
+            end=end,
+            window=term.seconds,
+            step=step,
+            quantile=quantile,
+            cluster_label=cluster_label,
+        )
+        read.append(
+            TermHistory(
+                term.name,
+                term.seconds,
+                {w.configuration: w for w in term_history.workloads},
+            )
+        )
+    return History(
+        end=history.end,
+        window_seconds=history.window_seconds,
+        step_seconds=history.step_seconds,
+        quantile=history.quantile,
+        workloads=history.workloads,
+        ceilings=history.ceilings,
+        missing_signals=(*history.missing_signals, *lost),
+        terms=tuple(read),
+        resources=history.resources,
+        autoscalers=history.autoscalers,
+        cluster_label=cluster_label,
+    )
+
+
+async def _ask_window(
+    client: PrometheusClient,
+    signals: list[Signal],
+    *,
+    selection: Selection,
+    end: float,
+    window: float,
+    step: float,
+    quantile: float,
+    cluster_label: str | None,
+    term: str,
+) -> tuple[dict[str, list[Sample]], list[str]]:
+    """The answers of `signals` over one window, by name, and the optional ones that failed."""
+    suffix = "" if term == LONG_TERM else f" ({term})"
 
     async def ask(signal: Signal, pods: Iterable[tuple[str, str]] = ()) -> list[Sample] | None:
         promql = render(
-            signal, selection=selection, window=window, step=step, quantile=quantile, pods=pods
+            signal,
+            selection=selection,
+            window=window,
+            step=step,
+            quantile=quantile,
+            pods=pods,
+            cluster_label=cluster_label,
         )
         try:
-            return await client.query(promql, at=end, name=signal.name)
+            return await client.query(promql, at=end, name=signal.name + suffix)
         except PrometheusQueryError as error:
             if signal.required:
                 raise
             log.warning(
-                "optional signal unavailable", extra={"signal": signal.name, "error": str(error)}
+                "optional signal unavailable",
+                extra={"signal": signal.name + suffix, "error": str(error)},
             )
             return None
 
-    device_signals = [signal for signal in SIGNALS if not signal.per_pod]
-    pod_signals = [signal for signal in SIGNALS if signal.per_pod]
+    device_signals = [signal for signal in signals if not signal.per_pod]
+    pod_signals = [signal for signal in signals if signal.per_pod]
     held_signal, *other_signals = device_signals
     device_answers = asyncio.gather(*(ask(signal) for signal in other_signals))
-    held = await ask(held_signal)
+    try:
+        held = await ask(held_signal)
+    except BaseException:
+        # The report cannot be made: stop the other queries rather than leave them running.
+        device_answers.cancel()
+        await asyncio.gather(device_answers, return_exceptions=True)
+        raise
     pods = {(s.labels.get("namespace", ""), s.labels.get("pod", "")) for s in held or ()}
     pod_answers = await asyncio.gather(*(ask(signal, pods) for signal in pod_signals if pods))
     answers = {held_signal.name: held}
     answers.update(zip([s.name for s in other_signals], await device_answers, strict=True))
     answers.update(zip([s.name for s in pod_signals if pods], pod_answers, strict=True))
-    missing = tuple(name for name, samples in answers.items() if samples is None)
-    return assemble(
-        {name: samples or [] for name, samples in answers.items()},
-        end=end,
-        window=window,
-        step=step,
-        quantile=quantile,
-        missing_signals=missing,
-    )
+    missing = [name for name, samples in answers.items() if samples is None]
+    return {name: samples or [] for name, samples in answers.items()}, missing
 
 
 def assemble(
@@ -336,11 +582,24 @@ def assemble(
     step: float,
     quantile: float,
     missing_signals: tuple[str, ...] = (),
+    cluster_label: str | None = None,
 ) -> History:
     """Pure: query answers (by signal name) -> History. Devices come from the `held` signal."""
+    grouping = Grouping(cluster_label)
+    keys = {
+        "cpu_usage_quantile": grouping.container,
+        "cpu_limit": grouping.container,
+        "sharers": grouping.uuid,
+        "sm_quantile": grouping.uuid,
+        "sm_seconds": grouping.uuid,
+        "tensor_seconds": grouping.uuid,
+        "dram_seconds": grouping.uuid,
+        "autoscaler_min": grouping.autoscaler,
+        "autoscaler_max": grouping.autoscaler,
+    }
     keyed: dict[str, dict[tuple[str, ...], float]] = {}
     for name, samples in answers.items():
-        names = _KEYS.get(name, DEVICE_LABELS)
+        names = keys.get(name, grouping.device)
         keyed[name] = {_key(sample.labels, names): sample.value for sample in samples}
 
     def get(signal: str, key: tuple[str, ...]) -> float | None:
@@ -349,14 +608,14 @@ def assemble(
     held = [(sample.labels, sample.value) for sample in answers.get("held", ())]
     # Device activity is device-wide: it belongs to a workload only if no other workload held
     # the device within the window.
-    workloads_on: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    workloads_on: dict[tuple[str, ...], set[tuple[str, ...]]] = defaultdict(set)
     for labels, _ in held:
-        workloads_on[labels.get("uuid", "")].add(_key(labels, DEVICE_LABELS[:3]))
+        workloads_on[_key(labels, grouping.uuid)].add(_key(labels, grouping.device[:-2]))
 
     pods: dict[tuple[str, ...], list[DeviceHistory]] = defaultdict(list)
     for labels, steps in held:
-        key = _key(labels, DEVICE_LABELS)
-        uuid = labels.get("uuid", "")
+        key = _key(labels, grouping.device)
+        gpu = _key(labels, grouping.uuid)
         # A subquery's range includes both ends: one step more than window/step.
         held_seconds = min(steps * step, window)
         shared = bool(get("shared", key))
@@ -371,14 +630,14 @@ def assemble(
             # No process ever ran on it, so no busy counter exists: 0% busy, fully observed.
             busy = dict.fromkeys(busy, 0.0)
             observed, busy_seconds = held_seconds, 0.0
-        own = not shared and len(workloads_on[uuid]) == 1
+        own = not shared and len(workloads_on[gpu]) == 1
         activity = {
-            name: get(name, (uuid,)) if own else None
+            name: get(name, gpu) if own else None
             for name in ("sm_quantile", "sm_seconds", "tensor_seconds", "dram_seconds")
         }
-        sharers = get("sharers", (uuid,))
+        sharers = get("sharers", gpu)
         device = DeviceHistory(
-            uuid=uuid,
+            uuid=labels.get("uuid", ""),
             model=labels.get("model", ""),
             mig_profile=labels.get("mig_profile") or None,
             resource=labels.get("resource", ""),
@@ -397,30 +656,36 @@ def assemble(
             sm_mean=_mean(activity["sm_seconds"], held_seconds),
             tensor_mean=_mean(activity["tensor_seconds"], held_seconds),
             dram_mean=_mean(activity["dram_seconds"], held_seconds),
+            container=labels.get("container", ""),
         )
-        pods[key[:4]].append(device)
+        pods[key[:-1]].append(device)
 
-    cpu: dict[tuple[str, str], list[ContainerCpu]] = defaultdict(list)
+    cpu: dict[tuple[str, ...], list[ContainerCpu]] = defaultdict(list)
     containers = set(keyed.get("cpu_usage_quantile", {})) | set(keyed.get("cpu_limit", {}))
-    for namespace, pod, container in sorted(containers):
-        cpu[(namespace, pod)].append(
+    for container_key in sorted(containers):
+        cpu[container_key[:-1]].append(
             ContainerCpu(
-                container,
-                get("cpu_usage_quantile", (namespace, pod, container)),
-                get("cpu_limit", (namespace, pod, container)),
+                container_key[-1],
+                get("cpu_usage_quantile", container_key),
+                get("cpu_limit", container_key),
             )
         )
 
-    units: dict[tuple[str, str, str, str, str], list[PodHistory]] = defaultdict(list)
-    for (namespace, kind, workload, pod), devices in sorted(pods.items()):
+    extra = len(grouping.extra)
+    units: dict[tuple[str, ...], list[PodHistory]] = defaultdict(list)
+    for pod_key, devices in sorted(pods.items()):
+        cluster = pod_key[0] if extra else ""
+        namespace, kind, workload, pod = pod_key[extra:]
         configurations: dict[tuple[str, str], list[DeviceHistory]] = defaultdict(list)
         for device in sorted(devices, key=lambda d: d.uuid):
             configurations[(device.model, device.mig_profile or "")].append(device)
         for (model, profile), held_devices in configurations.items():
             # A bare pod (no owning workload) is its own workload.
-            unit = (namespace, kind or "Pod", workload or pod, model, profile)
+            unit = (cluster, namespace, kind or "Pod", workload or pod, model, profile)
             units[unit].append(
-                PodHistory(pod, tuple(held_devices), tuple(cpu.get((namespace, pod), ())))
+                PodHistory(
+                    pod, tuple(held_devices), tuple(cpu.get((*pod_key[:extra], namespace, pod), ()))
+                )
             )
 
     ceilings = Ceilings(
@@ -432,29 +697,64 @@ def assemble(
             s.labels.get("model", ""): s.value for s in answers.get("calibrated_bandwidth", ())
         },
     )
+    resources = sorted(
+        {
+            ResourceUse(
+                grouping.cluster(s.labels),
+                s.labels.get("resource", ""),
+                s.labels.get("mig_profile") or None,
+            )
+            for s in answers.get("resources", ())
+            if s.labels.get("resource")
+        },
+        key=lambda use: (use.cluster, use.resource, use.mig_profile or ""),
+    )
     return History(
         end=end,
         window_seconds=window,
         step_seconds=step,
         quantile=quantile,
         workloads=tuple(
-            WorkloadHistory(namespace, kind, name, model, profile or None, tuple(pod_list))
-            for (namespace, kind, name, model, profile), pod_list in sorted(units.items())
+            WorkloadHistory(namespace, kind, name, model, profile or None, tuple(pod_list), cluster)
+            for (cluster, namespace, kind, name, model, profile), pod_list in sorted(units.items())
         ),
         ceilings=ceilings,
         missing_signals=missing_signals,
+        resources=tuple(resources),
+        autoscalers=_autoscalers(answers, keyed, grouping),
+        cluster_label=cluster_label,
     )
 
 
-_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "cpu_usage_quantile": CONTAINER_LABELS,
-    "cpu_limit": CONTAINER_LABELS,
-    "sharers": ("uuid",),
-    "sm_quantile": ("uuid",),
-    "sm_seconds": ("uuid",),
-    "tensor_seconds": ("uuid",),
-    "dram_seconds": ("uuid",),
-}
+def _autoscalers(
+    answers: Mapping[str, Iterable[Sample]],
+    keyed: Mapping[str, Mapping[tuple[str, ...], float]],
+    grouping: Grouping,
+) -> dict[tuple[str, str, str, str], Autoscaler]:
+    """kube-state-metrics' HorizontalPodAutoscalers, by the workload they scale."""
+    metrics: dict[tuple[str, ...], set[str]] = defaultdict(set)
+    for sample in answers.get("autoscaler_metrics", ()):
+        name = sample.labels.get("metric_name")
+        if name:
+            metrics[_key(sample.labels, grouping.autoscaler)].add(name)
+    found: dict[tuple[str, str, str, str], Autoscaler] = {}
+    for sample in answers.get("autoscalers", ()):
+        labels = sample.labels
+        kind, target = labels.get("scaletargetref_kind", ""), labels.get("scaletargetref_name", "")
+        if not kind or not target:
+            continue
+        key = _key(labels, grouping.autoscaler)
+        low, high = (
+            keyed.get("autoscaler_min", {}).get(key),
+            keyed.get("autoscaler_max", {}).get(key),
+        )
+        found[(grouping.cluster(labels), labels.get("namespace", ""), kind, target)] = Autoscaler(
+            labels.get("horizontalpodautoscaler", ""),
+            None if low is None else round(low),
+            None if high is None else round(high),
+            tuple(sorted(metrics[key])),
+        )
+    return found
 
 
 def _mean(seconds: float | None, held: float) -> float | None:

@@ -7,6 +7,10 @@ the optional `--config.file` YAML (`prometheus: {url: http://prometheus:9090, ti
 `configure` then reads the files the settings name (secrets, CA certificates, catalog, prices,
 each bounded) and checks what no single setting can (`--window` against `--step`, a password
 without a user): everything wrong is one line and exit status 2 before any query is sent.
+
+`gpuscope rightsize serve` has a table of its own (`RIGHTSIZE_SERVE`): the same rows but the
+output's (`--format`, `--output`, `--configmap`), and the server's (`SERVER_SETTINGS`:
+`--web.listen-address`, `--web.config.file`, `--web.max-requests`, `--refresh`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import math
 import re
 import ssl
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, NoReturn
 from urllib.parse import urlsplit
@@ -25,9 +29,12 @@ from exporter import documents, logs
 from exporter.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
 from exporter.documents import quote, size_text
 from exporter.durations import format_duration
+from exporter.rightsize.confidence import LEVELS
 from exporter.rightsize.configmap import ConfigMapTarget, parse_target
-from exporter.rightsize.formatters import FORMATTERS
+from exporter.rightsize.formatters import DIRECTORIES, FORMATTERS
 from exporter.rightsize.hardware import PriceFileError, load_price_file
+from exporter.rightsize.history import DEVICE_LABELS
+from exporter.rightsize.notify import Webhook, parse_webhook
 from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES, Connection
 from exporter.rightsize.selection import Requirement, Selection, parse_namespaces, parse_selector
 from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, listed
@@ -64,6 +71,9 @@ MAX_SELECTOR_LENGTH: Final = 4096
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """An HTTP field name (RFC 9110's token)."""
 _SIZE: Final = re.compile(r"(\d{1,13})\s*(B|KiB|MiB|GiB)?")
+_LABEL: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
+DEFAULT_PORT: Final = 9456
+"""The report server's port: the daemon's (9455) and one."""
 _SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
@@ -74,6 +84,18 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """Where the report server listens; `host` None means every interface."""
+
+    host: str | None
+    port: int
+
+    def __str__(self) -> str:
+        host = self.host or ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,21 @@ class RightsizeSettings(StrategySettings):
     config_file: Path | None = None
     log_level: str = "info"
     log_format: str = "logfmt"
+    cluster_label: str | None = None
+    min_confidence: str = "low"
+    notify: tuple[Webhook, ...] = ()
+    notify_timeout: float = 10.0
+    report_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSettings(RightsizeSettings):
+    """`gpuscope rightsize serve`'s settings: the job's, and the server's."""
+
+    listen_address: ListenAddress = field(default_factory=lambda: ListenAddress(None, DEFAULT_PORT))
+    web_config_file: Path | None = None
+    max_requests: int = 40
+    refresh: float = 6 * 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +163,24 @@ class RightsizeConfig:
     prices: dict[str, float]
     log_level: str
     log_format: str
+    cluster_label: str | None = None
+    min_confidence: str = "low"
+    notify: tuple[Webhook, ...] = ()
+    notify_timeout: float = 10.0
+    report_url: str | None = None
+    fixed_end: bool = False
+    """`--end` was given: every run (each of the server's refreshes) reports the same window."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """What `gpuscope rightsize serve` needs: a run's configuration and the server's."""
+
+    run: RightsizeConfig
+    listen_address: ListenAddress
+    web_config_file: Path | None
+    max_requests: int
+    refresh: float
 
 
 # -- value parsers ------------------------------------------------------------------------------
@@ -238,6 +293,39 @@ def parse_configmap(value: object) -> ConfigMapTarget:
     return parse_target(text(value))
 
 
+def parse_cluster_label(value: object) -> str:
+    label = text(value).strip()
+    if not _LABEL.fullmatch(label) or label.startswith("__"):
+        raise ValueError(f"{quote(label)} is not a Prometheus label name")
+    if label in {*DEVICE_LABELS, "container", "model", "mig_profile", "resource"}:
+        raise ValueError(f"{quote(label)} is one of the daemon's own labels")
+    return label
+
+
+def parse_webhooks(values: object) -> tuple[Webhook, ...]:
+    return tuple(parse_webhook(text(value)) for value in listed(values) if text(value).strip())
+
+
+def parse_report_url(value: object) -> str:
+    return parse_url(value)
+
+
+def parse_listen_address(value: object) -> ListenAddress:
+    """`host:port`, `:port` (every interface) or `[v6]:port`, as the daemon's flag."""
+    spelled = text(value).strip()
+    match = re.fullmatch(
+        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", spelled
+    )
+    if match is None:
+        raise ValueError(
+            f"{quote(spelled)} is not host:port (e.g. :9456, 127.0.0.1:9456, [::1]:9456)"
+        )
+    port = int(match["port"])
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    return ListenAddress(match["v6"] or match["host"] or None, port)
+
+
 # -- the table ----------------------------------------------------------------------------------
 
 _DEFAULTS: Final = RightsizeSettings()
@@ -312,6 +400,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Kubernetes label selector on pod labels (team=ml,tier in (batch)), matched against the "
         "label_* labels of gpu_pod_info (the daemon's --kubernetes.pod-labels must export them).",
         "SELECTOR",
+        group="history",
+    ),
+    Setting(
+        "cluster-label",
+        "cluster_label",
+        parse_cluster_label,
+        "Label telling clusters apart when one store (Thanos, Mimir, VictoriaMetrics) holds "
+        "many, e.g. cluster: workloads, money and consolidation are per cluster, and every "
+        "report shows it.",
+        "LABEL",
         group="history",
     ),
     Setting(
@@ -404,6 +502,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     ),
     *STRATEGY_SETTINGS,
     Setting(
+        "min-confidence",
+        "min_confidence",
+        one_of(*LEVELS),
+        "Leave out recommendations less trusted than this: low (none left out), medium, high "
+        "(see Confidence and terms).",
+        "LEVEL",
+        group="strategy",
+    ),
+    Setting(
         "prices",
         "prices_file",
         parse_file,
@@ -423,9 +530,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "format",
         "output_format",
-        one_of(*FORMATTERS),
+        one_of(*FORMATTERS, *DIRECTORIES),
         "table (rich; colour on a terminal), json, yaml, csv, markdown, html (self-contained, "
-        "inline SVG plots).",
+        "inline SVG plots, sorting and filters), patches (a directory: a strategic-merge patch "
+        "per workload to change, and apply.sh).",
         "FORMAT",
         group="output",
     ),
@@ -433,7 +541,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "output",
         "output",
         parse_output,
-        "Write the report to FILE instead of standard output.",
+        "Write the report to FILE instead of standard output (--format patches: to the "
+        "directory DIR, created if need be).",
         "FILE",
         group="output",
         shown_default="standard output",
@@ -446,6 +555,36 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "extension: md, json, ...), created or replaced.",
         "NAMESPACE/NAME",
         group="output",
+    ),
+    Setting(
+        "notify",
+        "notify",
+        parse_webhooks,
+        "After a run, post a summary to this webhook (repeatable): a Slack incoming webhook "
+        "(https://hooks.slack.com/...), Microsoft Teams (https://*.webhook.office.com/..., a "
+        "workflow's https://*.logic.azure.com/...), or any URL as slack+https://..., "
+        "teams+https://..., json+https://... (plain JSON). A URL is a secret: never logged.",
+        "URL",
+        repeated=True,
+        group="notify",
+    ),
+    Setting(
+        "notify-timeout",
+        "notify_timeout",
+        duration_between(1, 300),
+        "Time limit of one post to a webhook (1s to 5m); a failed one is tried once more if "
+        "worth it, and never fails the report.",
+        "DURATION",
+        group="notify",
+    ),
+    Setting(
+        "report-url",
+        "report_url",
+        parse_report_url,
+        "Where people find the report (the server's address, a wiki page): the notifications "
+        "link to it.",
+        "URL",
+        group="notify",
     ),
     Setting(
         "log.level",
@@ -467,14 +606,76 @@ SETTINGS: Final[tuple[Setting, ...]] = (
 
 RIGHTSIZE: Final = SettingsTable(SETTINGS, _DEFAULTS, env_prefix=ENV_PREFIX)
 
+SERVER_SETTINGS: Final = (
+    Setting(
+        "web.listen-address",
+        "listen_address",
+        parse_listen_address,
+        "Address to serve the report, its JSON and its metrics on (host:port, :port for every "
+        "interface), as the daemon's flag.",
+        "ADDRESS",
+        group="server",
+        shown_default=f":{DEFAULT_PORT}",
+    ),
+    Setting(
+        "web.config.file",
+        "web_config_file",
+        parse_file,
+        "Web config in Prometheus's exporter-toolkit format (TLS, client certificates, basic "
+        "auth, headers, a rate limit), as the daemon's: re-read when it changes, and on SIGHUP.",
+        "FILE",
+        group="server",
+    ),
+    Setting(
+        "web.max-requests",
+        "max_requests",
+        count_between(0, 100_000),
+        "Requests served at once (health probes aside); more get 503. 0 means no limit.",
+        "N",
+        group="server",
+    ),
+    Setting(
+        "refresh",
+        "refresh",
+        duration_between(60, 30 * 86400),
+        "How often the report is made again (1m to 30d). A refresh that fails is logged and "
+        "counted, the last report kept, and it is tried again sooner (from 30s, doubling).",
+        "DURATION",
+        group="server",
+    ),
+)
+"""The server's own rows of `gpuscope rightsize serve`'s table."""
+_SERVE_ONLY_OUTPUT: Final = frozenset({"output_format", "output", "configmap"})
+RIGHTSIZE_SERVE: Final = SettingsTable(
+    (
+        *(setting for setting in SETTINGS if setting.attribute not in _SERVE_ONLY_OUTPUT),
+        *SERVER_SETTINGS,
+    ),
+    ServeSettings(),
+    env_prefix=ENV_PREFIX,
+)
+_SERVER_TABLE: Final = SettingsTable(SERVER_SETTINGS, ServeSettings(), env_prefix=ENV_PREFIX)
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(*, serve: bool = False) -> argparse.ArgumentParser:
+    if serve:
+        parser = _Parser(
+            prog=f"{PROG} serve",
+            allow_abbrev=False,
+            description="Serve the rightsizing report, made again every --refresh: the page "
+            "(sortable, filterable, with each workload's patch) at /, its JSON at /api/v1/report, "
+            "its recommendations as Prometheus metrics at /metrics. Every flag can also be set "
+            "by its environment variable or in the --config.file YAML.",
+        )
+        RIGHTSIZE_SERVE.add_arguments(parser)
+        return parser
     parser = _Parser(
         prog=PROG,
         allow_abbrev=False,
         description="Read GPU usage history from Prometheus (or any PromQL API: Thanos, Mimir, "
         "VictoriaMetrics) and recommend, per workload, what it should run on and what that saves. "
-        "Every flag can also be set by its environment variable or in the --config.file YAML.",
+        "Every flag can also be set by its environment variable or in the --config.file YAML. "
+        f"`{PROG} serve --help`: the same as a live report server.",
     )
     RIGHTSIZE.add_arguments(parser)
     return parser
@@ -485,11 +686,29 @@ def settings_table() -> str:
     return RIGHTSIZE.table()
 
 
+def server_settings_table() -> str:
+    """The README's table of the flags `gpuscope rightsize serve` adds."""
+    return _SERVER_TABLE.table()
+
+
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> RightsizeConfig:
     """The run's configuration from the command line, the environment and `--config.file`;
     raises `UsageError` or `ConfigError` (one line) for the first thing wrong."""
     flags = vars(build_parser().parse_args(argv))
     return configure(RightsizeSettings(**RIGHTSIZE.load(flags, environ)), environ)
+
+
+def load_serve(argv: Sequence[str], environ: Mapping[str, str]) -> ServeConfig:
+    """`gpuscope rightsize serve`'s configuration, checked as `load` checks a run's."""
+    flags = vars(build_parser(serve=True).parse_args(argv))
+    settings = ServeSettings(**RIGHTSIZE_SERVE.load(flags, environ))
+    return ServeConfig(
+        run=configure(settings, environ),
+        listen_address=settings.listen_address,
+        web_config_file=settings.web_config_file,
+        max_requests=settings.max_requests,
+        refresh=settings.refresh,
+    )
 
 
 # -- from settings to a run ---------------------------------------------------------------------
@@ -509,6 +728,7 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
         prices = load_price_file(settings.prices_file, catalog) if settings.prices_file else {}
     except PriceFileError as error:
         raise ConfigError("--prices", str(error)) from None
+    _check_output(settings)
     return RightsizeConfig(
         connection=_connection(settings, environ),
         selection=Selection(settings.namespaces, settings.selector),
@@ -526,7 +746,30 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
         prices=prices,
         log_level=settings.log_level,
         log_format=settings.log_format,
+        cluster_label=settings.cluster_label,
+        min_confidence=settings.min_confidence,
+        notify=settings.notify,
+        notify_timeout=settings.notify_timeout,
+        report_url=settings.report_url,
+        fixed_end=settings.end is not None,
     )
+
+
+def _check_output(settings: RightsizeSettings) -> None:
+    """A directory format needs a directory; a ConfigMap holds one text."""
+    if settings.output_format not in DIRECTORIES:
+        return
+    if settings.output is None:
+        raise ConfigError(
+            "--format", f"{settings.output_format} writes a directory: give --output DIR"
+        )
+    if settings.output.exists() and not settings.output.is_dir():
+        shown = quote(str(settings.output), PATH_QUOTE_LIMIT)
+        raise ConfigError("--output", f"{shown} is not a directory ({settings.output_format})")
+    if settings.configmap is not None:
+        raise ConfigError(
+            "--configmap", f"keeps one text, not a {settings.output_format} directory"
+        )
 
 
 def _catalog(path: Path | None) -> Catalog:

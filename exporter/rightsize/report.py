@@ -4,19 +4,36 @@ Money is the window's spend scaled to a 730-hour month: a workload that held one
 whole window costs one GPU-month, one that held it for a third of the window a third of that.
 A MIG instance costs the larger of its compute and memory share of the GPU's price; a
 time-sliced GPU is split evenly between the pods holding it.
+
+Each row also carries how far to trust it (`confidence.py`), what the shorter terms recommend and
+the trend between them, its replicas and autoscaler, and the patch that applies it
+(`patches.py`). `--min-confidence` leaves rows below it out of the report (and its sums), saying
+how many.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.durations import format_duration
+from exporter.rightsize.confidence import (
+    LEVELS,
+    LOW,
+    Confidence,
+    TermAnswer,
+    Trend,
+    assess,
+    term_label,
+    trend,
+)
 from exporter.rightsize.consolidation import Consolidation, Slot, consolidate
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Ceiling, Hardware, Option
+from exporter.rightsize.history import LONG_TERM
+from exporter.rightsize.patches import Patch, build_patch
 from exporter.rightsize.strategy import (
     CLASSIFICATIONS,
     IDLE,
@@ -25,12 +42,13 @@ from exporter.rightsize.strategy import (
     UNDERUSED,
     Recommendation,
     Strategy,
+    gpus_per_pod,
     undefined,
 )
 
 if TYPE_CHECKING:
     from exporter.catalog import GpuModel
-    from exporter.rightsize.history import DeviceHistory, History, WorkloadHistory
+    from exporter.rightsize.history import Autoscaler, DeviceHistory, History, WorkloadHistory
     from exporter.rightsize.settings import StrategySettings
 
 log = logging.getLogger("exporter.rightsize.report")
@@ -45,6 +63,44 @@ class WorkloadRow:
     cost_current: float | None
     """USD per month."""
     cost_recommended: float | None
+    confidence: Confidence | None = None
+    trend: Trend | None = None
+    terms: tuple[TermAnswer, ...] = ()
+    """Every term's answer, the shortest first, the window's (`long_term`) last."""
+    autoscaler: Autoscaler | None = None
+    patch: Patch | None = None
+
+    @property
+    def cluster(self) -> str:
+        return self.history.cluster
+
+    @property
+    def confidence_level(self) -> str:
+        return self.confidence.level if self.confidence else LOW
+
+    @property
+    def replicas(self) -> int:
+        """Pods holding its GPUs at the end of the window."""
+        return sum(1 for pod in self.history.pods if pod.present)
+
+    @property
+    def replicas_mean(self) -> float:
+        """Pods holding its GPUs at a time, on average over the window."""
+        return self.gpus_held / max(gpus_per_pod(self.history), 1)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return gpus_per_pod(self.history)
+
+    @property
+    def cost_current_per_replica(self) -> float | None:
+        replicas = self.replicas_mean
+        return None if self.cost_current is None or replicas <= 0 else self.cost_current / replicas
+
+    @property
+    def savings_per_replica(self) -> float | None:
+        replicas = self.replicas_mean
+        return None if self.savings is None or replicas <= 0 else self.savings / replicas
 
     @property
     def savings(self) -> float | None:
@@ -119,6 +175,13 @@ class Money:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceMoney:
+    cluster: str
+    namespace: str
+    money: Money
+
+
+@dataclass(frozen=True, slots=True)
 class RooflinePoint:
     workload: str
     classification: str
@@ -146,17 +209,28 @@ class Report:
     strategy: str
     settings: StrategySettings
     rows: tuple[WorkloadRow, ...]
-    namespaces: tuple[tuple[str, Money], ...]
+    namespaces: tuple[NamespaceMoney, ...]
     total: Money
     consolidation: Consolidation
     rooflines: tuple[Roofline, ...]
     missing_signals: tuple[str, ...] = ()
     version: str = __version__
+    clusters: tuple[tuple[str, Money], ...] = ()
+    """Per cluster, with a cluster label (`--cluster-label`)."""
+    cluster_label: str | None = None
+    min_confidence: str = LOW
+    left_out: int = 0
+    """Recommendations below `min_confidence`, not in the rows."""
 
     @property
     def classification_counts(self) -> dict[str, int]:
         counts = Counter(row.recommendation.classification for row in self.rows)
         return {name: counts[name] for name in CLASSIFICATIONS if counts[name]}
+
+    @property
+    def confidence_counts(self) -> dict[str, int]:
+        counts = Counter(row.confidence_level for row in self.rows)
+        return {name: counts[name] for name in reversed(LEVELS) if counts[name]}
 
     @property
     def business_case(self) -> str:
@@ -170,17 +244,17 @@ def build_report(
     hardware: Hardware,
     settings: StrategySettings,
     source: str,
+    min_confidence: str = LOW,
 ) -> Report:
-    rows = []
-    for workload in history.workloads:
-        try:
-            recommendation = strategy.run(workload, hardware, settings)
-        except (ArithmeticError, ValueError) as error:
-            # One bad workload never costs the whole report.
-            log.warning("strategy failed", extra={"workload": workload.key, "error": str(error)})
-            recommendation = undefined(f"strategy failed: {error}")
-        rows.append(_row(workload, recommendation, hardware, history.window_seconds))
-    rows.sort(key=lambda row: (-(row.savings or 0.0), row.history.key))
+    rows = [_row(workload, strategy, hardware, settings, history) for workload in history.workloads]
+    rows = _one_patch_per_owner(rows)
+    kept = [
+        row for row in rows if LEVELS.index(row.confidence_level) >= LEVELS.index(min_confidence)
+    ]
+    kept.sort(key=lambda row: (-(row.savings or 0.0), row.history.key))
+    clusters: dict[str, list[WorkloadRow]] = defaultdict(list)
+    for row in kept:
+        clusters[row.cluster].append(row)
     return Report(
         end=history.end,
         window_seconds=history.window_seconds,
@@ -188,16 +262,91 @@ def build_report(
         source=source,
         strategy=strategy.name,
         settings=settings,
-        rows=tuple(rows),
-        namespaces=_per_namespace(rows),
-        total=_money(rows),
-        consolidation=_consolidation(rows, hardware, settings),
-        rooflines=_rooflines(rows, hardware, settings),
+        rows=tuple(kept),
+        namespaces=_per_namespace(kept),
+        total=_money(kept),
+        consolidation=_consolidation(kept, hardware, settings),
+        rooflines=_rooflines(kept, hardware, settings),
         missing_signals=history.missing_signals,
+        clusters=tuple((name, _money(members)) for name, members in sorted(clusters.items()))
+        if history.cluster_label
+        else (),
+        cluster_label=history.cluster_label,
+        min_confidence=min_confidence,
+        left_out=len(rows) - len(kept),
     )
 
 
+def _recommend(
+    strategy: Strategy, workload: WorkloadHistory, hardware: Hardware, settings: StrategySettings
+) -> Recommendation:
+    try:
+        return strategy.run(workload, hardware, settings)
+    except (ArithmeticError, ValueError) as error:
+        # One bad workload never costs the whole report.
+        log.warning("strategy failed", extra={"workload": workload.key, "error": str(error)})
+        return undefined(f"strategy failed: {error}")
+
+
 def _row(
+    workload: WorkloadHistory,
+    strategy: Strategy,
+    hardware: Hardware,
+    settings: StrategySettings,
+    history: History,
+) -> WorkloadRow:
+    window = history.window_seconds
+    recommendation = _recommend(strategy, workload, hardware, settings)
+    autoscaler = history.autoscalers.get(workload.owner)
+    if autoscaler is not None and recommendation.classification != UNDEFINED:
+        recommendation = replace(
+            recommendation, reason=f"{recommendation.reason}; {autoscaled(autoscaler)}"
+        )
+    terms = []
+    for term in history.terms:
+        held = term.workloads.get(workload.configuration)
+        answer = _recommend(strategy, held, hardware, settings) if held is not None else None
+        terms.append(TermAnswer(term.name, term.window_seconds, answer, term_label(answer)))
+    terms.sort(key=lambda term: term.window_seconds)
+    long_term = TermAnswer(LONG_TERM, window, recommendation, term_label(recommendation))
+    priced = _priced(workload, recommendation, hardware, window)
+    return replace(
+        priced,
+        confidence=assess(workload, recommendation, window, terms),
+        trend=trend(long_term, terms, f"p{settings.percentile * 100:g}"),
+        terms=(*terms, long_term),
+        autoscaler=autoscaler,
+        patch=build_patch(workload, recommendation, history.resources, hardware.seen),
+    )
+
+
+def autoscaled(autoscaler: Autoscaler) -> str:
+    """How a recommendation says its workload is autoscaled."""
+    low, high = autoscaler.min_replicas, autoscaler.max_replicas
+    span = f"{low if low is not None else '?'}-{high if high is not None else '?'} replicas"
+    on = f" on {', '.join(autoscaler.metrics)}" if autoscaler.metrics else ""
+    return (
+        f"autoscaled by HorizontalPodAutoscaler {autoscaler.name} ({span}{on}): sized per "
+        "replica, the autoscaler sets how many"
+    )
+
+
+def _one_patch_per_owner(rows: list[WorkloadRow]) -> list[WorkloadRow]:
+    """A workload on two GPU configurations within the window is two rows but one object: only
+    the row its pods hold at the end (the most GPUs among them) keeps its patch."""
+    owners: dict[tuple[str, str, str, str], list[WorkloadRow]] = defaultdict(list)
+    for row in rows:
+        if row.patch is not None:
+            owners[row.history.owner].append(row)
+    superseded: set[int] = set()
+    for members in owners.values():
+        if len(members) > 1:
+            kept = max(members, key=lambda row: (row.replicas, row.gpus_held))
+            superseded |= {id(row) for row in members if row is not kept}
+    return [replace(row, patch=None) if id(row) in superseded else row for row in rows]
+
+
+def _priced(
     workload: WorkloadHistory, recommendation: Recommendation, hardware: Hardware, window: float
 ) -> WorkloadRow:
     devices = workload.devices
@@ -236,12 +385,15 @@ def _money(rows: list[WorkloadRow]) -> Money:
     )
 
 
-def _per_namespace(rows: list[WorkloadRow]) -> tuple[tuple[str, Money], ...]:
-    grouped: dict[str, list[WorkloadRow]] = defaultdict(list)
+def _per_namespace(rows: list[WorkloadRow]) -> tuple[NamespaceMoney, ...]:
+    grouped: dict[tuple[str, str], list[WorkloadRow]] = defaultdict(list)
     for row in rows:
-        grouped[row.history.namespace].append(row)
-    totals = [(namespace, _money(members)) for namespace, members in grouped.items()]
-    totals.sort(key=lambda item: (-item[1].savings, item[0]))
+        grouped[(row.cluster, row.history.namespace)].append(row)
+    totals = [
+        NamespaceMoney(cluster, namespace, _money(members))
+        for (cluster, namespace), members in grouped.items()
+    ]
+    totals.sort(key=lambda item: (-item.money.savings, item.cluster, item.namespace))
     return tuple(totals)
 
 
@@ -261,16 +413,17 @@ def _consolidation(
                 continue
             shared_uuid = device.uuid if device.shared else None
             work = (device.busy_mean or 0.0) * current.compute
-            before.append(Slot(current.model, current.mig_profile, work, shared_uuid))
+            cluster = row.cluster
+            before.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
             target = recommendation.target
             if recommendation.classification == IDLE or target is None:
                 continue
             if recommendation.classification != UNDERUSED:
-                after.append(Slot(current.model, current.mig_profile, work, shared_uuid))
+                after.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
                 continue
             side = recommendation.demand.roofline_side if recommendation.demand else None
             scale = hardware.scale(current.model, target.model, settings.dtype, side) or 1.0
-            after.append(Slot(target.model, target.mig_profile, work * scale))
+            after.append(Slot(target.model, target.mig_profile, work * scale, cluster=cluster))
     return consolidate(before, after)
 
 
@@ -350,7 +503,7 @@ def business_case(report: Report) -> str:
             "(or none matched the selection): nothing to rightsize."
         )
     consolidation = report.consolidation
-    namespaces = len({row.history.namespace for row in rows})
+    namespaces = len({(row.cluster, row.history.namespace) for row in rows})
     actions = []
     if counts.get(IDLE):
         released = sum(1 for row in rows if row.recommendation.classification == IDLE)
@@ -366,9 +519,12 @@ def business_case(report: Report) -> str:
             "more CPU"
         )
     total = report.total
+    clusters = len({row.cluster for row in rows})
+    where = f" of {clusters} {_plural(clusters, 'cluster')}" if report.cluster_label else ""
     text = (
         f"Over the last {format_duration(report.window_seconds)}, {len(rows)} "
-        f"{_plural(len(rows), 'workload')} in {namespaces} {_plural(namespaces, 'namespace')} "
+        f"{_plural(len(rows), 'workload')} in {namespaces} {_plural(namespaces, 'namespace')}"
+        f"{where} "
         f"held {consolidation.gpus_before} {_plural(consolidation.gpus_before, 'GPU')} "
         f"at an average utilization of {consolidation.utilization_before:.0%}. "
     )
@@ -389,6 +545,12 @@ def business_case(report: Report) -> str:
         )
     if total.unpriced:
         text += f" {total.unpriced} on GPU models without a price are left out of the sums."
+    if report.left_out:
+        text += (
+            f" {report.left_out} {_plural(report.left_out, 'recommendation')} below "
+            f"{report.min_confidence} confidence {'is' if report.left_out == 1 else 'are'} left "
+            "out."
+        )
     return text
 
 

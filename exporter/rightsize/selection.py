@@ -58,19 +58,20 @@ class Selection:
             return ""
         return f'namespace=~"{"|".join(self.namespaces)}"'
 
-    def pod_filter(self, window: str) -> str:
+    def pod_filter(self, window: str, *, cluster_label: str | None = None) -> str:
         """A suffix that keeps only pods the label selector matches (or "" without a selector).
 
         Pods match if their `gpu_pod_info` matched at any time in the window, so pods that ended
-        before the report still count.
+        before the report still count. With a cluster label, pods are told apart per cluster.
         """
         if not self.requirements:
             return ""
         matchers = ", ".join(
             [m for m in (self.matchers(),) if m] + [r.matcher() for r in self.requirements]
         )
+        pod = f"{cluster_label}, namespace, pod" if cluster_label else "namespace, pod"
         return (
-            f" and on (namespace, pod) group by (namespace, pod) "
+            f" and on ({pod}) group by ({pod}) "
             f"(last_over_time(gpu_pod_info{{{matchers}}}[{window}]))"
         )
 

@@ -78,6 +78,11 @@ class Recommendation:
     """The GPU option to run on; None means release the GPU (idle) or no answer (undefined)."""
     demand: Demand | None = None
     cpu_changes: tuple[CpuChange, ...] = ()
+    margin: float | None = None
+    """How far the evidence is from the threshold that decided (0: on it, 1 or more: far from
+    it), as a share of the room that threshold leaves; None without an answer."""
+    margin_text: str = ""
+    """The same in words, for the confidence's reason."""
 
     @property
     def action(self) -> str:
@@ -193,6 +198,7 @@ def _idle(
     if in_use is not None and in_use < 0.5:
         detail = f"; no process on it {1 - in_use:.0%} of the time"
     held = sum(d.held_seconds for d in devices) / len(devices)
+    threshold = settings.idle_utilization
     return Recommendation(
         IDLE,
         f"p99 utilization {busy:.1%} over {format_duration(_round_minutes(held))}{detail}: "
@@ -200,6 +206,8 @@ def _idle(
         current=current,
         target=None,
         demand=Demand(busy * current.compute, "utilization", _peak_memory(devices), None),
+        margin=(threshold - busy) / threshold if threshold > 0 else 1.0,
+        margin_text=f"p99 utilization {busy:.1%} against the {threshold:.0%} idle threshold",
     )
 
 
@@ -226,6 +234,8 @@ def _input_bound(
         for pod, cpu in starving
     )
     first = changes[0]
+    pinned = max(change.usage_cores / change.limit_cores for change in changes)
+    cpu_room = 1 - settings.cpu_saturation
     return Recommendation(
         INPUT_BOUND,
         f"GPU p{settings.percentile * 100:g} {busy:.0%} while container {first.container} uses "
@@ -235,6 +245,14 @@ def _input_bound(
         target=current,
         demand=_demand(devices, current),
         cpu_changes=changes,
+        margin=min(
+            (pinned - settings.cpu_saturation) / cpu_room if cpu_room > 0 else 1.0,
+            (settings.saturation - busy) / settings.saturation,
+        ),
+        margin_text=(
+            f"CPU at {pinned:.0%} of its limit (input-bound from {settings.cpu_saturation:.0%}), "
+            f"GPU at {busy:.0%} (saturated from {settings.saturation:.0%})"
+        ),
     )
 
 
@@ -252,36 +270,64 @@ def _size(
     models = [current.model]
     if current_price is not None:
         models += [m for m in hardware.target_models(settings.models) if m.key != current.model.key]
-    fitting, memory_blocked = _candidates(
+    considered = _candidates(
         demand, current, hardware, settings, models, allow_mig=gpus_per_pod(workload) == 1
     )
+    affordable = current_cost * (1 - settings.min_savings)
     priced = [
-        (price * option.share, option)
-        for option in fitting
-        if (price := price_of(option.model)) is not None
+        (price * fit.option.share, fit)
+        for fit in considered
+        if fit.fits and (price := price_of(fit.option.model)) is not None
     ]
-    priced.sort(key=lambda c: (c[0], c[1].model.key != current.model.key, -c[1].compute))
-    if priced and priced[0][0] <= current_cost * (1 - settings.min_savings):
+    priced.sort(
+        key=lambda c: (c[0], c[1].option.model.key != current.model.key, -c[1].option.compute)
+    )
+    if priced and priced[0][0] <= affordable:
         best = priced[0][1]
         return Recommendation(
             UNDERUSED,
-            f"{_demand_text(demand, percentile, current)}: {best.label} covers it with headroom",
+            f"{_demand_text(demand, percentile, current)}: {best.option.label} covers it with "
+            "headroom",
             current=current,
-            target=best,
+            target=best.option,
             demand=demand,
+            margin=1 - best.load,
+            margin_text=(
+                f"demand with headroom takes {best.compute_load:.0%} of the {best.option.label}'s "
+                f"compute and {best.memory_load:.0%} of its memory"
+            ),
         )
-    return _keep(
-        demand,
-        current,
-        settings,
-        percentile,
-        memory_blocked=[
-            option
-            for option in memory_blocked
-            if (price := price_of(option.model)) is not None
-            and price * option.share <= current_cost * (1 - settings.min_savings)
-        ],
-    )
+    cheaper = [
+        fit
+        for fit in considered
+        if not fit.fits
+        and (price := price_of(fit.option.model)) is not None
+        and price * fit.option.share <= affordable
+    ]
+    return _keep(demand, current, settings, percentile, cheaper=cheaper)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    """An option other than the current one, and how much of it the demand with headroom takes
+    (over 1: it does not fit)."""
+
+    option: Option
+    compute_load: float
+    memory_load: float
+
+    @property
+    def load(self) -> float:
+        return max(self.compute_load, self.memory_load)
+
+    @property
+    def fits(self) -> bool:
+        return self.load <= 1
+
+    @property
+    def memory_only(self) -> bool:
+        """Its compute would do, its memory is too small."""
+        return self.compute_load <= 1 < self.memory_load
 
 
 def _candidates(
@@ -292,22 +338,22 @@ def _candidates(
     models: list[GpuModel],
     *,
     allow_mig: bool,
-) -> tuple[list[Option], list[Option]]:
-    """Options other than the current one that cover the demand with headroom, and those whose
-    compute would do but whose memory is too small."""
+) -> list[_Fit]:
+    """Every option other than the current one whose compute can be compared, with its load."""
     need_memory = demand.memory_bytes * (1 + settings.memory_headroom)
-    fitting: list[Option] = []
-    memory_blocked: list[Option] = []
+    considered: list[_Fit] = []
     for model in models:
         scale = hardware.scale(current.model, model, settings.dtype, demand.roofline_side)
         if scale is None:
             continue
         need_compute = demand.compute * scale * (1 + settings.compute_headroom)
         for option in hardware.options(model, allow_mig=allow_mig):
-            if option.same_slot(current) or need_compute > option.compute:
+            if option.same_slot(current):
                 continue
-            (fitting if need_memory <= option.memory_bytes else memory_blocked).append(option)
-    return fitting, memory_blocked
+            considered.append(
+                _Fit(option, need_compute / option.compute, need_memory / option.memory_bytes)
+            )
+    return considered
 
 
 def _keep(
@@ -316,12 +362,21 @@ def _keep(
     settings: StrategySettings,
     percentile: str,
     *,
-    memory_blocked: list[Option],
+    cheaper: list[_Fit],
 ) -> Recommendation:
-    """Nothing cheaper covers the demand: say which side binds. `memory_blocked` are the options
-    that would save enough and have the compute, but not the memory."""
+    """Nothing cheaper covers the demand: say which side binds. `cheaper` are the options that
+    would save enough but do not fit."""
     used = demand.compute / current.compute
+    need_memory = demand.memory_bytes * (1 + settings.memory_headroom)
+    memory_blocked = [fit for fit in cheaper if fit.memory_only]
+    nearest = min(cheaper, key=lambda fit: fit.load, default=None)
     if used >= settings.saturation:
+        room = 1 - settings.saturation
+        margin = (used - settings.saturation) / room if room > 0 else 1.0
+        margin_text = (
+            f"{demand.compute_signal} {percentile} {used:.0%} against the "
+            f"{settings.saturation:.0%} saturation threshold"
+        )
         if demand.roofline_side == "memory":
             classification = MEMORY_BOUND
             reason = f"{demand.compute_signal} {percentile} {used:.0%}, DRAM busier than the SMs: bandwidth-bound side of the roofline; keep"
@@ -333,19 +388,40 @@ def _keep(
                 else "roofline side unknown (no DRAM activity series)"
             )
             reason = f"{demand.compute_signal} {percentile} {used:.0%}: {side}; keep"
-    elif (
-        memory_blocked
-        or demand.memory_bytes * (1 + settings.memory_headroom) > current.memory_bytes
-    ):
+    elif memory_blocked or need_memory > current.memory_bytes:
         classification = MEMORY_BOUND
         reason = (
             f"peak memory {demand.memory_bytes / GIB:.1f} GiB of {current.memory_bytes / GIB:.1f} "
             "GiB: memory capacity keeps it on this GPU"
         )
+        if need_memory > current.memory_bytes:
+            margin, margin_text = 1.0, "peak memory with headroom is more than this GPU holds"
+        else:
+            closest = min(memory_blocked, key=lambda fit: fit.memory_load)
+            margin = closest.memory_load - 1
+            margin_text = (
+                f"peak memory with headroom {margin:.0%} over what the {closest.option.label} holds"
+            )
     else:
         classification = RIGHT_SIZED
         reason = f"{_demand_text(demand, percentile, current)}: nothing cheaper covers it"
-    return Recommendation(classification, reason, current=current, target=current, demand=demand)
+        if nearest is None:
+            margin, margin_text = 1.0, "no cheaper option exists"
+        else:
+            margin = nearest.load - 1
+            margin_text = (
+                f"demand with headroom {margin:.0%} over what the nearest cheaper option, "
+                f"{nearest.option.label}, offers"
+            )
+    return Recommendation(
+        classification,
+        reason,
+        current=current,
+        target=current,
+        demand=demand,
+        margin=margin,
+        margin_text=margin_text,
+    )
 
 
 def _demand(devices: tuple[DeviceHistory, ...], current: Option) -> Demand:

@@ -40,10 +40,15 @@ COLORS: Final = {name: look.color for name, look in LOOKS.items()}
 
 @dataclass(frozen=True, slots=True)
 class Output:
-    """Where the text goes: a terminal gets colour and its width."""
+    """Where the text goes: a terminal gets colour and its width; a served page its links and
+    status line."""
 
     terminal: bool = False
     width: int = 180
+    links: tuple[tuple[str, str], ...] = ()
+    """(label, href) of pages beside the report (the server's JSON and metrics)."""
+    status: str = ""
+    """A line on how current the report is (the server's refresh)."""
 
 
 Render = Callable[["Report", Output], str]
@@ -92,6 +97,13 @@ def current_label(row: WorkloadRow) -> str:
     return current.label if current else row.history.model
 
 
+def workload_label(row: WorkloadRow) -> str:
+    """`namespace/name`, behind its cluster when there is one."""
+    history = row.history
+    name = f"{history.namespace}/{history.name}"
+    return f"{history.cluster}: {name}" if history.cluster else name
+
+
 def recommendation_label(row: WorkloadRow) -> str:
     """What to do: keep, release, or the option to move to."""
     return row.target_label if row.recommendation.action != "keep" else "keep"
@@ -105,6 +117,8 @@ def footer(report: Report) -> str:
         f"Source: {report.source}; window {format_duration(report.window_seconds)}, step "
         f"{format_duration(report.step_seconds)}; settings: {settings}; gpuscope {report.version}."
     )
+    if report.cluster_label:
+        text += f" Clusters told apart by the label {report.cluster_label}."
     if report.missing_signals:
         text += f" Signals that could not be read: {', '.join(report.missing_signals)}."
     return text

@@ -12,10 +12,12 @@ if TYPE_CHECKING:
     from exporter.rightsize.report import Report
 
 CSV_COLUMNS: Final = (
+    "cluster",
     "namespace",
     "kind",
     "workload",
     "pods",
+    "replicas",
     "gpus_held",
     "current",
     "shared",
@@ -28,6 +30,8 @@ CSV_COLUMNS: Final = (
     "classification",
     "action",
     "recommended",
+    "confidence",
+    "trend",
     "cost_current_usd_per_month",
     "cost_recommended_usd_per_month",
     "savings_usd_per_month",
@@ -48,10 +52,12 @@ def format_csv(report: Report, _output: Output) -> str:
         peak = row.memory_peak_bytes
         writer.writerow(
             (
+                history.cluster,
                 history.namespace,
                 history.kind,
                 history.name,
                 len(history.pods),
+                row.replicas,
                 _cell(row.gpus_held, 3),
                 current_label(row),
                 str(row.shared).lower(),
@@ -64,6 +70,8 @@ def format_csv(report: Report, _output: Output) -> str:
                 recommendation.classification,
                 recommendation.action,
                 row.target_label,
+                row.confidence_level,
+                row.trend.direction if row.trend else "",
                 _cell(row.cost_current, 2),
                 _cell(row.cost_recommended, 2),
                 _cell(row.savings, 2),

@@ -1,21 +1,29 @@
-"""The `html` format: a self-contained page (inline CSS and SVG plots, no script, nothing
-fetched), rendered from the Jinja2 templates in `templates/` with every value escaped by the
-environment (autoescape) and every name the templates use defined (StrictUndefined). Jinja2 is
-imported only when the format is used."""
+"""The `html` format, and the page `gpuscope rightsize serve` serves: a self-contained page
+(inline CSS, SVG plots and one small script that sorts and filters the workloads by cluster,
+namespace, class and confidence, keeping that state in the URL's fragment; nothing fetched),
+rendered from the Jinja2 templates in `templates/` with every value escaped by the environment
+(autoescape) and every name the templates use defined (StrictUndefined). Each workload's patch
+is on the page. Jinja2 is imported only when the format is used."""
 
 from __future__ import annotations
 
+import shlex
 from functools import cache
 from typing import TYPE_CHECKING, Final
 
+import yaml
+
 from exporter.durations import format_duration
+from exporter.rightsize.confidence import LEVELS
 from exporter.rightsize.formatters import common, plots
 from exporter.rightsize.formatters.common import Format, Output
 from exporter.rightsize.report import money_text
+from exporter.rightsize.strategy import CLASSIFICATIONS
 
 if TYPE_CHECKING:
     import jinja2
 
+    from exporter.rightsize.patches import Patch
     from exporter.rightsize.report import Report
 
 TEMPLATE: Final = "report.html.j2"
@@ -41,23 +49,40 @@ def environment() -> jinja2.Environment:
         duration=format_duration,
         footer=common.footer,
         gib=common.gib,
+        levels=LEVELS,
         money=money_text,
+        patch_command=patch_command,
+        patch_yaml=patch_yaml,
         percent=common.percent,
         recommendation_label=common.recommendation_label,
         timestamp=common.timestamp,
         title=common.title,
         usd=common.usd,
+        workload_label=common.workload_label,
     )
     return env
 
 
-def format_html(report: Report, _output: Output) -> str:
+def patch_yaml(patch: Patch) -> str:
+    return yaml.safe_dump(patch.body, sort_keys=False, allow_unicode=True)
+
+
+def patch_command(patch: Patch) -> str:
+    return shlex.join(patch.command())
+
+
+def format_html(report: Report, output: Output) -> str:
+    present = {row.recommendation.classification for row in report.rows}
     return (
         environment()
         .get_template(TEMPLATE)
         .render(
             report=report,
+            output=output,
             p=common.percentile(report),
+            clusters=sorted({row.cluster for row in report.rows}),
+            namespaces=sorted({row.history.namespace for row in report.rows}),
+            classes=[name for name in CLASSIFICATIONS if name in present],
             rooflines=[plots.roofline(roofline) for roofline in report.rooflines],
             consolidation_plot=plots.consolidation(report.consolidation),
         )

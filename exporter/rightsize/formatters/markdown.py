@@ -44,13 +44,13 @@ def format_markdown(report: Report, _output: Output) -> str:
         "",
         (
             f"| workload | GPU now | util mean | util {p} | memory peak | idle | class | recommendation "
-            "| $/month now | savings/month | why |"
+            "| confidence | trend | $/month now | savings/month | why |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report.rows:
         cells = (
-            f"{row.history.namespace}/{row.history.name}",
+            common.workload_label(row),
             f"{row.gpus_held:.2g} x {common.current_label(row)}",
             common.percent(row.utilization_mean),
             common.percent(row.utilization_quantile),
@@ -58,11 +58,26 @@ def format_markdown(report: Report, _output: Output) -> str:
             common.percent(row.idle_ratio),
             row.recommendation.classification,
             common.recommendation_label(row),
+            row.confidence_level,
+            row.trend.direction if row.trend else "-",
             common.usd(row.cost_current),
             common.usd(row.savings),
             row.recommendation.reason,
         )
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    if report.clusters:
+        lines += [
+            "",
+            "## Clusters",
+            "",
+            "| cluster | $/month now | recommended | savings |",
+            "|---|---|---|---|",
+        ]
+        lines.extend(
+            f"| {_cell(cluster)} | {money_text(money.current)} | "
+            f"{money_text(money.recommended)} | {money_text(money.savings)} |"
+            for cluster, money in report.clusters
+        )
     lines += [
         "",
         "## Namespaces",
@@ -71,10 +86,20 @@ def format_markdown(report: Report, _output: Output) -> str:
         "|---|---|---|---|",
     ]
     lines.extend(
-        f"| {namespace} | {money_text(money.current)} | {money_text(money.recommended)} | "
-        f"{money_text(money.savings)} |"
-        for namespace, money in report.namespaces
+        f"| {_cell(f'{entry.cluster}: ' if entry.cluster else '')}{_cell(entry.namespace)} | "
+        f"{money_text(entry.money.current)} | {money_text(entry.money.recommended)} | "
+        f"{money_text(entry.money.savings)} |"
+        for entry in report.namespaces
     )
+    changes = [(row, patch) for row in report.rows if (patch := row.patch) is not None]
+    if changes:
+        lines += ["", "## Changes to apply", ""]
+        for row, patch in changes:
+            lines.append(
+                f"- **{_cell(common.workload_label(row))}** ({patch.kind}, container "
+                f"{_cell(patch.container or '?')}): {_cell('; '.join(patch.changes))}"
+                + (f". {_cell(patch.note)}" if patch.note else "")
+            )
     lines += [
         "",
         "## Consolidation",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from typing import TYPE_CHECKING, Any, Final
 
 import yaml
@@ -14,6 +15,7 @@ from exporter.rightsize.settings import settings_text
 
 if TYPE_CHECKING:
     from exporter.rightsize.hardware import Option
+    from exporter.rightsize.patches import Patch
     from exporter.rightsize.report import Money, Report, WorkloadRow
 
 
@@ -48,15 +50,65 @@ def _money_document(money: Money) -> dict[str, Any]:
     }
 
 
+def patch_document(patch: Patch | None) -> dict[str, Any] | None:
+    """A workload's patch: its owner object, the strategic-merge body, how to apply it."""
+    if patch is None:
+        return None
+    return {
+        "object": {
+            "kind": patch.kind,
+            "namespace": patch.namespace,
+            "name": patch.name,
+            **({"cluster": patch.cluster} if patch.cluster else {}),
+        },
+        "container": patch.container or None,
+        "changes": list(patch.changes),
+        "type": "strategic",
+        "body": patch.body,
+        "applies_live": patch.live,
+        "file": patch.file if patch.body is not None else None,
+        "command": shlex.join(patch.command()) if patch.body is not None else None,
+        "note": patch.note or None,
+    }
+
+
+def _terms(row: WorkloadRow) -> dict[str, Any]:
+    return {
+        term.name: {
+            "window": format_duration(term.window_seconds),
+            "classification": term.recommendation.classification if term.recommendation else None,
+            "recommended": term.label,
+            "compute_fraction": _ratio(term.demand),
+            "memory_peak_bytes": term.recommendation.demand.memory_bytes
+            if term.recommendation and term.recommendation.demand
+            else None,
+        }
+        for term in row.terms
+    }
+
+
 def workload_document(row: WorkloadRow) -> dict[str, Any]:
     recommendation = row.recommendation
     demand = recommendation.demand
     history = row.history
+    confidence, trend, autoscaler = row.confidence, row.trend, row.autoscaler
     return {
+        **({"cluster": history.cluster} if history.cluster else {}),
         "namespace": history.namespace,
         "kind": history.kind,
         "workload": history.name,
         "pods": [pod.name for pod in history.pods],
+        "replicas": row.replicas,
+        "replicas_mean": round(row.replicas_mean, 3),
+        "gpus_per_replica": row.gpus_per_replica,
+        "autoscaler": None
+        if autoscaler is None
+        else {
+            "name": autoscaler.name,
+            "min_replicas": autoscaler.min_replicas,
+            "max_replicas": autoscaler.max_replicas,
+            "metrics": list(autoscaler.metrics),
+        },
         "gpus_held": round(row.gpus_held, 3),
         "current": _option(recommendation.current),
         "usage": {
@@ -72,6 +124,11 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "classification": recommendation.classification,
         "action": recommendation.action,
         "reason": recommendation.reason,
+        "confidence": row.confidence_level,
+        "confidence_reason": confidence.reason if confidence else None,
+        "trend": trend.direction if trend else None,
+        "trend_reason": trend.reason if trend else None,
+        "terms": _terms(row),
         "target": _option(recommendation.target) if recommendation.action == "move" else None,
         "recommended": row.target_label,
         "demand": None
@@ -95,6 +152,9 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "cost_current_usd_per_month": _money(row.cost_current),
         "cost_recommended_usd_per_month": _money(row.cost_recommended),
         "savings_usd_per_month": _money(row.savings),
+        "cost_current_usd_per_month_per_replica": _money(row.cost_current_per_replica),
+        "savings_usd_per_month_per_replica": _money(row.savings_per_replica),
+        "patch": patch_document(row.patch),
     }
 
 
@@ -109,16 +169,27 @@ def report_document(report: Report) -> dict[str, Any]:
         "step": format_duration(report.step_seconds),
         "strategy": report.strategy,
         "settings": settings_text(report.settings),
+        "cluster_label": report.cluster_label,
+        "min_confidence": report.min_confidence,
         "summary": {
             "workloads": len(report.rows),
+            "left_out_below_min_confidence": report.left_out,
             "classifications": report.classification_counts,
+            "confidence": report.confidence_counts,
             **_money_document(report.total),
             "savings_usd_per_year": _money(report.total.savings * 12),
             "business_case": report.business_case,
         },
+        "clusters": [
+            {"cluster": cluster, **_money_document(money)} for cluster, money in report.clusters
+        ],
         "namespaces": [
-            {"namespace": namespace, **_money_document(money)}
-            for namespace, money in report.namespaces
+            {
+                **({"cluster": entry.cluster} if report.cluster_label else {}),
+                "namespace": entry.namespace,
+                **_money_document(entry.money),
+            }
+            for entry in report.namespaces
         ],
         "consolidation": {
             "gpus_before": consolidation.gpus_before,

@@ -37,6 +37,7 @@ def format_table(report: Report, output: Output) -> str:
         ("Idle", "right"),
         ("Class", "left"),
         ("Recommendation", "left"),
+        ("Confidence", "left"),
         ("$/mo now", "right"),
         ("Savings/mo", "right"),
     ):
@@ -48,13 +49,15 @@ def format_table(report: Report, output: Output) -> str:
             change = recommendation.cpu_changes[0]
             target = f"CPU {change.limit_cores:g} -> {change.recommended_cores:g} cores, keep GPU"
         table.add_row(
-            f"{row.history.namespace}/{row.history.name}",
+            common.workload_label(row),
             f"{row.gpus_held:.2g} x {common.current_label(row)}",
             f"{common.percent(row.utilization_mean)}/{common.percent(row.utilization_quantile)}",
             common.gib(row.memory_peak_bytes),
             common.percent(row.idle_ratio),
             f"[{common.LOOKS[recommendation.classification].style}]{recommendation.classification}[/]",
             target,
+            row.confidence_level
+            + (f", {row.trend.direction}" if row.trend and row.trend.direction != "steady" else ""),
             common.usd(row.cost_current),
             common.usd(row.savings),
         )

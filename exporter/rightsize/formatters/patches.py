@@ -1,0 +1,88 @@
+"""The `patches` format: a directory of ready-to-apply changes (`--format patches --output DIR`).
+
+One file per workload with a recommended change, named after it
+(`<namespace>.<kind>.<name>.yaml`, the cluster first when there is one): the strategic-merge
+patch of its owner object, headed by comments saying why, what it saves and how to apply it; and
+`apply.sh`, the `kubectl patch` commands in the report's order (most saved first), each under a
+comment with its reason and saving. A change that cannot be applied to the running object (a
+Job's pod template, a bare Pod's resources) is a commented-out command for its manifest, and one
+gpuscope cannot write as a patch is a comment saying what to change. Every name is quoted for the
+shell, and every comment is one line whatever the labels held.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Final
+
+import yaml
+
+from exporter.rightsize.formatters.common import timestamp, workload_label
+from exporter.rightsize.patches import one_line
+from exporter.rightsize.report import money_text
+
+if TYPE_CHECKING:
+    from exporter.rightsize.patches import Patch
+    from exporter.rightsize.report import Report, WorkloadRow
+
+SCRIPT: Final = "apply.sh"
+MARK: Final = "# gpuscope rightsize patch"
+"""The first line of every patch file: files that start with it are the job's to replace."""
+
+
+def _heading(row: WorkloadRow, patch: Patch) -> list[str]:
+    saving = row.savings
+    lines = [
+        f"{workload_label(row)} ({patch.kind}"
+        + (f", container {patch.container})" if patch.container else ")"),
+        f"{row.recommendation.classification}: {row.recommendation.reason}",
+        f"confidence {row.confidence_level}"
+        + (f", saves {money_text(saving)} a month" if saving else ""),
+        *patch.changes,
+    ]
+    if patch.note:
+        lines.append(f"Note: {patch.note}")
+    return [one_line(line) for line in lines]
+
+
+def patch_files(report: Report) -> dict[str, str]:
+    """File name -> text: a patch per workload with a change, and `apply.sh`."""
+    files: dict[str, str] = {}
+    script = [
+        "#!/bin/sh",
+        f"# gpuscope rightsize: the changes recommended by the report of {timestamp(report.end)}",
+        one_line(f"# from {report.source}; review each patch before applying it."),
+        "# Paths are relative to this script; run it from anywhere.",
+        "set -eu",
+        'cd "$(dirname "$0")"',
+    ]
+    changes = [(row, patch) for row in report.rows if (patch := row.patch) is not None]
+    for row, patch in changes:
+        heading = _heading(row, patch)
+        script += ["", *(f"# {line}" for line in heading)]
+        if patch.body is None:
+            script.append("# (no patch: change it by hand, as said above)")
+            continue
+        name = _unique(patch.file, files)
+        command = shlex.join(patch.command(name))
+        files[name] = "\n".join(
+            [
+                MARK,
+                *(f"# {line}" for line in heading),
+                f"# Apply: {one_line(command)}",
+                yaml.safe_dump(patch.body, sort_keys=False, allow_unicode=True),
+            ]
+        )
+        script.append(command if patch.live else f"# {one_line(command)}")
+    if not changes:
+        script += ["", "# Nothing to change: every workload is kept."]
+    files[SCRIPT] = "\n".join(script) + "\n"
+    return files
+
+
+def _unique(name: str, taken: dict[str, str]) -> str:
+    stem, number = name.removesuffix(".yaml"), 2
+    while name in taken or name == SCRIPT:
+        name = f"{stem}-{number}.yaml"
+        number += 1
+    return name

@@ -1,0 +1,697 @@
+"""`gpuscope rightsize serve`: the rightsizing report, made again on a schedule, served live.
+
+Every `--refresh` the report is made as a one-off run makes it (`cli.produce`), in the thread
+`gpuscope-refresh` with an event loop of its own and a deadline (`refresh_deadline`), and
+published whole: the report, its page, its JSON, its recommendations as Prometheus text and its
+patches as a tarball, all rendered once there. The event loop only installs what the thread
+returns (`Published` is immutable) and answers requests from it:
+
+    /                    the HTML report: sortable, filterable by cluster, namespace, class and
+                         confidence (state in the URL's fragment), the roofline picture, each
+                         workload's patch
+    /api/v1/report       the JSON report (`--format json`'s document)
+    /patches.tar.gz      `--format patches`' directory: a patch per workload and apply.sh
+    /metrics             the recommendations as series (`RECOMMENDATION_FAMILIES`) beside the
+                         server's own: its refreshes, notifications, endpoint and process
+    /-/healthy           200 while the refresh loop runs and no refresh has overrun its deadline
+    /-/ready             200 once a report has been made
+
+A refresh that fails (Prometheus unreachable, a query refused, the deadline passed, a bug) is
+logged and counted, the last report stays served, and the next attempt comes sooner: 30 s after
+the first failure, doubling up to `--refresh`. The endpoint is the daemon's: the same
+`--web.config.file` (TLS, basic auth, ...), its listener's limits and `gpuscope_http_*` counts
+(`exporter.web`). With `--notify`, a summary is posted after the first report and whenever the
+recommended changes differ from those last posted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter import __version__, logs
+from exporter.durations import format_duration
+from exporter.rightsize.cli import produce
+from exporter.rightsize.formatters import FORMATTERS, Output, report_document
+from exporter.rightsize.formatters.patches import SCRIPT, patch_files
+from exporter.rightsize.notify import SERVICES, notify
+from exporter.rightsize.options import PROG, ServeConfig, UsageError, load_serve
+from exporter.rightsize.prometheus import PrometheusError
+from exporter.rightsize.strategy import IDLE, UNDERUSED
+from exporter.series import Family
+from exporter.settings import ConfigError
+from exporter.supervise import TaskHealth, supervised
+from exporter.web import counters
+from exporter.web.config import WebConfigError
+from exporter.web.security import WebSecurity
+from exporter.web.server import RUNNER_LIMITS, GuardedSite
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Sequence
+
+    from exporter.rightsize.report import Report, WorkloadRow
+
+log = logging.getLogger("exporter.rightsize.server")
+
+FIRST_RETRY_SECONDS: Final = 30.0
+MAX_DEADLINE_SECONDS: Final = 3600.0
+SHUTDOWN_SECONDS: Final = 4.0
+LINKS: Final = (
+    ("JSON", "api/v1/report"),
+    ("metrics", "metrics"),
+    ("patches (tar.gz)", "patches.tar.gz"),
+)
+"""Relative, so that the page works behind a proxy that serves it under a path."""
+TEXT_FORMAT: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+WORKLOAD_LABELS: Final = ("cluster", "namespace", "workload", "workload_kind")
+RECOMMENDATION_INFO: Final = Family(
+    "gpuscope_recommendation_info",
+    "A workload's recommendation: its classification, action, confidence, trend, what it runs "
+    "on now and what it should run on.",
+    labels=(
+        *WORKLOAD_LABELS,
+        "classification",
+        "action",
+        "confidence",
+        "trend",
+        "current",
+        "recommended",
+    ),
+    gpu=False,
+)
+SAVINGS: Final = Family(
+    "gpuscope_recommendation_savings_usd_per_month",
+    "What following the recommendation saves, in USD a month (0 to keep).",
+    labels=(*WORKLOAD_LABELS, "action", "confidence"),
+    gpu=False,
+)
+COST_CURRENT: Final = Family(
+    "gpuscope_recommendation_current_cost_usd_per_month",
+    "What the workload's GPUs cost now, in USD a month.",
+    labels=WORKLOAD_LABELS,
+    gpu=False,
+)
+COST_RECOMMENDED: Final = Family(
+    "gpuscope_recommendation_recommended_cost_usd_per_month",
+    "What its GPUs would cost as recommended, in USD a month.",
+    labels=WORKLOAD_LABELS,
+    gpu=False,
+)
+GPUS_CURRENT: Final = Family(
+    "gpuscope_recommendation_current_gpus",
+    "GPUs the workload holds now, on average over the window, in whole GPUs (a MIG slice or a "
+    "time-sliced share counts as its part of one).",
+    labels=(*WORKLOAD_LABELS, "gpu"),
+    gpu=False,
+    labels_doc="`gpu`: what it runs on (`A100 80GB SXM`, `H100 SXM MIG 1g.10gb`)",
+)
+GPUS_RECOMMENDED: Final = Family(
+    "gpuscope_recommendation_recommended_gpus",
+    "GPUs it would hold as recommended, in whole GPUs (0 when it should release them).",
+    labels=(*WORKLOAD_LABELS, "gpu"),
+    gpu=False,
+)
+REPLICAS: Final = Family(
+    "gpuscope_recommendation_replicas",
+    "Pods of the workload holding its GPUs at the end of the window.",
+    labels=WORKLOAD_LABELS,
+    gpu=False,
+)
+REPORT_END: Final = Family(
+    "gpuscope_rightsize_report_end_timestamp_seconds",
+    "End of the window the served report covers, in unix seconds.",
+    unit="seconds",
+    gpu=False,
+)
+RECOMMENDATION_FAMILIES: Final = (
+    RECOMMENDATION_INFO,
+    SAVINGS,
+    COST_CURRENT,
+    COST_RECOMMENDED,
+    GPUS_CURRENT,
+    GPUS_RECOMMENDED,
+    REPLICAS,
+    REPORT_END,
+)
+LAST_REFRESH: Final = Family(
+    "gpuscope_rightsize_last_refresh_timestamp_seconds",
+    "When the last refresh ended, successful or not, in unix seconds.",
+    unit="seconds",
+    gpu=False,
+)
+LAST_DURATION: Final = Family(
+    "gpuscope_rightsize_last_refresh_duration_seconds",
+    "How long the last refresh took.",
+    unit="seconds",
+    gpu=False,
+)
+LAST_SUCCESS: Final = Family(
+    "gpuscope_rightsize_last_refresh_success",
+    "1 if the last refresh made a report, 0 if it failed (the previous report is still served).",
+    gpu=False,
+)
+LAST_SUCCESS_TIME: Final = Family(
+    "gpuscope_rightsize_last_success_timestamp_seconds",
+    "When the served report was made, in unix seconds.",
+    unit="seconds",
+    gpu=False,
+)
+REFRESHES: Final = Family(
+    "gpuscope_rightsize_refreshes",
+    "Refreshes by result: success, failure.",
+    kind="counter",
+    labels=("result",),
+    gpu=False,
+)
+NOTIFICATIONS: Final = Family(
+    "gpuscope_rightsize_notifications",
+    "Summaries posted to webhooks, by service (slack, teams, json) and result (success, failure).",
+    kind="counter",
+    labels=("service", "result"),
+    gpu=False,
+)
+SERVER_FAMILIES: Final = (
+    LAST_REFRESH,
+    LAST_DURATION,
+    LAST_SUCCESS,
+    LAST_SUCCESS_TIME,
+    REFRESHES,
+    NOTIFICATIONS,
+)
+
+
+def metrics_table() -> str:
+    """The README's table of the series `gpuscope rightsize serve` exports."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES):
+        labels = ", ".join(f"`{label}`" for label in family.labels)
+        if family.labels_doc:
+            labels += f"; {family.labels_doc}"
+        rows.append(f"| `{family.exposed_name}` | {family.kind} | {labels} | {family.meaning} |")
+    return "\n".join(rows)
+
+
+def _metric(family: Family) -> GaugeMetricFamily | CounterMetricFamily:
+    if family.kind == "counter":
+        return CounterMetricFamily(family.name, family.help, labels=list(family.labels))
+    return GaugeMetricFamily(family.name, family.help, labels=list(family.labels))
+
+
+def _workload(row: WorkloadRow) -> list[str]:
+    history = row.history
+    return [history.cluster, history.namespace, history.name, history.kind]
+
+
+def recommendation_metrics(report: Report) -> Iterator[Metric]:
+    """The report's recommendations as metric families."""
+    metrics = {family.name: _metric(family) for family in RECOMMENDATION_FAMILIES}
+
+    def add(family: Family, labels: list[str], value: float) -> None:
+        metrics[family.name].add_metric(labels, value)
+
+    for row in report.rows:
+        recommendation, labels = row.recommendation, _workload(row)
+        current = recommendation.current
+        current_gpus = row.gpus_held * (current.share if current else 1.0)
+        recommended_gpus = current_gpus
+        target = recommendation.target
+        if recommendation.classification == IDLE:
+            recommended_gpus = 0.0
+        elif recommendation.classification == UNDERUSED and target is not None:
+            recommended_gpus = row.gpus_held * target.share
+        now = current.label if current else row.history.model
+        after = row.target_label if recommendation.action != "keep" else now
+        add(
+            RECOMMENDATION_INFO,
+            [
+                *labels,
+                recommendation.classification,
+                recommendation.action,
+                row.confidence_level,
+                row.trend.direction if row.trend else "unknown",
+                now,
+                after,
+            ],
+            1,
+        )
+        add(SAVINGS, [*labels, recommendation.action, row.confidence_level], row.savings or 0.0)
+        if row.cost_current is not None:
+            add(COST_CURRENT, labels, row.cost_current)
+        if row.cost_recommended is not None:
+            add(COST_RECOMMENDED, labels, row.cost_recommended)
+        add(GPUS_CURRENT, [*labels, now], current_gpus)
+        add(GPUS_RECOMMENDED, [*labels, after], recommended_gpus)
+        add(REPLICAS, labels, row.replicas)
+    add(REPORT_END, [], report.end)
+    yield from metrics.values()
+
+
+class _Collect:
+    """A prometheus_client collector of metrics made by a function."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._make())
+
+
+def exposition(metrics: Iterable[Metric]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collect(lambda: metrics))
+    return generate_latest(registry)
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One refresh's report and everything served from it, rendered once. Immutable."""
+
+    report: Report
+    made: float
+    """Unix seconds."""
+    seconds: float
+    page: bytes
+    document: bytes
+    recommendations: bytes
+    patches: bytes
+
+
+def refresh_deadline(refresh: float) -> float:
+    """How long a refresh may take: its period, at most an hour."""
+    return min(refresh, MAX_DEADLINE_SECONDS)
+
+
+def make_report(config: ServeConfig) -> Published:
+    """One refresh, start to finish; blocking (its own event loop): the refresh thread's."""
+    started, began = time.time(), time.monotonic()
+    run = config.run if config.run.fixed_end else replace(config.run, end=started)
+    report = asyncio.run(asyncio.wait_for(produce(run), refresh_deadline(config.refresh)))
+    seconds = time.monotonic() - began
+    status = (
+        f"made {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(time.time()))} in "
+        f"{seconds:.1f}s, made again every {format_duration(config.refresh)}"
+    )
+    page = FORMATTERS["html"](report, Output(links=LINKS, status=status)).encode()
+    return Published(
+        report=report,
+        made=time.time(),
+        seconds=seconds,
+        page=page,
+        document=json.dumps(report_document(report), indent=1).encode(),
+        recommendations=exposition(recommendation_metrics(report)),
+        patches=tarball(patch_files(report), report.end),
+    )
+
+
+def tarball(files: dict[str, str], mtime: float) -> bytes:
+    """`--format patches`' directory as a gzipped tar under `gpuscope-patches/`."""
+    buffer = io.BytesIO()
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=int(mtime)) as zipped,
+        tarfile.open(fileobj=zipped, mode="w") as tar,
+    ):
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"gpuscope-patches/{name}")
+            info.size, info.mtime = len(data), int(mtime)
+            info.mode = 0o755 if name == SCRIPT else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class Refresher:
+    """The refresh loop and what it published. Event loop only, but for `make_report`, which
+    runs in the refresh thread and hands back an immutable `Published`."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.published: Published | None = None
+        self.successes = 0
+        self.failures = 0
+        self.last_end: float | None = None
+        self.last_seconds = 0.0
+        self.last_ok = False
+        self.started: float | None = None
+        """Monotonic start of the refresh under way, if one is."""
+        self.notified: frozenset[tuple[str, str, str]] | None = None
+        self.notifications: dict[tuple[str, str], int] = {
+            (service, result): 0 for service in SERVICES for result in ("success", "failure")
+        }
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-refresh")
+
+    async def run(self) -> None:
+        """Refresh forever: every `--refresh` after a success, sooner after a failure."""
+        retry = FIRST_RETRY_SECONDS
+        while True:
+            if await self.refresh():
+                wait, retry = self.config.refresh, FIRST_RETRY_SECONDS
+            else:
+                wait, retry = min(retry, self.config.refresh), min(2 * retry, self.config.refresh)
+            await asyncio.sleep(wait)
+
+    async def refresh(self) -> bool:
+        """One refresh; True when a new report is published."""
+        self.started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            published = await loop.run_in_executor(self._thread, make_report, self.config)
+        except (PrometheusError, TimeoutError) as error:
+            reason = str(error) or (
+                f"not done within {format_duration(refresh_deadline(self.config.refresh))}"
+            )
+            self._done(ok=False)
+            log.error("refresh failed; the last report stays served", extra={"error": reason})
+            return False
+        except Exception as error:  # whatever failed, the last report stays
+            self._done(ok=False)
+            log.error(
+                "refresh failed; the last report stays served",
+                extra={"error": f"{type(error).__name__}: {error}"},
+                exc_info=error,
+            )
+            return False
+        self.published = published
+        self._done(ok=True)
+        log.info(
+            "report refreshed",
+            extra={
+                "workloads": len(published.report.rows),
+                "seconds": round(published.seconds, 2),
+                "savings_usd_per_month": round(published.report.total.savings, 2),
+            },
+        )
+        await self._notify(published.report)
+        return True
+
+    def _done(self, *, ok: bool) -> None:
+        if self.started is not None:
+            self.last_seconds = time.monotonic() - self.started
+        self.started = None
+        self.last_end = time.time()
+        self.last_ok = ok
+        if ok:
+            self.successes += 1
+        else:
+            self.failures += 1
+
+    async def _notify(self, report: Report) -> None:
+        """Post a summary of the first report and of any that changes what to do."""
+        run = self.config.run
+        changes = frozenset(
+            (row.history.key, row.recommendation.action, row.target_label)
+            for row in report.rows
+            if row.recommendation.action not in {"keep", "none"}
+        )
+        if not run.notify or changes == self.notified:
+            return
+        sent = await notify(
+            report, run.notify, report_url=run.report_url, attempt_seconds=run.notify_timeout
+        )
+        for outcome in sent:
+            key = (outcome.webhook.service, "success" if outcome.ok else "failure")
+            self.notifications[key] += 1
+        self.notified = changes
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether no refresh has overran its deadline (with a minute's grace)."""
+        if self.started is None:
+            return True, "ok"
+        late = time.monotonic() - self.started - refresh_deadline(self.config.refresh) - 60
+        return (late <= 0, "ok" if late <= 0 else "the refresh under way overran its deadline")
+
+    def families(self) -> Iterator[Metric]:
+        """The server's own families, now."""
+        for family, value in (
+            (LAST_REFRESH, self.last_end),
+            (LAST_DURATION, self.last_seconds if self.last_end is not None else None),
+            (LAST_SUCCESS, float(self.last_ok) if self.last_end is not None else None),
+            (LAST_SUCCESS_TIME, self.published.made if self.published else None),
+        ):
+            metric = _metric(family)
+            if value is not None:
+                metric.add_metric([], value)
+            yield metric
+        refreshes = _metric(REFRESHES)
+        refreshes.add_metric(["success"], self.successes)
+        refreshes.add_metric(["failure"], self.failures)
+        yield refreshes
+        sent = _metric(NOTIFICATIONS)
+        for (service, result), value in self.notifications.items():
+            sent.add_metric([service, result], value)
+        yield sent
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def web_families(counts: counters.WebCounts) -> Iterator[Metric]:
+    """The endpoint's counts, as the daemon exports them."""
+    for family, value in (
+        (counters.CONNECTIONS_OPEN, counts.connections_open),
+        (counters.CONNECTIONS_MAX, counts.connections_max),
+        (counters.BAD_REQUESTS, counts.bad_requests),
+    ):
+        metric = _metric(family)
+        metric.add_metric([], value)
+        yield metric
+    for family, by_reason in (
+        (counters.CONNECTIONS_CLOSED, counts.closed),
+        (counters.REQUESTS_REFUSED, counts.refused),
+    ):
+        metric = _metric(family)
+        for reason, value in by_reason:
+            metric.add_metric([reason], value)
+        yield metric
+
+
+REFRESHER: Final = web.AppKey("refresher", Refresher)
+SECURITY: Final = web.AppKey("security", WebSecurity)
+TASKS: Final = web.AppKey("tasks", TaskHealth)
+REGISTRY: Final = web.AppKey("registry", CollectorRegistry)
+
+
+def init_app(config: ServeConfig, security: WebSecurity) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024, middlewares=[security.middleware])
+    refresher = Refresher(config)
+    app[REFRESHER] = refresher
+    app[SECURITY] = security
+    app[TASKS] = TaskHealth("refresh")
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    registry.register(_Collect(lambda: [*refresher.families(), *web_families(security.counts())]))
+    app[REGISTRY] = registry
+    app.cleanup_ctx.append(_background)
+    app.router.add_get("/", page)
+    app.router.add_get("/api/v1/report", document)
+    app.router.add_get("/patches.tar.gz", patches)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    return app
+
+
+async def _background(app: web.Application) -> Any:
+    """The refresh loop and the web config's watch, each restarted if it crashes."""
+    refresher, security, health = app[REFRESHER], app[SECURITY], app[TASKS]
+    tasks = [
+        asyncio.create_task(supervised(health, refresher.run), name="gpuscope-refresh-loop"),
+        asyncio.create_task(
+            supervised(TaskHealth("web_config"), security.watch), name="gpuscope-web-config"
+        ),
+    ]
+    yield
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    refresher.close()
+    security.close()
+
+
+def _not_yet() -> web.Response:
+    return web.Response(
+        status=503,
+        text="the first report is being made; retry in a moment\n",
+        headers={"Retry-After": "10"},
+    )
+
+
+async def page(request: web.Request) -> web.StreamResponse:
+    published = request.app[REFRESHER].published
+    if published is None:
+        return _not_yet()
+    response = web.Response(
+        body=published.page,
+        content_type="text/html",
+        charset="utf-8",
+        headers={"Cache-Control": "no-store"},
+    )
+    response.enable_compression()
+    return response
+
+
+async def document(request: web.Request) -> web.StreamResponse:
+    published = request.app[REFRESHER].published
+    if published is None:
+        return _not_yet()
+    response = web.Response(
+        body=published.document,
+        content_type="application/json",
+        headers={"Cache-Control": "no-store"},
+    )
+    response.enable_compression()
+    return response
+
+
+async def patches(request: web.Request) -> web.StreamResponse:
+    published = request.app[REFRESHER].published
+    if published is None:
+        return _not_yet()
+    return web.Response(
+        body=published.patches,
+        content_type="application/gzip",
+        headers={"Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'},
+    )
+
+
+async def metrics(request: web.Request) -> web.StreamResponse:
+    refresher = request.app[REFRESHER]
+    body = generate_latest(request.app[REGISTRY])
+    if refresher.published is not None:
+        body += refresher.published.recommendations
+    response = web.Response(
+        body=body, headers={"Content-Type": TEXT_FORMAT, "Cache-Control": "no-store"}
+    )
+    response.enable_compression()
+    return response
+
+
+async def healthy(request: web.Request) -> web.Response:
+    ok, reason = request.app[REFRESHER].alive()
+    ok = ok and request.app[TASKS].healthy
+    return web.Response(status=200 if ok else 503, text=f"{reason if ok else 'unhealthy'}\n")
+
+
+async def ready(request: web.Request) -> web.Response:
+    if request.app[REFRESHER].published is None:
+        return web.Response(status=503, text="no report yet\n")
+    return web.Response(text="ok\n")
+
+
+def main(argv: Sequence[str]) -> int:
+    """`gpuscope rightsize serve` with these arguments; the exit status."""
+    try:
+        config = load_serve(argv, os.environ)
+    except (UsageError, ConfigError) as error:
+        print(f"{PROG} serve: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        security = WebSecurity.load(config.web_config_file, max_requests=config.max_requests)
+    except WebConfigError as error:
+        print(
+            f"{PROG} serve: error: invalid --web.config.file {config.web_config_file}: {error}",
+            file=sys.stderr,
+        )
+        return 2
+    logs.configure(config.run.log_level, config.run.log_format)
+    return asyncio.run(_serve(config, security))
+
+
+async def _serve(config: ServeConfig, security: WebSecurity) -> int:
+    address = config.listen_address
+    try:  # before anything starts: a name that does not resolve is a mistake in the settings
+        await asyncio.get_running_loop().getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as error:
+        return _cannot_listen(str(address), error)
+    runner = web.AppRunner(
+        init_app(config, security),
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_SECONDS,
+        **RUNNER_LIMITS,
+    )
+    await runner.setup()
+    site = GuardedSite(
+        runner,
+        address.host,
+        address.port,
+        connections=security.connections,
+        ssl_context=security.ssl_context,
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        return _cannot_listen(str(address), error)
+    log.info(
+        "listening",
+        extra={
+            "address": ", ".join(_address(bound) for bound in runner.addresses),
+            "version": __version__,
+            "refresh": format_duration(config.refresh),
+            "source": config.run.connection.url,
+            "notify": ", ".join(webhook.shown for webhook in config.run.notify),
+            **security.describe(),
+        },
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        if config.web_config_file is None:
+            log.info("SIGHUP: no --web.config.file to reload")
+            return
+        task = asyncio.create_task(security.reload(reason="SIGHUP"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    await stop.wait()
+    log.info("stopping")
+    await runner.cleanup()
+    log.info("stopped")
+    return 0
+
+
+def _cannot_listen(address: str, error: OSError) -> int:
+    if isinstance(error, socket.gaierror):
+        reason = (error.strerror or "").lower() or "no such host"
+        print(
+            f"{PROG} serve: error: cannot listen on {address}: the address does not resolve "
+            f"({reason})",
+            file=sys.stderr,
+        )
+        return 2
+    reason = os.strerror(error.errno).lower() if error.errno else str(error)
+    print(f"{PROG} serve: error: cannot listen on {address}: {reason}", file=sys.stderr)
+    return 1
+
+
+def _address(bound: object) -> str:
+    if isinstance(bound, tuple) and len(bound) >= 2:  # (host, port, ...)
+        host, port = bound[0], bound[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(bound)
