@@ -3,10 +3,12 @@
     .venv/bin/python benchmarks/daemon.py [--gpus 8] [--processes 64] [--mig-gpus 2] [--quick]
     .venv/bin/python benchmarks/daemon.py --pods 200 --pod-changes 10    # with pod attribution
     .venv/bin/python benchmarks/daemon.py --fleet examples/fleet.yaml
+    .venv/bin/python benchmarks/daemon.py --serve-flag=--compat.dcgm     # any further serve flag
 
 The generated node is H100s (which have GPM); `--mig-gpus N` splits the first N of them into
 MIG instances (3g.40gb + 2g.20gb + 1g.10gb x2) with their share of the processes placed on
-the instances. `--fleet FILE` runs any fleet file instead.
+the instances. `--fleet FILE` runs any fleet file instead. `--serve-flag FLAG` (repeatable) passes
+a further flag to `gpuscope serve`.
 
 Phases (about 100 s in all):
 1. 30 s with no scrapes: the daemon's CPU time per sampling cycle (from /proc/<pid>/stat and the
@@ -246,6 +248,15 @@ REQUEST = (
 )
 
 
+async def exposition_size(client: Connections) -> tuple[int, int]:
+    """(samples, bytes) of one scrape, as Prometheus asks for it."""
+    status, body = await client.get()
+    if status != 200:
+        raise RuntimeError(f"scrape failed (HTTP {status})")
+    samples = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+    return samples, len(body)
+
+
 async def cycles(client: Connections) -> float:
     status, body = await client.get()
     match = re.search(rb"^gpuscope_sample_cycles_total (\S+)$", body, re.MULTILINE)
@@ -324,6 +335,7 @@ async def measure(pid: int, port: int, *, quick: bool) -> dict[str, object]:
         cpu_under_load = (cpu_seconds(pid) - cpu_before) / load_seconds
 
         rate = await closed_loop(client, 16, burst_seconds)
+        samples, size = await exposition_size(client)
         # VmHWM lags the per-thread RSS counters a little; a reading above it is the peak.
         peak = max(peak_rss_bytes(pid), rss)
     return {
@@ -334,6 +346,8 @@ async def measure(pid: int, port: int, *, quick: bool) -> dict[str, object]:
         "rss_mib_peak": round(peak / 2**20, 1),
         "scrape_latency_ms_at_100_per_second": latency,
         "max_scrapes_per_second": round(rate),
+        "samples_per_scrape": samples,
+        "bytes_per_scrape": size,
     }
 
 
@@ -349,6 +363,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a few seconds per phase (smoke run)")
     parser.add_argument("--pods", type=int, default=0, help="pods on the node (0: no attribution)")
     parser.add_argument("--pod-changes", type=float, default=10.0, help="pod changes per second")
+    parser.add_argument(
+        "--serve-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a further gpuscope serve flag, e.g. --serve-flag=--compat.dcgm (repeatable)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -369,6 +390,7 @@ def main() -> int:
                 f"--simulate={fleet_file}",
                 f"--collect.interval={args.interval}",
                 *attribution,
+                *args.serve_flag,
             ]
             try:
                 daemon, port = stack.enter_context(serving(flags, Path(scratch) / "stderr"))
@@ -390,7 +412,8 @@ def main() -> int:
                 "collect_interval": args.interval,
             }
         )
-        | {"pods": args.pods, "pod_changes_per_second": args.pod_changes if args.pods else 0},
+        | {"pods": args.pods, "pod_changes_per_second": args.pod_changes if args.pods else 0}
+        | {"serve_flags": args.serve_flag},
         "python": sys.version.split()[0],
         **results,
         "targets": {

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from exporter.dcgm_counters import read_counters
 from tests.helpers import ROOT, require_tool
 
 if TYPE_CHECKING:
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 CHART = ROOT / "helm" / "gpuscope"
 KUBERNETES_VERSIONS = ("1.29.0", "1.31.0", "1.33.0", "1.35.0")
+DCGM_COUNTERS = "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %)."
+DCGM_COUNTERS_SET = DCGM_COUNTERS.replace(",", "\\,")
+"""A counters file as `--set` takes it (commas escaped)."""
 EVERY_FEATURE = (
     "serviceMonitor.enabled=true",
     "podMonitor.enabled=true",
@@ -41,6 +45,9 @@ EVERY_FEATURE = (
     "daemon.exportedPodLabels=^(team|app)$",
     "daemon.extraResourceNames={example.com/gpu}",
     "daemon.priorityClassName=system-node-critical",
+    "compat.dcgm=true",
+    "compat.dcgmExportedLabels=true",
+    f"compat.dcgmCounters={DCGM_COUNTERS_SET}",
 )
 VARIANTS = {"default": (), "every-feature": EVERY_FEATURE}
 
@@ -140,6 +147,8 @@ def test_security_scan_finds_nothing_unexplained(rendered: Path) -> None:
         ("calibration.gpuProducts={NVIDIA L4}", "/calibration/gpuProducts/0"),
         ("rightsize.prometheusUrl=prometheus:9090", "/rightsize/prometheusUrl"),
         ("daemon.extraArgs={verbose}", "/daemon/extraArgs/0"),
+        ("compat.dcgm=yes", "/compat/dcgm"),
+        ("compat.dcgmExprtedLabels=true", "additional properties 'dcgmExprtedLabels' not allowed"),
     ],
 )
 def test_schema_rejects_bad_values_naming_them(switch: str, problem: str) -> None:
@@ -409,3 +418,82 @@ def test_kustomize_builds_and_validates(overlay: str, tmp_path: Path) -> None:
             check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dcgm_compatibility_is_off_by_default() -> None:
+    documents = render(("serviceMonitor.enabled=true",))
+    assert not any("compat" in argument for argument in daemon_container(documents)["args"])
+    assert not [d for d in find(documents, "ConfigMap") if "dcgm" in d["metadata"]["name"]]
+    (monitor,) = find(documents, "ServiceMonitor")
+    assert "metricRelabelings" not in monitor["spec"]["endpoints"][0]
+
+
+def test_dcgm_counters_are_a_configmap_the_daemon_reads(tmp_path: Path) -> None:
+    documents = render(("compat.dcgm=true", f"compat.dcgmCounters={DCGM_COUNTERS_SET}"))
+    container = daemon_container(documents)
+    assert "--compat.dcgm" in container["args"]
+    assert "--compat.dcgm-counters=/etc/gpuscope/dcgm/counters.csv" in container["args"]
+    assert {"name": "dcgm-counters", "mountPath": "/etc/gpuscope/dcgm", "readOnly": True} in (
+        container["volumeMounts"]
+    )
+    (configmap,) = [d for d in find(documents, "ConfigMap") if "dcgm" in d["metadata"]["name"]]
+    (daemonset,) = find(documents, "DaemonSet")
+    volumes = daemonset["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "dcgm-counters",
+        "configMap": {"name": configmap["metadata"]["name"]},
+    } in volumes
+    annotations = daemonset["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/dcgm-counters" in annotations, "a new file rolls the pods"
+    written = tmp_path / "counters.csv"
+    written.write_text(configmap["data"]["counters.csv"])
+    (row,) = read_counters(written).rows
+    assert (row.field, row.kind, row.help) == (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gauge",
+        "GPU utilization (in %).",
+    )
+
+
+def test_dcgm_counters_need_compat_dcgm() -> None:
+    result = helm(
+        "template",
+        "gpuscope",
+        str(CHART),
+        "--set",
+        f"compat.dcgmCounters={DCGM_COUNTERS_SET}",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "compat.dcgmCounters chooses what compat.dcgm serves" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_dcgm_exported_labels_are_copied_by_the_monitors(kind: str) -> None:
+    user_rule = {"action": "labeldrop", "regex": "pci_bus_id"}
+    switches = (
+        "compat.dcgm=true",
+        "compat.dcgmExportedLabels=true",
+        f"{kind}.enabled=true",
+        f"{kind}.metricRelabelings[0].action=labeldrop",
+        f"{kind}.metricRelabelings[0].regex=pci_bus_id",
+    )
+    (monitor,) = find(render(switches), kind[0].upper() + kind[1:])
+    endpoints = monitor["spec"]["endpoints" if kind == "serviceMonitor" else "podMetricsEndpoints"]
+    rules = endpoints[0]["metricRelabelings"]
+    assert rules[:3] == [
+        {
+            "sourceLabels": ["__name__", label],
+            "regex": "DCGM_FI_.+;(.+)",
+            "targetLabel": f"exported_{label}",
+            "replacement": "$1",
+            "action": "replace",
+        }
+        for label in ("namespace", "pod", "container")
+    ]
+    assert rules[3:] == [user_rule], "the user's own rules follow"
+    (plain,) = find(render((*switches, f"{kind}.honorLabels=false")), monitor["kind"])
+    endpoints = plain["spec"]["endpoints" if kind == "serviceMonitor" else "podMetricsEndpoints"]
+    assert endpoints[0]["metricRelabelings"] == [user_rule], (
+        "without honorLabels Prometheus makes exported_* itself"
+    )
