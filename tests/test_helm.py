@@ -49,7 +49,17 @@ EVERY_FEATURE = (
     "compat.dcgmExportedLabels=true",
     f"compat.dcgmCounters={DCGM_COUNTERS_SET}",
 )
-VARIANTS = {"default": (), "every-feature": EVERY_FEATURE}
+RIGHTSIZE_SERVER = (
+    "rightsize.enabled=true",
+    "rightsize.mode=server",
+    "rightsize.prometheusUrl=http://prometheus-operated.monitoring.svc:9090",
+    "rightsize.notifySecret=gpuscope-rightsize-webhooks",
+    "serviceMonitor.enabled=true",
+    "networkPolicy.enabled=true",
+    "webConfig.enabled=true",
+    "webConfig.existingSecret=gpuscope-web-config",
+)
+VARIANTS = {"default": (), "every-feature": EVERY_FEATURE, "rightsize-server": RIGHTSIZE_SERVER}
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -146,6 +156,8 @@ def test_security_scan_finds_nothing_unexplained(rendered: Path) -> None:
         ("service.port=70000", "/service/port"),
         ("calibration.gpuProducts={NVIDIA L4}", "/calibration/gpuProducts/0"),
         ("rightsize.prometheusUrl=prometheus:9090", "/rightsize/prometheusUrl"),
+        ("rightsize.mode=daily", "/rightsize/mode"),
+        ("rightsize.server.port=0", "/rightsize/server/port"),
         ("daemon.extraArgs={verbose}", "/daemon/extraArgs/0"),
         ("compat.dcgm=yes", "/compat/dcgm"),
         ("compat.dcgmExprtedLabels=true", "additional properties 'dcgmExprtedLabels' not allowed"),
@@ -374,6 +386,92 @@ def test_rightsize_cronjob_runs_the_rightsize_command() -> None:
     )
     known = set(re.findall(r"(--[a-z][a-z0-9.-]+)", result.stdout))
     assert {argument.split("=", 1)[0] for argument in container["args"]} <= known
+
+
+def rightsize_flags(*command: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "rightsize", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return set(re.findall(r"(--[a-z][a-z0-9.-]+)", result.stdout))
+
+
+def test_rightsize_server_mode_serves_the_report_behind_the_web_config() -> None:
+    documents = render(RIGHTSIZE_SERVER)
+    assert not find(documents, "CronJob"), "one mode at a time"
+    assert not [r for r in find(documents, "Role") if "rightsize" in r["metadata"]["name"]]
+    (deployment,) = find(documents, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["gpuscope", "rightsize", "serve"]
+    passed = {argument.split("=", 1)[0] for argument in container["args"]}
+    assert passed <= rightsize_flags("serve")
+    assert "--web.config.file=/etc/gpuscope/web/web-config.yml" in container["args"]
+    assert "--web.listen-address=:9456" in container["args"]
+    assert container["env"] == [
+        {
+            "name": "GPUSCOPE_RIGHTSIZE_NOTIFY",
+            "valueFrom": {"secretKeyRef": {"name": "gpuscope-rightsize-webhooks", "key": "notify"}},
+        }
+    ]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["volumes"] == [
+        {"name": "web-config", "secret": {"secretName": "gpuscope-web-config"}}
+    ]
+    services = {s["metadata"]["name"]: s for s in find(documents, "Service")}
+    service = services["gpuscope-rightsize"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (daemonset,) = find(documents, "DaemonSet")
+    daemon_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= daemon_labels.items()
+    assert not services["gpuscope"]["spec"]["selector"].items() <= pod_labels.items()
+    monitors = {m["metadata"]["name"]: m for m in find(documents, "ServiceMonitor")}
+    monitor = monitors["gpuscope-rightsize"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["honorLabels"], endpoint["scheme"]) == (
+        "http",
+        True,
+        "https",
+    )
+    policies = {n["metadata"]["name"]: n for n in find(documents, "NetworkPolicy")}
+    assert policies["gpuscope-rightsize"]["spec"]["ingress"][0]["ports"] == [
+        {"port": 9456, "protocol": "TCP"}
+    ]
+    cronjob = render(("rightsize.enabled=true", "rightsize.prometheusUrl=http://p:9090"))
+    assert find(cronjob, "CronJob"), "cronjob is the default mode"
+    assert not find(cronjob, "Deployment")
+
+
+def test_rightsize_server_is_the_plain_manifest() -> None:
+    plain = {
+        document["kind"]: document
+        for document in yaml.safe_load_all(
+            (ROOT / "deploy" / "rightsize" / "server.yaml").read_text()
+        )
+    }
+    (deployment,) = find(render(RIGHTSIZE_SERVER), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    original_pod = plain["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (original,) = original_pod["containers"]
+    assert pod["securityContext"] == original_pod["securityContext"]
+    assert container["command"] == original["command"]
+    assert container["securityContext"] == original["securityContext"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == original[probe]["httpGet"]["path"]
+        assert container[probe]["periodSeconds"] == original[probe]["periodSeconds"]
+    assert plain["Service"]["spec"]["selector"].items() <= (
+        plain["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 def load_render_script() -> Any:

@@ -1,0 +1,223 @@
+"""The rightsizing dashboard (gpuscope-rightsizing): what `gpuscope rightsize serve` recommends,
+from the series it exports (`gpuscope_recommendation_*`), beside how its refreshes go."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dashboards.layout import Layout, dashboard, query_variable
+from dashboards.panels import (
+    Column,
+    Query,
+    bargauge,
+    piechart,
+    stat,
+    steps,
+    table,
+    timeseries,
+)
+
+if TYPE_CHECKING:
+    from dashboards.panels import Json
+
+RECOMMENDATION = ("cluster", "namespace", "workload", "workload_kind")
+
+
+def make() -> Json:
+    scope = 'cluster=~"$cluster", namespace=~"$namespace"'
+    savings = f"gpuscope_recommendation_savings_usd_per_month{{{scope}}}"
+    info = f"gpuscope_recommendation_info{{{scope}}}"
+    layout = Layout()
+
+    layout.row("Rightsizing")
+    layout.add(
+        4,
+        4,
+        stat(
+            "Savings a month",
+            "What following every recommendation of the selected workloads saves, in USD a month.",
+            Query(f"sum({savings}) or vector(0)"),
+            unit="currencyUSD",
+            decimals=0,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Workloads to change",
+            "Workloads whose recommendation is to release their GPU, move to a MIG slice or "
+            "another GPU, or get more CPU.",
+            Query(
+                f'count(gpuscope_recommendation_info{{{scope}, action!~"keep|none"}}) or vector(0)'
+            ),
+            decimals=0,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "GPUs now",
+            "GPUs the selected workloads hold, in whole GPUs (a MIG slice or a time-sliced share "
+            "counts as its part of one), on average over the report's window.",
+            Query(f"sum(gpuscope_recommendation_current_gpus{{{scope}}}) or vector(0)"),
+            decimals=1,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "GPUs recommended",
+            "GPUs they would hold following the recommendations, in whole GPUs.",
+            Query(f"sum(gpuscope_recommendation_recommended_gpus{{{scope}}}) or vector(0)"),
+            decimals=1,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Report age",
+            "How long ago the served report was made: older than two refresh periods means "
+            "refreshes keep failing (see Refreshes below).",
+            Query("time() - max(gpuscope_rightsize_last_success_timestamp_seconds)"),
+            unit="s",
+            thresholds=steps(("green", None), ("orange", 86400), ("red", 7 * 86400)),
+            sparkline=False,
+        ),
+    )
+    layout.add(
+        4,
+        4,
+        stat(
+            "Last refresh",
+            "1: the last refresh made a report; 0: it failed, and the report before it is served.",
+            Query("min(gpuscope_rightsize_last_refresh_success)"),
+            thresholds=steps(("red", None), ("green", 1)),
+            sparkline=False,
+        ),
+    )
+    labels = (*RECOMMENDATION, "classification", "action", "recommended", "confidence", "trend")
+    layout.add(
+        24,
+        10,
+        table(
+            "Recommendations",
+            "Every selected workload: what it runs on, what to do, how far to trust it and "
+            "where its demand goes, and what that saves (the report's page has the reason and "
+            "the patch).",
+            labels,
+            Column(
+                "GPUs now",
+                f"sum without (gpu) (gpuscope_recommendation_current_gpus{{{scope}}})",
+            ),
+            Column("", info),
+            Column(
+                "$ a month now",
+                f"gpuscope_recommendation_current_cost_usd_per_month{{{scope}}}",
+                "currencyUSD",
+            ),
+            Column("Savings a month", savings, "currencyUSD"),
+            sort_by="Savings a month",
+        ),
+    )
+    layout.add(
+        8,
+        8,
+        bargauge(
+            "Savings by namespace",
+            "USD a month the recommendations save per namespace.",
+            Query(
+                f"sort_desc(sum by (cluster, namespace) ({savings}))", "{{cluster}} {{namespace}}"
+            ),
+            unit="currencyUSD",
+        ),
+    )
+    layout.add(
+        8,
+        8,
+        piechart(
+            "Workloads by classification",
+            "How the selected workloads are classified: idle, input-bound, underused, "
+            "memory-bound, compute-bound, right-sized, undefined (not enough data).",
+            Query(f"count by (classification) ({info})", "{{classification}}"),
+        ),
+    )
+    layout.add(
+        8,
+        8,
+        piechart(
+            "Recommendations by confidence",
+            "How far the recommendations can be trusted: high, medium, low (the report's page "
+            "says why for each).",
+            Query(f"count by (confidence) ({info})", "{{confidence}}"),
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "Savings a month over time",
+            "What the recommendations would save, report after report, by action.",
+            Query(f"sum by (action) ({savings})", "{{action}}"),
+            unit="currencyUSD",
+            stack=True,
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        timeseries(
+            "GPUs now and recommended",
+            "GPUs the selected workloads hold and would hold following the recommendations, "
+            "report after report.",
+            Query(f"sum(gpuscope_recommendation_current_gpus{{{scope}}})", "now"),
+            Query(f"sum(gpuscope_recommendation_recommended_gpus{{{scope}}})", "recommended"),
+        ),
+    )
+
+    layout.row("Refreshes")
+    layout.add(
+        12,
+        7,
+        timeseries(
+            "Refresh duration",
+            "How long the last refresh took: the queries to Prometheus and the report.",
+            Query("max(gpuscope_rightsize_last_refresh_duration_seconds)", "duration"),
+            unit="s",
+        ),
+    )
+    layout.add(
+        12,
+        7,
+        timeseries(
+            "Refreshes",
+            "Refreshes that made a report and those that failed (the report before is served "
+            "meanwhile).",
+            Query(
+                "sum by (result) (increase(gpuscope_rightsize_refreshes_total[$__rate_interval]))",
+                "{{result}}",
+            ),
+            stack=True,
+        ),
+    )
+
+    return dashboard(
+        "gpuscope-rightsizing",
+        "gpuscope / Rightsizing",
+        "What gpuscope rightsize serve recommends per workload (release, move to a MIG slice or "
+        "another GPU, add CPU, keep), with confidence, trend and money, from the series it "
+        "exports, and how its refreshes go.",
+        [
+            query_variable("cluster", "Cluster", "gpuscope_recommendation_info", "cluster"),
+            query_variable(
+                "namespace",
+                "Namespace",
+                'gpuscope_recommendation_info{cluster=~"$cluster"}',
+                "namespace",
+            ),
+        ],
+        layout,
+    )
