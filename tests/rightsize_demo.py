@@ -1,19 +1,25 @@
-"""`scripts/try-rightsize`: the test scenario's history in a throwaway Prometheus, and its report."""
+"""`scripts/try-rightsize`: the test scenario's history in a throwaway Prometheus, and its report;
+`scripts/try-rightsize serve`: the report server on it, in a browser."""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+import tarfile
 import tempfile
+import webbrowser
 from pathlib import Path
 
 from exporter.rightsize.cli import main as rightsize
 from tests.helpers import ROOT, require_tool
 from tests.prometheus_server import running_prometheus
-from tests.rightsize_scenario import CALIBRATION, END, WORKLOADS
-from tests.synthetic_history import backfill, write_openmetrics
+from tests.rightsize_browser import browser
+from tests.rightsize_scenario import END
+from tests.rightsize_stack import history, serving
 
 SCREENSHOT = ROOT / "docs" / "rightsize-report.png"
+PORT = 9456
 
 
 def screenshot(page: Path, out: Path, scratch: Path) -> None:
@@ -41,35 +47,67 @@ def screenshot(page: Path, out: Path, scratch: Path) -> None:
     )
 
 
-def main(argv: list[str]) -> int:
+def serve(argv: list[str]) -> int:
+    """The server on the scenario's history, scraped by the Prometheus that holds it; its page
+    opened in a browser (or drawn into the README's picture with --screenshot) and its patches
+    unpacked beside the history; until Ctrl-C."""
     shoot = "--screenshot" in argv
     extra = [arg for arg in argv if arg != "--screenshot"]
     with tempfile.TemporaryDirectory(prefix="gpuscope-try-") as scratch_name:
         scratch = Path(scratch_name)
-        openmetrics = scratch / "history.om"
-        with openmetrics.open("w") as out:
-            write_openmetrics(
-                out,
-                WORKLOADS,
-                end=END,
-                duration=14 * 86400 + 3600,
-                interval=120,
-                calibration=CALIBRATION,
+        data = history(scratch)
+        with (
+            running_prometheus(data, scrape=(f"127.0.0.1:{PORT}", 15.0)) as url,
+            serving(url, PORT, "--refresh=1h", *extra) as server,
+        ):
+            status, tarball = server.get("/patches.tar.gz")
+            if status == 200:
+                patches = scratch / "rightsize-patches"
+                with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+                    patches.mkdir()
+                    for member in tar.getmembers():
+                        target = patches / Path(member.name).name
+                        target.write_bytes((tar.extractfile(member) or io.BytesIO()).read())
+                        target.chmod(member.mode)
+                print(
+                    f"try-rightsize: the patches are in {patches}/ (apply.sh), while it runs",
+                    file=sys.stderr,
+                )
+            if shoot:
+                with browser(scratch, height=2100) as page:
+                    page.navigate(f"{server.url}/#namespace=serving")
+                    page.click("#workloads tbody tr:not([hidden]) details:last-of-type summary")
+                    page.evaluate("window.scrollTo(0, 0)")
+                    page.screenshot(SCREENSHOT)
+                print(f"try-rightsize: wrote {SCREENSHOT.relative_to(ROOT)}", file=sys.stderr)
+                return 0
+            print(
+                f"try-rightsize: the report at {server.url}/ (its JSON at /api/v1/report, "
+                f"metrics at /metrics, scraped by {url}); Ctrl-C stops",
+                file=sys.stderr,
             )
-        backfill(require_tool("promtool"), openmetrics, scratch / "data")
-        openmetrics.unlink()
-        with running_prometheus(scratch / "data") as url:
+            webbrowser.open(f"{server.url}/")
+            try:
+                server.process.wait()
+            except KeyboardInterrupt:
+                print("try-rightsize: stopping", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
+    with tempfile.TemporaryDirectory(prefix="gpuscope-try-") as scratch_name:
+        scratch = Path(scratch_name)
+        with running_prometheus(history(scratch)) as url:
             print(f"try-rightsize: Prometheus with 14 days of history at {url}", file=sys.stderr)
             arguments = ["--prometheus", url, f"--end={END}"]
             status = rightsize(
                 [*arguments, "--format=html", "--output=report.html", "--log.level=warn"]
             )
-            if status == 0 and shoot:
-                screenshot(Path("report.html").resolve(), SCREENSHOT, scratch)
-                print(f"try-rightsize: wrote {SCREENSHOT.relative_to(ROOT)}", file=sys.stderr)
             if status == 0:
                 print("try-rightsize: wrote report.html", file=sys.stderr)
-                status = rightsize([*arguments, *extra])
+                status = rightsize([*arguments, *argv])
     return status
 
 

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 import yaml
+from aiohttp import web
 
 from tests.helpers import ROOT, require_tool
 from tests.prometheus_server import free_port, running_prometheus
 from tests.rightsize_demo import screenshot as draw
 from tests.rightsize_run import rightsize
+from tests.rightsize_run import serving as receiving
 from tests.rightsize_scenario import CALIBRATION, END, WORKLOADS
 from tests.synthetic_history import backfill, write_openmetrics
 
@@ -182,6 +184,21 @@ def test_namespace_and_label_selector_narrow_the_report(prometheus: str) -> None
     assert [w["workload"] for w in both["workloads"]] == ["resnet-train"]
 
 
+def test_min_confidence_leaves_out_what_is_less_trusted(prometheus: str) -> None:
+    document = report_json(prometheus, "--min-confidence=high")
+    kept = {w["workload"]: w["confidence"] for w in document["workloads"]}
+    # Left out: new-ranker (low: 2 hours), chat-small (medium: its memory close to the 1g.10gb's),
+    # tts (medium: its compute close to the 2g.20gb's), asr (medium: rising, the last day disagrees).
+    assert kept == dict.fromkeys(
+        ("notebook-alice", "embed-finetune", "llm-pretrain", "resnet-train", "rerank"), "high"
+    )
+    assert document["summary"]["left_out_below_min_confidence"] == 4
+    assert (
+        "4 recommendations below high confidence are left out."
+        in (document["summary"]["business_case"])
+    )
+
+
 def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> None:
     table = rightsize("--prometheus", prometheus, f"--end={END}")
     assert table.returncode == 0, table.stderr
@@ -221,6 +238,53 @@ def test_html_report_renders_in_headless_chromium(prometheus: str, tmp_path: Pat
     assert (width, height) == (1400, 1500)
     # A blank page compresses to a few kB; plots, tables and text do not.
     assert len(data) > 60_000
+
+
+def test_patches_and_notifications_from_a_run(prometheus: str, tmp_path: Path) -> None:
+    """A run writes the patches directory and posts its summary; a webhook that cannot be reached
+    is one log line naming it without its secret, and the run still succeeds."""
+    secret = "T0000/B0000/run-secret"
+    posted: list[tuple[str, Any]] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        posted.append((request.path, await request.json()))
+        return web.Response(text="ok")
+
+    out = tmp_path / "patches"
+    dead = f"http://127.0.0.1:{free_port()}"
+    with receiving(receive) as hooks:
+        result = rightsize(
+            "--prometheus",
+            prometheus,
+            f"--end={END}",
+            "--format=patches",
+            f"--output={out}",
+            f"--notify=teams+{hooks}/{secret}",
+            f"--notify=json+{dead}/{secret}",
+            "--notify-timeout=2s",
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert sorted(path.name for path in out.iterdir()) == [
+        "apply.sh",
+        "research.statefulset.notebook-alice.yaml",
+        "serving.deployment.asr.yaml",
+        "serving.deployment.chat-small.yaml",
+        "serving.deployment.rerank.yaml",
+        "serving.deployment.tts.yaml",
+        "training.job.resnet-train.yaml",
+    ]
+    script = (out / "apply.sh").read_text()
+    assert script.index("rerank") < script.index("chat-small"), "most saved first"
+    assert "# kubectl patch --local -f MANIFEST.yaml" in script  # resnet-train, a Job
+    ((path, card),) = posted
+    assert path == f"/{secret}"
+    assert card["attachments"][0]["content"]["type"] == "AdaptiveCard"
+    assert 'msg="notification sent" webhook="teams http://127.0.0.1:' in result.stderr
+    assert 'msg="notification failed" webhook="json http://127.0.0.1:' in result.stderr
+    assert "cannot connect: connection refused" in result.stderr
+    assert secret not in result.stderr
 
 
 class _FakeKubernetes(BaseHTTPRequestHandler):
