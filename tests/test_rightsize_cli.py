@@ -313,3 +313,70 @@ def test_secret_and_certificate_files_are_read_bounded(tmp_path: Path) -> None:
     assert _one_line(result.stderr) == (
         f"invalid --prometheus.ca-file: {ca}: larger than 4 MiB (the limit)"
     )
+
+
+# -- gpuscope rightsize serve -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--web.listen-address=9456"],
+            (
+                "invalid --web.listen-address: '9456' is not host:port (e.g. :9456, "
+                "127.0.0.1:9456, [::1]:9456)"
+            ),
+        ),
+        (
+            ["--web.listen-address=no-such-host.invalid:9999"],
+            "cannot listen on no-such-host.invalid:9999: the address does not resolve",
+        ),
+        (["--refresh=10s"], "invalid --refresh: 10s is outside 1m..30d"),
+        (["--format=json"], "unrecognized arguments: --format=json"),
+        (
+            ["--cluster-label=namespace"],
+            "invalid --cluster-label: 'namespace' is one of the daemon's own labels",
+        ),
+        (
+            ["--web.max-requests=-1"],
+            "invalid --web.max-requests: '-1' is not a whole number",
+        ),
+    ],
+)
+def test_bad_server_settings_exit_2_with_one_line(args: list[str], message: str) -> None:
+    result = rightsize("serve", "--prometheus=http://127.0.0.1:1", *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpuscope rightsize serve: error: {message}")
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_port_in_use_is_status_1() -> None:
+    async def never(_request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    with serving(never) as url:
+        taken = url.removeprefix("http://")
+        result = rightsize(
+            "serve", "--prometheus=http://127.0.0.1:1", f"--web.listen-address={taken}"
+        )
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"gpuscope rightsize serve: error: cannot listen on {taken}: address already in use\n"
+    )
+
+
+def test_patches_need_a_directory_and_no_configmap(tmp_path: Path) -> None:
+    base = ("--prometheus=http://127.0.0.1:1", "--format=patches")
+    assert rightsize(*base).stderr == (
+        f"{ERROR}invalid --format: patches writes a directory: give --output DIR\n"
+    )
+    file = tmp_path / "file"
+    file.write_text("")
+    assert rightsize(*base, f"--output={file}").stderr == (
+        f"{ERROR}invalid --output: '{file}' is not a directory (patches)\n"
+    )
+    result = rightsize(*base, f"--output={tmp_path}", "--configmap=gpuscope/report")
+    assert result.stderr == (
+        f"{ERROR}invalid --configmap: keeps one text, not a patches directory\n"
+    )

@@ -38,7 +38,6 @@ import socket
 import sys
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -57,7 +56,7 @@ from exporter.rightsize.prometheus import PrometheusError
 from exporter.rightsize.strategy import IDLE, UNDERUSED
 from exporter.series import Family
 from exporter.settings import ConfigError
-from exporter.supervise import TaskHealth, supervised
+from exporter.supervise import DaemonExecutor, TaskHealth, supervised
 from exporter.web import counters
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
@@ -355,7 +354,8 @@ class Refresher:
         self.notifications: dict[tuple[str, str], int] = {
             (service, result): 0 for service in SERVICES for result in ("success", "failure")
         }
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuscope-refresh")
+        # A daemon thread: a refresh under way never keeps a stopping server from exiting.
+        self._thread = DaemonExecutor("gpuscope-refresh")
 
     async def run(self) -> None:
         """Refresh forever: every `--refresh` after a success, sooner after a failure."""
@@ -486,6 +486,7 @@ REFRESHER: Final = web.AppKey("refresher", Refresher)
 SECURITY: Final = web.AppKey("security", WebSecurity)
 TASKS: Final = web.AppKey("tasks", TaskHealth)
 REGISTRY: Final = web.AppKey("registry", CollectorRegistry)
+BACKGROUND: Final = web.AppKey("background", list[asyncio.Task[None]])
 
 
 def init_app(config: ServeConfig, security: WebSecurity) -> web.Application:
@@ -498,7 +499,8 @@ def init_app(config: ServeConfig, security: WebSecurity) -> web.Application:
     ProcessCollector(registry=registry)
     registry.register(_Collect(lambda: [*refresher.families(), *web_families(security.counts())]))
     app[REGISTRY] = registry
-    app.cleanup_ctx.append(_background)
+    app[BACKGROUND] = []
+    app.on_cleanup.append(stop_background)
     app.router.add_get("/", page)
     app.router.add_get("/api/v1/report", document)
     app.router.add_get("/patches.tar.gz", patches)
@@ -508,23 +510,28 @@ def init_app(config: ServeConfig, security: WebSecurity) -> web.Application:
     return app
 
 
-async def _background(app: web.Application) -> Any:
-    """The refresh loop and the web config's watch, each restarted if it crashes."""
+def start_background(app: web.Application) -> None:
+    """The refresh loop and the web config's watch, each restarted if it crashes: started once
+    the server listens, so that a server that cannot listen never queries Prometheus."""
     refresher, security, health = app[REFRESHER], app[SECURITY], app[TASKS]
-    tasks = [
-        asyncio.create_task(supervised(health, refresher.run), name="gpuscope-refresh-loop"),
-        asyncio.create_task(
-            supervised(TaskHealth("web_config"), security.watch), name="gpuscope-web-config"
-        ),
-    ]
-    yield
-    for task in tasks:
+    app[BACKGROUND].extend(
+        (
+            asyncio.create_task(supervised(health, refresher.run), name="gpuscope-refresh-loop"),
+            asyncio.create_task(
+                supervised(TaskHealth("web_config"), security.watch), name="gpuscope-web-config"
+            ),
+        )
+    )
+
+
+async def stop_background(app: web.Application) -> None:
+    for task in app[BACKGROUND]:
         task.cancel()
-    for task in tasks:
+    for task in app[BACKGROUND]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    refresher.close()
-    security.close()
+    app[REFRESHER].close()
+    app[SECURITY].close()
 
 
 def _not_yet() -> web.Response:
@@ -624,12 +631,8 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
         )
     except OSError as error:
         return _cannot_listen(str(address), error)
-    runner = web.AppRunner(
-        init_app(config, security),
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_SECONDS,
-        **RUNNER_LIMITS,
-    )
+    app = init_app(config, security)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS, **RUNNER_LIMITS)
     await runner.setup()
     site = GuardedSite(
         runner,
@@ -643,6 +646,7 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
     except OSError as error:
         await runner.cleanup()
         return _cannot_listen(str(address), error)
+    start_background(app)
     log.info(
         "listening",
         extra={
