@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Literal
 
+import pynvml
+
 from exporter.readings import (
     CLOCK_EVENT_REASONS,
     CLOCK_EVENTS,
@@ -43,11 +45,11 @@ from exporter.readings import (
     MEMORY_USED,
     MEMORY_UTILIZATION,
     MIG_MODE,
-    NVLINK_ERRORS_FAMILY,
+    NVLINK_ERRORS,
     NVLINK_RECEIVE,
-    NVLINK_RECEIVE_TOTAL_FAMILY,
+    NVLINK_RECEIVE_TOTAL,
     NVLINK_TRANSMIT,
-    NVLINK_TRANSMIT_TOTAL_FAMILY,
+    NVLINK_TRANSMIT_TOTAL,
     PCIE_GENERATION,
     PCIE_MAX_GENERATION,
     PCIE_MAX_WIDTH,
@@ -76,12 +78,13 @@ from exporter.readings import (
     THROTTLE,
     UTILIZATION,
     fan_series,
+    link_series,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from exporter.series import Family, Series
+    from exporter.series import Series
 
 Kind = Literal["gauge", "counter", "label"]
 Split = Literal["utilization", "memory"]
@@ -106,15 +109,8 @@ class Source:
     factor: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Total:
-    """Every series of a family with these labels, summed: a per-link counter over the links."""
-
-    family: Family
-    labels: tuple[tuple[str, str], ...] = ()
-
-    def matches(self, series: Series) -> bool:
-        return series.family is self.family and all(label in series.labels for label in self.labels)
+LINKS: Final = range(pynvml.NVML_NVLINK_MAX_LINKS)
+"""Every NVLink link a GPU can have (a per-link series exists for the active ones only)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -131,8 +127,9 @@ class Field:
     """The value: the first of these series the GPU gave this cycle, times its factor."""
     bits: tuple[tuple[int, Series], ...] = ()
     """Or a bitmask: each bit set while its series is 1 (`gpu_clock_event_active`)."""
-    totals: tuple[Total, ...] = ()
-    """Or the sum of these series over a label (`link`), absent where there is none."""
+    totals: tuple[Series, ...] = ()
+    """Or the sum of these per-link templates' series over the links (`link_series`), absent
+    where there is none."""
     modes: tuple[tuple[int, Series], ...] = ()
     """Or the number of the one of these series that is 1 (`gpu_compute_mode_info`'s mode)."""
     split: Split | None = None
@@ -159,8 +156,9 @@ class Field:
         if self.totals:
             summed = [
                 number
-                for series, number in values.items()
-                if any(total.matches(series) for total in self.totals)
+                for template in self.totals
+                for link in LINKS
+                if (number := values.get(link_series(template, link))) is not None
             ]
             return float(sum(summed)) if summed else None
         for number, series in self.modes:
@@ -338,7 +336,7 @@ FIELDS: Final[tuple[Field, ...]] = (
         "counter",
         "Total number of NVLink bandwidth counters for all lanes.",
         "bytes",
-        totals=(Total(NVLINK_TRANSMIT_TOTAL_FAMILY), Total(NVLINK_RECEIVE_TOTAL_FAMILY)),
+        totals=(NVLINK_TRANSMIT_TOTAL, NVLINK_RECEIVE_TOTAL),
         default=True,
         note="bytes sent and received over every link since the driver loaded, payload only "
         "(DCGM also counts packet headers); absent on GPUs without NVLink",
@@ -648,7 +646,7 @@ FIELDS: Final[tuple[Field, ...]] = (
             "counter",
             help_text,
             "errors",
-            totals=(Total(NVLINK_ERRORS_FAMILY, (("type", kind),)),),
+            totals=(NVLINK_ERRORS[kind],),
         )
         for name, kind, help_text in (
             ("CRC_FLIT_ERROR", "crc_flit", "Total number of NVLink flow-control CRC errors."),
@@ -894,19 +892,18 @@ def _from(field: Field) -> str:
     if field.bits:
         return "bits of `gpu_clock_event_active` (NVML's clock-event reason bits)"
     if field.totals:
-        summed = " and ".join(
-            f"`{total.family.exposed_name}"
-            + (f"{{{','.join(f'{k}={v!r}' for k, v in total.labels)}}}`" if total.labels else "`")
-            for total in field.totals
-        ).replace("'", '"')
+        summed = " and ".join(f"`{_shown(template)}`" for template in field.totals)
         return f"{summed}, summed over the links"
-    sources = []
-    for source in field.sources:
-        family = source.series.family
-        labels = ",".join(f'{name}="{value}"' for name, value in source.series.labels)
-        shown = f"{family.exposed_name}{{{labels}}}" if labels else family.exposed_name
-        sources.append(f"`{shown}`{_factor(source.factor)}")
-    return ", else ".join(sources)
+    return ", else ".join(
+        f"`{_shown(source.series)}`{_factor(source.factor)}" for source in field.sources
+    )
+
+
+def _shown(series: Series) -> str:
+    """`family{label="value"}`, as a query names the series."""
+    labels = ",".join(f'{name}="{value}"' for name, value in series.labels)
+    name = series.family.exposed_name
+    return f"{name}{{{labels}}}" if labels else name
 
 
 def fields_table() -> str:
