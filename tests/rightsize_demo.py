@@ -4,21 +4,28 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import webbrowser
 from pathlib import Path
 
+from dashboards import render
+from dashboards.live import Prometheus
+from dashboards.render import Window
 from exporter.rightsize.cli import main as rightsize
-from tests.helpers import ROOT, require_tool
+from tests.helpers import ROOT, eventually, require_tool
 from tests.prometheus_server import running_prometheus
 from tests.rightsize_browser import browser
 from tests.rightsize_scenario import END
 from tests.rightsize_stack import history, serving
 
 SCREENSHOT = ROOT / "docs" / "rightsize-report.png"
+DASHBOARD_PICTURE = ROOT / "docs" / "dashboards" / "rightsizing.png"
+DASHBOARD_SECONDS = 30
 PORT = 9456
 
 
@@ -47,17 +54,36 @@ def screenshot(page: Path, out: Path, scratch: Path) -> None:
     )
 
 
+def draw_rightsizing_dashboard(url: str) -> None:
+    """The Rightsizing dashboard from the last `DASHBOARD_SECONDS` of the server's scraped
+    series, as the other dashboards' pictures are drawn (dashboards.render)."""
+    prometheus = Prometheus(url)
+    eventually(
+        lambda: (
+            (prometheus.value("count_over_time(gpuscope_rightsize_last_refresh_success[5m])") or 0)
+            >= DASHBOARD_SECONDS
+        ),
+        DASHBOARD_SECONDS * 3,
+        "the server's series in Prometheus",
+    )
+    end = time.time()
+    window = Window(start=end - DASHBOARD_SECONDS, end=end, step=1.0)
+    dashboard = json.loads((ROOT / "dashboards" / "rightsizing.json").read_text(encoding="utf-8"))
+    figure = render.draw_dashboard(dashboard, render.Source(prometheus, window, 1.0))
+    figure.savefig(DASHBOARD_PICTURE, facecolor=render.BACKGROUND, dpi=render.DPI)
+
+
 def serve(argv: list[str]) -> int:
     """The server on the scenario's history, scraped by the Prometheus that holds it; its page
-    opened in a browser (or drawn into the README's picture with --screenshot) and its patches
-    unpacked beside the history; until Ctrl-C."""
+    opened in a browser (or, with --screenshot, drawn into the README's pictures with the
+    Rightsizing dashboard) and its patches unpacked beside the history; until Ctrl-C."""
     shoot = "--screenshot" in argv
     extra = [arg for arg in argv if arg != "--screenshot"]
     with tempfile.TemporaryDirectory(prefix="gpuscope-try-") as scratch_name:
         scratch = Path(scratch_name)
         data = history(scratch)
         with (
-            running_prometheus(data, scrape=(f"127.0.0.1:{PORT}", 15.0)) as url,
+            running_prometheus(data, scrape=(f"127.0.0.1:{PORT}", 1.0 if shoot else 15.0)) as url,
             serving(url, PORT, "--refresh=1h", *extra) as server,
         ):
             status, tarball = server.get("/patches.tar.gz")
@@ -79,7 +105,9 @@ def serve(argv: list[str]) -> int:
                     page.click("#workloads tbody tr:not([hidden]) details:last-of-type summary")
                     page.evaluate("window.scrollTo(0, 0)")
                     page.screenshot(SCREENSHOT)
-                print(f"try-rightsize: wrote {SCREENSHOT.relative_to(ROOT)}", file=sys.stderr)
+                draw_rightsizing_dashboard(url)
+                for written in (SCREENSHOT, DASHBOARD_PICTURE):
+                    print(f"try-rightsize: wrote {written.relative_to(ROOT)}", file=sys.stderr)
                 return 0
             print(
                 f"try-rightsize: the report at {server.url}/ (its JSON at /api/v1/report, "
