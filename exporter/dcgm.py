@@ -107,6 +107,9 @@ class Source:
 
     series: Series
     factor: float = 1.0
+    without_gpm: bool = False
+    """Only for a GPU without GPM (`GpuIdentity.has_gpm`): a stand-in for an earlier source
+    that GPM gives, never one that fills a cycle in which GPM gave nothing."""
 
 
 LINKS: Final = range(pynvml.NVML_NVLINK_MAX_LINKS)
@@ -142,9 +145,12 @@ class Field:
     note: str = ""
     """The README's remark: a fallback, a unit that differs from what a consumer assumes."""
 
-    def value(self, values: Mapping[Series, float]) -> float | None:
-        """The field's value from a GPU's values this cycle; None where the GPU gave none."""
+    def value(self, values: Mapping[Series, float], *, gpm: bool = False) -> float | None:
+        """The field's value from a GPU's values this cycle; None where the GPU gave none.
+        `gpm`: the GPU has GPM (`GpuIdentity.has_gpm`), so a GPM stand-in is never used."""
         for source in self.sources:
+            if gpm and source.without_gpm:
+                continue
             found = values.get(source.series)
             if found is not None:
                 return found * source.factor
@@ -379,12 +385,13 @@ FIELDS: Final[tuple[Field, ...]] = (
         "ratio",
         "Ratio of time the graphics engine is active.",
         Source(GRAPHICS_ACTIVE),
-        Source(UTILIZATION),
+        Source(UTILIZATION, without_gpm=True),
         split="utilization",
         default=True,
         note="GPM's graphics-engine activity on Hopper and newer (MIG instances too); before "
         "Hopper, NVML's share of time a kernel ran, what DCGM's profiling measures there; "
-        "absent on a MIG instance without GPM",
+        "absent on a MIG instance without GPM, and on a GPU with GPM for a cycle GPM skips "
+        "(never NVML's utilization in its place)",
     ),
     _field(
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",

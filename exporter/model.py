@@ -34,6 +34,9 @@ class GpuIdentity:
     """For a MIG instance: its GPU instance id; `index` is then the parent GPU's index."""
     parent_uuid: str = ""
     """For a MIG instance: the UUID of the physical GPU it is carved from."""
+    has_gpm: bool = False
+    """Its activity is read from GPM (Hopper and newer, with the gpm collector on): where a GPM
+    value is missing for a cycle, nothing stands in for it."""
 
     @property
     def is_mig_instance(self) -> bool:

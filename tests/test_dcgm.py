@@ -28,13 +28,21 @@ from exporter.dcgm_counters import COUNTERS_LIMIT, read_counters
 from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import OPENMETRICS, TEXT
 from exporter.model import GpuIdentity, GpuSample, PodIdentity, PodUsage, Snapshot, Unattributed
-from exporter.readings import CLOCK_EVENT_REASONS, COMPUTE_MODES, MEMORY_USED, UTILIZATION
+from exporter.readings import (
+    CLOCK_EVENT_REASONS,
+    COMPUTE_MODES,
+    GRAPHICS_ACTIVE,
+    MEMORY_USED,
+    UTILIZATION,
+)
 from tests.dcgm_fleet import NODE, dcgm_exposition, dcgm_series, declared_types
 from tests.golden_fleet import render_fleet
 from tests.helpers import ROOT, series, value
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from exporter.series import Series
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -468,6 +476,20 @@ def test_device_label_is_the_minor_number() -> None:
     assert util.labels["device"] == "nvidia3"
     assert util.labels["gpu"] == "0"
     assert math.isclose(util.value, 50.0)
+
+
+def test_graphics_activity_never_stands_in_nvml_utilization_on_a_gpu_with_gpm() -> None:
+    compat = DcgmCompat(DEFAULT_FIELDS, hostname="node-a")
+
+    def engine(identity: GpuIdentity, values: dict[Series, float]) -> list[float]:
+        sample = GpuSample(identity, up=True, values=values)
+        found = {m.name: m.samples for m in compat.families(Snapshot(0.0, (sample,), ()))}
+        return [s.value for s in found["DCGM_FI_PROF_GR_ENGINE_ACTIVE"]]
+
+    hopper = replace(_GPU, has_gpm=True)
+    assert engine(hopper, {UTILIZATION: 0.5, GRAPHICS_ACTIVE: 0.4}) == [0.4]
+    assert engine(hopper, {UTILIZATION: 0.5}) == [], "GPM skipped a cycle: absent, not NVML's"
+    assert engine(_GPU, {UTILIZATION: 0.5}) == [0.5], "no GPM: NVML's utilization"
 
 
 # -- off by default ------------------------------------------------------------------------------

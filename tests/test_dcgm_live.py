@@ -233,9 +233,17 @@ def test_every_dashboard_panel_shows_gpuscopes_numbers(prometheus: Scraped, pane
 
 
 @pytest.mark.parametrize(
-    ("field", "scale"), [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1.0), ("DCGM_FI_DEV_GPU_UTIL", 100.0)]
+    ("field", "scale", "own"),
+    [
+        # the demo node's trainer and shared GPU are H100s: GPM's graphics activity, and
+        # nothing in its place while GPM has not two samples yet (the daemon's first cycle)
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1.0, "gpu_graphics_active_ratio"),
+        ("DCGM_FI_DEV_GPU_UTIL", 100.0, "gpu_utilization_ratio"),
+    ],
 )
-def test_opencost_usage_by_container(prometheus: Scraped, field: str, scale: float) -> None:
+def test_opencost_usage_by_container(
+    prometheus: Scraped, field: str, scale: float, own: str
+) -> None:
     expr = (
         f'avg(avg_over_time({field}{{container!="",job="{HONOR}"}}[{WINDOW}])) '
         "by (container, pod, namespace)"
@@ -251,7 +259,7 @@ def test_opencost_usage_by_container(prometheus: Scraped, field: str, scale: flo
     } <= set(usage)
     device = by(
         prometheus,
-        f'avg_over_time(gpu_utilization_ratio{{job="{HONOR}",gpu_instance=""}}[{WINDOW}])',
+        f'avg_over_time({own}{{job="{HONOR}",gpu_instance=""}}[{WINDOW}])',
         "gpu",
     )
     assert usage["train", "llm-pretrain-0", "main"] == pytest.approx(scale * device["0",], rel=1e-6)

@@ -163,7 +163,7 @@ class DcgmCompat:
                         )
                         metric.samples.append(Sample(metric.name, error, float(xid)))
                     continue
-                value = field.value(sample.values)
+                value = field.value(sample.values, gpm=identity.has_gpm)
                 if value is None:
                     continue
                 if field.split is None or alone is not None or not rows:

@@ -127,6 +127,7 @@ def _open(
         mig_profile=profile,
         gpu_instance=gpu_instance,
         parent_uuid=parent.identity.uuid,
+        has_gpm=gpm and parent.gpm is not None,
     )
     # NVML has no per-process utilization on MIG devices: do not ask.
     instance = Device(

@@ -238,6 +238,7 @@ class NvmlSampler:
             return None
         self._known.pop(f"index:{index}", None)
         pci = self._optional(lambda: nvml.nvmlDeviceGetPciInfo_v3(handle))
+        gpm = "gpm" in self.collectors and bool(self._optional(lambda: supports_gpm(nvml, handle)))
         identity = GpuIdentity(
             index=index,
             uuid=uuid,
@@ -246,13 +247,14 @@ class NvmlSampler:
             driver_version=driver_version,
             cuda_version=cuda_version,
             minor_number=self._optional(lambda: nvml.nvmlDeviceGetMinorNumber(handle)),
+            has_gpm=gpm,
         )
         self._known[uuid] = identity
         fans = self._optional(lambda: nvml.nvmlDeviceGetNumFans(handle))
         integrals = self._integrals.setdefault(uuid, Integrals())
         links = self._active_links(handle) if "nvlink" in self.collectors else ()
         device = Device(handle, identity, fan_count=fans or 0, links=links, integrals=integrals)
-        if "gpm" in self.collectors and self._optional(lambda: supports_gpm(nvml, handle)):
+        if gpm:
             device.gpm = GpmReader(nvml, lambda sample: nvml.nvmlGpmSampleGet(handle, sample))
         if "mig" in self.collectors:
             device.mig_slots = (
