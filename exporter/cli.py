@@ -14,8 +14,6 @@ import asyncio
 import gc
 import logging
 import os
-import signal
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -32,7 +30,13 @@ from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
-from exporter.web.server import RUNNER_LIMITS, GuardedSite
+from exporter.web.server import (
+    RUNNER_LIMITS,
+    CannotListen,
+    listen,
+    resolve,
+    serve_until_stopped,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -167,12 +171,10 @@ async def _serve(
 ) -> int:
     security = security or WebSecurity(None, max_requests=settings.max_requests)
     address = settings.listen_address
-    try:  # before anything starts: a name that does not resolve is a mistake in the settings
-        await asyncio.get_running_loop().getaddrinfo(
-            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError as error:
-        return _cannot_listen(address, error)
+    try:
+        await resolve(address)
+    except CannotListen as error:
+        return _fail(str(error), error.status)
     runner = web.AppRunner(
         init_app(
             settings,
@@ -198,19 +200,10 @@ async def _serve(
     # While the sampler thread works (a few ms a cycle), a scrape waits for the GIL for up to the
     # switch interval: 1 ms instead of Python's 5 ms keeps the p99 scrape latency low.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    site = GuardedSite(
-        runner,
-        address.host,
-        address.port,
-        connections=security.connections,
-        ssl_context=security.ssl_context,
-    )
     try:
-        await site.start()
-    except OSError as error:
-        await runner.cleanup()
-        return _cannot_listen(address, error)
-    listening = ", ".join(_format_address(bound) for bound in runner.addresses)
+        listening = await listen(runner, address, security)
+    except CannotListen as error:
+        return _fail(str(error), error.status)
     log.info(
         "listening",
         extra={
@@ -222,38 +215,5 @@ async def _serve(
         },
     )
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(number, stop.set)
-    reloads: set[asyncio.Task[bool]] = set()
-
-    def reload() -> None:
-        if settings.web_config_file is None:
-            log.info("SIGHUP: no --web.config.file to reload")
-            return
-        task = asyncio.create_task(security.reload(reason="SIGHUP"))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    await stop.wait()
-    log.info("stopping")
-    await runner.cleanup()
-    log.info("stopped")
+    await serve_until_stopped(runner, security, settings.web_config_file, log)
     return 0
-
-
-def _cannot_listen(address: object, error: OSError) -> int:
-    if isinstance(error, socket.gaierror):
-        reason = (error.strerror or "").lower() or "no such host"
-        return _fail(f"cannot listen on {address}: the address does not resolve ({reason})", 2)
-    reason = os.strerror(error.errno).lower() if error.errno else str(error)
-    return _fail(f"cannot listen on {address}: {reason}", 1)
-
-
-def _format_address(bound: object) -> str:
-    if isinstance(bound, tuple) and len(bound) >= 2:
-        host, port = bound[0], bound[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(bound)

@@ -20,10 +20,12 @@ from exporter.documents import quote
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
     ConfigError,
+    ListenAddress,
     Setting,
     SettingsTable,
     count_between,
     duration_between,
+    listen_address,
     one_of,
     parse_bool,
     parse_existing_path,
@@ -38,18 +40,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 __all__ = ["COLLECTORS", "SETTINGS", "ConfigError", "ListenAddress", "ServeConfig", "load"]
-
-
-@dataclass(frozen=True, slots=True)
-class ListenAddress:
-    """Where the HTTP server listens; `host` None means every interface."""
-
-    host: str | None
-    port: int
-
-    def __str__(self) -> str:
-        host = self.host or ""
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
 DRA_DRIVERS: Final = ("gpu.nvidia.com",)
@@ -103,22 +93,6 @@ class ServeConfig:
     def collectors(self) -> frozenset[str]:
         """The collectors switched on (`--[no-]collector.<name>`)."""
         return frozenset(name for name, _ in COLLECTORS if getattr(self, f"collector_{name}"))
-
-
-def parse_listen_address(value: object) -> ListenAddress:
-    spelled = text(value).strip()
-    match = re.fullmatch(
-        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", spelled
-    )
-    if match is None:
-        raise ValueError(
-            f"{quote(spelled)} is not host:port (e.g. :9455, 127.0.0.1:9455, [::1]:9455)"
-        )
-    port = int(match["port"])
-    if port > 65535:
-        raise ValueError(f"port {port} is out of range 0-65535")
-    host = match["v6"] or match["host"] or None
-    return ListenAddress(host, port)
 
 
 def parse_telemetry_path(value: object) -> str:
@@ -220,7 +194,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
         "web.listen-address",
         "listen_address",
-        parse_listen_address,
+        listen_address(9455),
         "Address to listen on for HTTP requests.",
         "HOST:PORT",
     ),

@@ -363,6 +363,39 @@ MAX_REGEX_LENGTH: Final = 1024
 MAX_UNBOUNDED_REPEATS: Final = 3
 
 
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """Where an HTTP server listens; `host` None means every interface."""
+
+    host: str | None
+    port: int
+
+    def __str__(self) -> str:
+        host = self.host or ""
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+
+def listen_address(port: int) -> Callable[[object], ListenAddress]:
+    """A parser of `host:port`, `:port` (every interface) or `[v6]:port`; its errors give
+    examples with `port`, the server's own."""
+
+    def parse(value: object) -> ListenAddress:
+        spelled = text(value).strip()
+        match = re.fullmatch(
+            r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", spelled
+        )
+        if match is None:
+            raise ValueError(
+                f"{quote(spelled)} is not host:port (e.g. :{port}, 127.0.0.1:{port}, [::1]:{port})"
+            )
+        number = int(match["port"])
+        if number > 65535:
+            raise ValueError(f"port {number} is out of range 0-65535")
+        return ListenAddress(match["v6"] or match["host"] or None, number)
+
+    return parse
+
+
 def parse_safe_regex(value: object) -> re.Pattern[str]:
     """A regular expression that cannot backtrack catastrophically.
 

@@ -42,10 +42,12 @@ from exporter.rightsize.strategy import STRATEGIES
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
     ConfigError,
+    ListenAddress,
     Setting,
     SettingsTable,
     count_between,
     duration_between,
+    listen_address,
     one_of,
     parse_bool,
     parse_file,
@@ -84,18 +86,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
-
-
-@dataclass(frozen=True, slots=True)
-class ListenAddress:
-    """Where the report server listens; `host` None means every interface."""
-
-    host: str | None
-    port: int
-
-    def __str__(self) -> str:
-        host = self.host or ""
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,22 +298,6 @@ def parse_webhooks(values: object) -> tuple[Webhook, ...]:
 
 def parse_report_url(value: object) -> str:
     return parse_url(value)
-
-
-def parse_listen_address(value: object) -> ListenAddress:
-    """`host:port`, `:port` (every interface) or `[v6]:port`, as the daemon's flag."""
-    spelled = text(value).strip()
-    match = re.fullmatch(
-        r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\[\]:]*)):(?P<port>\d{1,5})", spelled
-    )
-    if match is None:
-        raise ValueError(
-            f"{quote(spelled)} is not host:port (e.g. :9456, 127.0.0.1:9456, [::1]:9456)"
-        )
-    port = int(match["port"])
-    if port > 65535:
-        raise ValueError(f"port {port} is out of range 0-65535")
-    return ListenAddress(match["v6"] or match["host"] or None, port)
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -610,7 +584,7 @@ SERVER_SETTINGS: Final = (
     Setting(
         "web.listen-address",
         "listen_address",
-        parse_listen_address,
+        listen_address(DEFAULT_PORT),
         "Address to serve the report, its JSON and its metrics on (host:port, :port for every "
         "interface), as the daemon's flag.",
         "ADDRESS",

@@ -33,8 +33,6 @@ import io
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 import tarfile
 import time
@@ -60,7 +58,13 @@ from exporter.supervise import DaemonExecutor, TaskHealth, supervised
 from exporter.web import counters
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
-from exporter.web.server import RUNNER_LIMITS, GuardedSite
+from exporter.web.server import (
+    RUNNER_LIMITS,
+    CannotListen,
+    listen,
+    resolve,
+    serve_until_stopped,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -625,32 +629,22 @@ def main(argv: Sequence[str]) -> int:
 
 async def _serve(config: ServeConfig, security: WebSecurity) -> int:
     address = config.listen_address
-    try:  # before anything starts: a name that does not resolve is a mistake in the settings
-        await asyncio.get_running_loop().getaddrinfo(
-            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except OSError as error:
-        return _cannot_listen(str(address), error)
+    try:
+        await resolve(address)
+    except CannotListen as error:
+        return _cannot_listen(error)
     app = init_app(config, security)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS, **RUNNER_LIMITS)
     await runner.setup()
-    site = GuardedSite(
-        runner,
-        address.host,
-        address.port,
-        connections=security.connections,
-        ssl_context=security.ssl_context,
-    )
     try:
-        await site.start()
-    except OSError as error:
-        await runner.cleanup()
-        return _cannot_listen(str(address), error)
+        listening = await listen(runner, address, security)
+    except CannotListen as error:
+        return _cannot_listen(error)
     start_background(app)
     log.info(
         "listening",
         extra={
-            "address": ", ".join(_address(bound) for bound in runner.addresses),
+            "address": listening,
             "version": __version__,
             "refresh": format_duration(config.refresh),
             "source": config.run.connection.url,
@@ -658,44 +652,10 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
             **security.describe(),
         },
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(number, stop.set)
-    reloads: set[asyncio.Task[bool]] = set()
-
-    def reload() -> None:
-        if config.web_config_file is None:
-            log.info("SIGHUP: no --web.config.file to reload")
-            return
-        task = asyncio.create_task(security.reload(reason="SIGHUP"))
-        reloads.add(task)
-        task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
-    await stop.wait()
-    log.info("stopping")
-    await runner.cleanup()
-    log.info("stopped")
+    await serve_until_stopped(runner, security, config.web_config_file, log)
     return 0
 
 
-def _cannot_listen(address: str, error: OSError) -> int:
-    if isinstance(error, socket.gaierror):
-        reason = (error.strerror or "").lower() or "no such host"
-        print(
-            f"{PROG} serve: error: cannot listen on {address}: the address does not resolve "
-            f"({reason})",
-            file=sys.stderr,
-        )
-        return 2
-    reason = os.strerror(error.errno).lower() if error.errno else str(error)
-    print(f"{PROG} serve: error: cannot listen on {address}: {reason}", file=sys.stderr)
-    return 1
-
-
-def _address(bound: object) -> str:
-    if isinstance(bound, tuple) and len(bound) >= 2:  # (host, port, ...)
-        host, port = bound[0], bound[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(bound)
+def _cannot_listen(error: CannotListen) -> int:
+    print(f"{PROG} serve: error: {error}", file=sys.stderr)
+    return error.status

@@ -27,7 +27,10 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import resource
+import signal
+import socket
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,6 +40,10 @@ from yarl import URL
 
 if TYPE_CHECKING:
     import ssl
+    from pathlib import Path
+
+    from exporter.settings import ListenAddress
+    from exporter.web.security import WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -284,3 +291,82 @@ class GuardedSite(web.BaseSite):
             self._sweep.cancel()
             self._sweep = None
         await super().stop()
+
+
+class CannotListen(Exception):
+    """The server cannot listen where it was told. `status` is the exit status: 2 where the
+    address does not resolve (a mistake in the settings), 1 otherwise (the port is taken, or
+    not ours to take: the machine's state)."""
+
+    def __init__(self, address: ListenAddress, error: OSError) -> None:
+        if isinstance(error, socket.gaierror):
+            reason = (error.strerror or "").lower() or "no such host"
+            super().__init__(f"cannot listen on {address}: the address does not resolve ({reason})")
+            self.status = 2
+        else:
+            reason = os.strerror(error.errno).lower() if error.errno else str(error)
+            super().__init__(f"cannot listen on {address}: {reason}")
+            self.status = 1
+
+
+async def resolve(address: ListenAddress) -> None:
+    """Check, before anything starts, that the address resolves. Raises `CannotListen`."""
+    try:
+        await asyncio.get_running_loop().getaddrinfo(
+            address.host, address.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as error:
+        raise CannotListen(address, error) from error
+
+
+async def listen(runner: web.AppRunner, address: ListenAddress, security: WebSecurity) -> str:
+    """Start the guarded site of a set-up runner; the addresses it listens on, as one string.
+    Raises `CannotListen` (the runner cleaned up)."""
+    site = GuardedSite(
+        runner,
+        address.host,
+        address.port,
+        connections=security.connections,
+        ssl_context=security.ssl_context,
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await runner.cleanup()
+        raise CannotListen(address, error) from error
+    return ", ".join(_shown(bound) for bound in runner.addresses)
+
+
+async def serve_until_stopped(
+    runner: web.AppRunner,
+    security: WebSecurity,
+    web_config_file: Path | None,
+    logger: logging.Logger,
+) -> None:
+    """Serve until SIGTERM or SIGINT, reloading the web config file on SIGHUP; then stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(number, stop.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        if web_config_file is None:
+            logger.info("SIGHUP: no --web.config.file to reload")
+            return
+        task = asyncio.create_task(security.reload(reason="SIGHUP"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    await stop.wait()
+    logger.info("stopping")
+    await runner.cleanup()
+    logger.info("stopped")
+
+
+def _shown(bound: object) -> str:
+    if isinstance(bound, tuple) and len(bound) >= 2:  # (host, port, ...)
+        host, port = bound[0], bound[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(bound)
