@@ -112,7 +112,11 @@ def free_port() -> int:
         return port
 
 
-def _wait(what: str, ready: Callable[[], bool], timeout: float, log: Path | None = None) -> None:
+def wait_until(
+    what: str, ready: Callable[[], bool], timeout: float, log: Path | None = None
+) -> None:
+    """Until `ready()` is true (an OSError, ValueError or KeyError counts as not yet), or a
+    StackError naming `what` with the last lines of `log` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError, KeyError):
@@ -125,9 +129,36 @@ def _wait(what: str, ready: Callable[[], bool], timeout: float, log: Path | None
     raise StackError(f"{what} not ready after {timeout:.0f}s{tail}")
 
 
-def _answers(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 (a readiness or health endpoint)."""
     with urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
+
+
+@dataclass
+class Processes:
+    """Child processes started in order, each writing to its own log; `close` stops them in
+    reverse order (SIGTERM, SIGKILL after 10 s)."""
+
+    running: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def spawn(self, command: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as output:
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.running.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in reversed(self.running):
+            if process.poll() is None:
+                process.terminate()
+        for process in self.running:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.running.clear()
 
 
 @dataclass
@@ -143,7 +174,7 @@ class LiveStack:
     )
     prometheus: Prometheus = field(init=False)
     ports: dict[str, int] = field(init=False, default_factory=dict)
-    _processes: list[subprocess.Popen[bytes]] = field(init=False, default_factory=list)
+    _processes: Processes = field(init=False, default_factory=Processes)
     _stand_ins: ExitStack = field(init=False, default_factory=ExitStack)
 
     def __enter__(self) -> LiveStack:
@@ -162,12 +193,6 @@ class LiveStack:
     ) -> None:
         self._stop()
 
-    def _spawn(self, command: list[str], log: Path) -> None:
-        with log.open("wb") as output:
-            self._processes.append(
-                subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT)
-            )
-
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for node in self.nodes:
@@ -181,7 +206,7 @@ class LiveStack:
                 if node.cluster is not None
                 else ()
             )
-            self._spawn(
+            self._processes.spawn(
                 [
                     sys.executable,
                     "-m",
@@ -195,9 +220,9 @@ class LiveStack:
                 ],
                 log,
             )
-            _wait(
+            wait_until(
                 f"gpuscope for {node.name}",
-                functools.partial(_answers, f"http://127.0.0.1:{port}/-/ready"),
+                functools.partial(answers, f"http://127.0.0.1:{port}/-/ready"),
                 30,
                 log,
             )
@@ -206,7 +231,7 @@ class LiveStack:
         config.write_text(json.dumps(self.config(), indent=2), encoding="utf-8")
         port = free_port()
         log = self.workdir / "prometheus.log"
-        self._spawn(
+        self._processes.spawn(
             [
                 self.prometheus_binary,
                 f"--config.file={config}",
@@ -218,7 +243,7 @@ class LiveStack:
             log,
         )
         self.prometheus = Prometheus(f"http://127.0.0.1:{port}")
-        _wait("prometheus", lambda: _answers(f"{self.prometheus.url}/-/ready"), 30, log)
+        wait_until("prometheus", lambda: answers(f"{self.prometheus.url}/-/ready"), 30, log)
 
     def config(self) -> Json:
         """prometheus.yml (JSON is YAML): one job, a `node` label per target, the rules loaded."""
@@ -246,21 +271,12 @@ class LiveStack:
     def wait_for_scrapes(self, count: int, *, timeout: float = 60.0) -> None:
         """Until every target has been scraped `count` times (the first takes about 6 s)."""
         expr = f'min(count_over_time(up{{job="{JOB}"}}[10m])) >= {count} and count(up{{job="{JOB}"}}) >= {len(self.nodes)}'
-        _wait(
+        wait_until(
             f"{count} scrapes of every target",
             lambda: self.prometheus.value(expr) is not None,
             timeout,
         )
 
     def _stop(self) -> None:
-        for process in reversed(self._processes):
-            if process.poll() is None:
-                process.terminate()
-        for process in self._processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._processes.clear()
+        self._processes.close()
         self._stand_ins.close()
