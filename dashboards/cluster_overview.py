@@ -1,5 +1,9 @@
 """The cluster overview dashboard (gpuscope-cluster): the fleet, allocation against use,
-what idle allocations cost, and hardware health. A node links to its node dashboard."""
+what idle allocations cost, and hardware health. A node links to its node dashboard.
+
+Its panels read the fleet rollups (deploy/prometheus/gpuscope.rules.yaml: a series per node and
+GPU model, per node and namespace), never a series per GPU or allocation over a range, so a day
+on 1,000 nodes stays fast. Instant tables list allocations and XIDs, which are few at a time."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import SLOWDOWN_REASONS, THROTTLE_REASONS, range_hours, sel
+from dashboards.queries import THROTTLE_REASONS, range_hours, sel
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
@@ -30,13 +34,12 @@ NODE_DASHBOARD_LINK: Final = (
 
 def make() -> Json:
     scope = 'node=~"$node", model=~"$model"'
-    physical = sel('mig_profile=""', scope)
     idle = (
         "and on (namespace, pod, container, uuid) (allocation:gpu_pod_busy_seconds:rate5m < 0.01)"
     )
-    uncorrected = sel(scope, 'type="uncorrected"')
-    slowdown = sel(scope, f'reason=~"{SLOWDOWN_REASONS}"')
     throttled = sel(scope, f'reason=~"{THROTTLE_REASONS}"')
+    busy = f"node_model:gpu_busy_seconds:sum_rate5m{{{scope}}}"
+    counted = f"node_model:gpu_busy_seconds:count_rate5m{{{scope}}}"
     layout = Layout()
 
     layout.row("Fleet")
@@ -46,7 +49,7 @@ def make() -> Json:
         stat(
             "GPUs",
             "Physical GPUs reporting (a MIG-split GPU counts once).",
-            Query(f"count(gpu_info{{{physical}}})"),
+            Query(f"sum(node_model:gpu_info:count{{{scope}}})"),
             sparkline=False,
         ),
     )
@@ -56,7 +59,7 @@ def make() -> Json:
         stat(
             "GPUs down",
             "GPUs that stopped answering NVML (gpu_up 0).",
-            Query(f"count(gpu_up{{{scope}}} == 0) or vector(0)"),
+            Query(f"sum(node_model:gpu_up:count_down{{{scope}}}) or vector(0)"),
             thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
@@ -67,7 +70,7 @@ def make() -> Json:
         stat(
             "Allocated devices",
             "GPUs and MIG instances the kubelet has handed to containers.",
-            Query(f"count(count by (uuid) (gpu_allocation_info{{{scope}}})) or vector(0)"),
+            Query(f"sum(node_model:gpu_allocation_info:count_devices{{{scope}}}) or vector(0)"),
             sparkline=False,
         ),
     )
@@ -76,8 +79,8 @@ def make() -> Json:
         4,
         stat(
             "Utilization",
-            "Average share of time a kernel ran, across GPUs, from the integrated busy counters.",
-            Query(f"avg(rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))"),
+            "Average share of time a kernel ran, across GPUs, from the integrated busy counters (5-minute rates).",
+            Query(f"sum({busy}) / sum({counted})"),
             unit="percentunit",
             decimals=1,
         ),
@@ -88,7 +91,7 @@ def make() -> Json:
         stat(
             "Power draw",
             "Board power of all GPUs.",
-            Query(f"sum(gpu_power_watts{{{scope}}})"),
+            Query(f"sum(node_model:gpu_power_watts:sum{{{scope}}})"),
             unit="watt",
         ),
     )
@@ -98,7 +101,9 @@ def make() -> Json:
         stat(
             "Idle allocations cost",
             "What the allocations that kept their GPU busy under 1% in the last 5 minutes cost per hour (on-demand price of the GPU, split between the holders of a shared one).",
-            Query(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}) or vector(0)"),
+            Query(
+                f"sum(node_namespace_model:gpu_price_usd_per_hour:sum_idle{{{scope}}}) or vector(0)"
+            ),
             unit="currencyUSD",
             decimals=2,
             thresholds=steps(("green", None), ("orange", 1), ("red", 10)),
@@ -111,17 +116,14 @@ def make() -> Json:
         8,
         timeseries(
             "GPUs: answering, allocated, in use, busy",
-            "Answering: physical GPUs that answer NVML. Allocated: devices given to containers. In use: allocated devices on which a process of the holder runs. Busy: GPU-equivalents of kernel time, from the integrated counters (2 GPUs each 50% busy = 1).",
-            Query(f"count(gpu_up{{{physical}}} == 1)", "answering"),
-            Query(f"count(count by (uuid) (gpu_allocation_info{{{scope}}}))", "allocated"),
+            "Answering: physical GPUs that answer NVML. Allocated: devices given to containers. In use: allocated devices on which a process of the holder runs. Busy: GPU-equivalents of kernel time, from the integrated counters' 5-minute rates (2 GPUs each 50% busy = 1).",
+            Query(f"sum(node_model:gpu_up:count_up{{{scope}}})", "answering"),
+            Query(f"sum(node_model:gpu_allocation_info:count_devices{{{scope}}})", "allocated"),
             Query(
-                f"count(count by (uuid) (gpu_allocation_in_use{{{scope}}} == 1))",
+                f"sum(node_model:gpu_allocation_in_use:count_devices{{{scope}}})",
                 "in use by the holder",
             ),
-            Query(
-                f"sum(rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))",
-                "busy (GPU-equivalents)",
-            ),
+            Query(f"sum({busy})", "busy (GPU-equivalents)"),
         ),
     )
     layout.add(
@@ -129,11 +131,8 @@ def make() -> Json:
         8,
         timeseries(
             "Utilization by model",
-            "Average share of time a kernel ran, per GPU model, from the integrated busy counters.",
-            Query(
-                f"avg by (model) (rate(gpu_busy_seconds_total{{{scope}}}[$__rate_interval]))",
-                "{{model}}",
-            ),
+            "Average share of time a kernel ran, per GPU model, from the integrated busy counters (5-minute rates).",
+            Query(f"sum by (model) ({busy}) / sum by (model) ({counted})", "{{model}}"),
             unit="percentunit",
             maximum=1,
         ),
@@ -144,7 +143,7 @@ def make() -> Json:
         bargauge(
             "GPUs by model",
             "Physical GPUs per model.",
-            Query(f"count by (model) (gpu_info{{{physical}}})", "{{model}}"),
+            Query(f"sum by (model) (node_model:gpu_info:count{{{scope}}})", "{{model}}"),
         ),
     )
     layout.add(
@@ -154,18 +153,23 @@ def make() -> Json:
             "Nodes",
             "GPUs per node and model; utilization is the average over the dashboard's time range. Click a node for its dashboard.",
             ("node", "model"),
-            Column("GPUs", f"count by (node, model) (gpu_info{{{physical}}})"),
+            Column("GPUs", f"sum by (node, model) (node_model:gpu_info:count{{{scope}}})"),
             Column(
                 "Down",
-                f"sum by (node, model) (gpu_up{{{scope}}} == bool 0)",
+                f"sum by (node, model) (node_model:gpu_up:count_down{{{scope}}})",
                 mappings=((0, "0", "green"),),
             ),
             Column(
                 "Utilization (range)",
-                f"avg by (node, model) (rate(gpu_busy_seconds_total{{{scope}}}[$__range]))",
+                f"sum by (node, model) (sum_over_time({busy}[$__range])) "
+                f"/ sum by (node, model) (sum_over_time({counted}[$__range]))",
                 unit="percentunit",
             ),
-            Column("Power", f"sum by (node, model) (gpu_power_watts{{{scope}}})", unit="watt"),
+            Column(
+                "Power",
+                f"sum by (node, model) (node_model:gpu_power_watts:sum{{{scope}}})",
+                unit="watt",
+            ),
             links={"node": ("Node dashboard", NODE_DASHBOARD_LINK)},
             sort_by="GPUs",
         ),
@@ -199,7 +203,7 @@ def make() -> Json:
             "Idle allocations cost per hour, by namespace",
             "On-demand price of the GPUs allocated but kept under 1% busy, per namespace.",
             Query(
-                f"sort_desc(sum by (namespace) (allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}))",
+                f"sort_desc(sum by (namespace) (node_namespace_model:gpu_price_usd_per_hour:sum_idle{{{scope}}}))",
                 "{{namespace}}",
             ),
             unit="currencyUSD",
@@ -212,7 +216,7 @@ def make() -> Json:
             "Top namespaces by GPU-hours held",
             "Device-hours allocated over the dashboard's time range (a shared device's hours are split between its holders).",
             Query(
-                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_allocation:share{{{scope}}})')})",
+                f"topk(10, {range_hours(f'sum by (namespace) (node_namespace_model:gpu_allocation:share_sum{{{scope}}})')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,
@@ -225,7 +229,7 @@ def make() -> Json:
             "Top namespaces by busy GPU-hours",
             "Hours of kernel time on allocated devices over the dashboard's time range, from the integrated counters.",
             Query(
-                f"topk(10, {range_hours(f'sum by (namespace) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
+                f"topk(10, {range_hours(f'sum by (namespace) (node_namespace_model:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,
@@ -252,7 +256,7 @@ def make() -> Json:
         stat(
             "Uncorrectable ECC errors",
             "Uncorrectable memory errors since each GPU's driver loaded (cleared by a GPU reset).",
-            Query(f"sum(gpu_ecc_errors_total{{{uncorrected}}}) or vector(0)"),
+            Query(f"sum(node_model:gpu_ecc_errors:sum_uncorrected{{{scope}}}) or vector(0)"),
             thresholds=BAD_FROM_ONE,
             sparkline=False,
         ),
@@ -263,7 +267,7 @@ def make() -> Json:
         stat(
             "GPUs slowed down now",
             "GPUs whose clocks are cut by a thermal, power-brake or hardware slowdown right now.",
-            Query(f"count(max by (uuid) (gpu_clock_event_active{{{slowdown}}}) == 1) or vector(0)"),
+            Query(f"sum(node_model:gpu_clock_event_active:count_slowdown{{{scope}}}) or vector(0)"),
             thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
@@ -274,9 +278,7 @@ def make() -> Json:
         stat(
             "Memory repairs pending",
             "GPUs with a remapped row or retired page waiting for a GPU reset.",
-            Query(
-                f"count(gpu_remapped_rows_pending{{{scope}}} == 1 or gpu_retired_pages_pending{{{scope}}} == 1) or vector(0)"
-            ),
+            Query(f"sum(node_model:gpu_memory_repair_pending:count{{{scope}}}) or vector(0)"),
             thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
@@ -288,10 +290,11 @@ def make() -> Json:
             "Throttling by reason",
             "GPUs whose clocks a reason holds down, sampled; and, where the driver reports it, the integrated time in slowdown (GPU-seconds per second: 2 means two GPUs throttled all the time).",
             Query(
-                f"sum by (reason) (gpu_clock_event_active{{{throttled}}})", "{{reason}} (GPUs now)"
+                f"sum by (reason) (node_model_reason:gpu_clock_event_active:sum{{{throttled}}})",
+                "{{reason}} (GPUs now)",
             ),
             Query(
-                f"sum by (reason) (rate(gpu_throttle_seconds_total{{{scope}}}[$__rate_interval]))",
+                f"sum by (reason) (node_model_reason:gpu_throttle_seconds:sum_rate5m{{{scope}}})",
                 "{{reason}} (integrated)",
             ),
         ),
@@ -342,8 +345,10 @@ def make() -> Json:
         "gpuscope / Cluster overview",
         "Every GPU in the cluster: what is installed, allocated and actually used, what idle allocations cost, and hardware health.",
         [
-            query_variable("node", "Node", "gpu_info", "node"),
-            query_variable("model", "GPU model", 'gpu_info{node=~"$node"}', "model"),
+            query_variable("node", "Node", "node_model:gpu_info:count", "node"),
+            query_variable(
+                "model", "GPU model", 'node_model:gpu_info:count{node=~"$node"}', "model"
+            ),
         ],
         layout,
         annotations=(alerts_annotation('alertname=~"Gpu.*", node=~"$node"'),),

@@ -1,5 +1,10 @@
 """The workloads dashboard (gpuscope-workloads): GPU use per namespace, workload and pod,
-GPU-hours and cost, and how close each comes to the calibrated ceilings."""
+GPU-hours and cost, and how close each comes to the calibrated ceilings.
+
+Everything drawn over the time range reads the per-workload rollups of
+deploy/prometheus/gpuscope.rules.yaml (namespace_workload_model:*), so the summary, workload
+and ceiling panels follow the namespace and workload variables; the pods row, which the pod
+variable narrows too, shows the allocations as they are now and each pod's last hour."""
 
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ def make() -> Json:
     scope = 'namespace=~"$namespace", workload=~"$workload", pod=~"$pod"'
     workload_scope = 'namespace=~"$namespace", workload=~"$workload"'
     by_workload = "namespace, workload, workload_kind, model"
-    exclusive = f"gpu_allocation_info{{{scope}}} unless on (uuid) (gpu_allocation_shared == 1)"
+    held = f"namespace_workload_model:gpu_allocation:share_sum{{{workload_scope}}}"
+    busy = f"namespace_workload_model:gpu_pod_busy_seconds:rate5m{{{workload_scope}}}"
+    price = f"namespace_workload_model:gpu_price_usd_per_hour:sum{{{workload_scope}}}"
     layout = Layout()
 
     layout.row("Summary")
@@ -38,7 +45,7 @@ def make() -> Json:
         stat(
             "GPUs held",
             "Devices allocated to the selected workloads (a shared device split between its holders).",
-            Query(f"sum(allocation:gpu_allocation:share{{{scope}}}) or vector(0)"),
+            Query(f"sum({held}) or vector(0)"),
             decimals=1,
         ),
     )
@@ -48,7 +55,7 @@ def make() -> Json:
         stat(
             "Busy GPU-equivalents",
             "Kernel time on those devices: 2 GPUs each 50% busy = 1.",
-            Query(f"sum(allocation:gpu_pod_busy_seconds:rate5m{{{scope}}}) or vector(0)"),
+            Query(f"sum({busy}) or vector(0)"),
             decimals=2,
         ),
     )
@@ -58,7 +65,7 @@ def make() -> Json:
         stat(
             "GPU-hours held",
             "Device-hours allocated over the dashboard's time range.",
-            Query(range_hours(f"sum(allocation:gpu_allocation:share{{{scope}}})")),
+            Query(range_hours(f"sum({held})")),
             unit=GPU_HOURS,
             decimals=1,
             sparkline=False,
@@ -70,7 +77,7 @@ def make() -> Json:
         stat(
             "Cost in range",
             "On-demand price of the devices held over the dashboard's time range.",
-            Query(range_hours(f"sum(allocation:gpu_price_usd_per_hour:share{{{scope}}})")),
+            Query(range_hours(f"sum({price})")),
             unit="currencyUSD",
             decimals=2,
             sparkline=False,
@@ -82,7 +89,9 @@ def make() -> Json:
         stat(
             "Idle allocations",
             "Allocations busy under 1% over the last 5 minutes.",
-            Query(f"count(allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01) or vector(0)"),
+            Query(
+                f"sum(namespace_workload_model:gpu_allocation:count_idle{{{workload_scope}}}) or vector(0)"
+            ),
             thresholds=steps(("green", None), ("orange", 1)),
             sparkline=False,
         ),
@@ -91,9 +100,11 @@ def make() -> Json:
         4,
         4,
         stat(
-            "Shared devices",
-            "Devices time-sliced or MPS-shared between containers.",
-            Query(f"count(count by (uuid) (gpu_allocation_shared{{{scope}}} == 1)) or vector(0)"),
+            "Shared allocations",
+            "Allocations of a device time-sliced or MPS-shared with other containers.",
+            Query(
+                f"sum(namespace_workload_model:gpu_allocation_shared:count{{{workload_scope}}}) or vector(0)"
+            ),
             sparkline=False,
         ),
     )
@@ -106,24 +117,13 @@ def make() -> Json:
             "Workloads",
             "Per workload and GPU model: devices held and busy now, GPU-hours held and busy over the time range, p95 of the 5-minute busy share and the memory peak over the last day (recording rules), and the cost per hour.",
             ("namespace", "workload", "workload_kind", "model"),
+            Column("GPUs held", f"sum by ({by_workload}) ({held})"),
+            Column("Busy GPUs", f"sum by ({by_workload}) ({busy})"),
             Column(
-                "GPUs held", f"sum by ({by_workload}) (allocation:gpu_allocation:share{{{scope}}})"
+                "GPU-hours held", range_hours(f"sum by ({by_workload}) ({held})"), unit=GPU_HOURS
             ),
             Column(
-                "Busy GPUs",
-                f"sum by ({by_workload}) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})",
-            ),
-            Column(
-                "GPU-hours held",
-                range_hours(f"sum by ({by_workload}) (allocation:gpu_allocation:share{{{scope}}})"),
-                unit=GPU_HOURS,
-            ),
-            Column(
-                "GPU-hours busy",
-                range_hours(
-                    f"sum by ({by_workload}) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}})"
-                ),
-                unit=GPU_HOURS,
+                "GPU-hours busy", range_hours(f"sum by ({by_workload}) ({busy})"), unit=GPU_HOURS
             ),
             Column(
                 "p95 busy (1 day)",
@@ -135,11 +135,7 @@ def make() -> Json:
                 f"namespace_workload_model:gpu_pod_memory_used_bytes:max1d{{{workload_scope}}}",
                 unit="bytes",
             ),
-            Column(
-                "Cost / hour",
-                f"sum by ({by_workload}) (allocation:gpu_price_usd_per_hour:share{{{scope}}})",
-                unit="currencyUSD",
-            ),
+            Column("Cost / hour", f"sum by ({by_workload}) ({price})", unit="currencyUSD"),
             sort_by="GPU-hours held",
         ),
     )
@@ -149,10 +145,7 @@ def make() -> Json:
         timeseries(
             "GPUs held, by workload",
             "Devices allocated to each workload (stacked).",
-            Query(
-                f"sum by (namespace, workload) (allocation:gpu_allocation:share{{{scope}}})",
-                "{{namespace}}/{{workload}}",
-            ),
+            Query(f"sum by (namespace, workload) ({held})", "{{namespace}}/{{workload}}"),
             stack=True,
         ),
     )
@@ -161,11 +154,8 @@ def make() -> Json:
         8,
         timeseries(
             "Busy GPU-equivalents, by workload",
-            "Kernel time of each workload's pods, from the integrated per-pod counters (stacked).",
-            Query(
-                f"sum by (namespace, workload) (rate(gpu_pod_busy_seconds_total{{{scope}}}[$__rate_interval]))",
-                "{{namespace}}/{{workload}}",
-            ),
+            "Kernel time of each workload's pods, from the integrated per-pod counters' 5-minute rates (stacked).",
+            Query(f"sum by (namespace, workload) ({busy})", "{{namespace}}/{{workload}}"),
             stack=True,
         ),
     )
@@ -176,7 +166,7 @@ def make() -> Json:
             "GPU-hours held in range, by workload",
             "Device-hours allocated to each workload over the dashboard's time range.",
             Query(
-                f"sort_desc({range_hours(f'sum by (namespace, workload) (allocation:gpu_allocation:share{{{scope}}})')})",
+                f"sort_desc({range_hours(f'sum by (namespace, workload) ({held})')})",
                 "{{namespace}}/{{workload}}",
             ),
             unit=GPU_HOURS,
@@ -203,10 +193,10 @@ def make() -> Json:
         8,
         heatmap(
             "Utilization distribution",
-            "How busy each pod keeps each of its GPUs over time (integrated per-pod counters), bucketed by 10%.",
+            "How busy each workload keeps the devices it holds over time (busy GPU-equivalents over devices held, from the integrated per-pod counters' 5-minute rates), bucketed by 10%.",
             Query(
-                f"rate(gpu_pod_busy_seconds_total{{{scope}}}[$__rate_interval])",
-                "{{namespace}}/{{pod}} GPU {{gpu}}",
+                f"{busy} / {held}",
+                "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
         ),
@@ -216,9 +206,9 @@ def make() -> Json:
         8,
         bargauge(
             "Memory peak vs GPU memory",
-            "Each pod's peak GPU memory over the dashboard's time range, as a share of the device's memory. Low peaks fit a smaller MIG profile or GPU.",
+            "Each pod's peak GPU memory over the last hour (recording rule), as a share of the device's memory. Low peaks fit a smaller MIG profile or GPU; the workloads table has the peak over a day.",
             Query(
-                f"sort_desc(max by (namespace, pod, container, gpu, uuid) (max_over_time(gpu_pod_memory_used_bytes{{{scope}}}[$__range])) "
+                f"sort_desc(max by (namespace, pod, container, gpu, uuid) (pod_gpu:gpu_pod_memory_used_bytes:max1h{{{scope}}}) "
                 "/ on (uuid) group_left () max by (uuid) (gpu_memory_total_bytes))",
                 "{{namespace}}/{{pod}} GPU {{gpu}}",
             ),
@@ -269,13 +259,10 @@ def make() -> Json:
         8,
         timeseries(
             "Memory bandwidth: achieved / calibrated",
-            "On exclusive devices: DRAM activity times the datasheet bandwidth, as a share of the bandwidth calibration measured on that GPU type. Near 1, the workload is memory-bound.",
+            "On the workload's exclusive devices (averaged): DRAM activity times the datasheet bandwidth, as a share of the bandwidth calibration measured on that GPU type (5-minute rates). Near 1, the workload is memory-bound.",
             Query(
-                "(rate(gpu_dram_active_seconds_total[$__rate_interval])"
-                " * on (uuid) gpu_datasheet_memory_bandwidth_bytes_per_second"
-                " / on (uuid) gpu_calibrated_memory_bandwidth_bytes_per_second)"
-                f" * on (uuid) group_right () ({exclusive})",
-                "{{namespace}}/{{pod}} GPU {{gpu}}",
+                f"namespace_workload_model:gpu_memory_bandwidth_calibrated:avg_ratio_rate5m{{{workload_scope}}}",
+                "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
         ),
@@ -285,13 +272,10 @@ def make() -> Json:
         8,
         timeseries(
             "Tensor throughput: achieved / calibrated (FP16)",
-            "On exclusive devices: tensor-core activity times the datasheet FP16 peak, as a share of the FP16 throughput calibration measured. Near 1, the workload is compute-bound.",
+            "On the workload's exclusive devices (averaged): tensor-core activity times the datasheet FP16 peak, as a share of the FP16 throughput calibration measured (5-minute rates). Near 1, the workload is compute-bound.",
             Query(
-                "(rate(gpu_tensor_active_seconds_total[$__rate_interval])"
-                ' * on (uuid) gpu_datasheet_flops{dtype="fp16"}'
-                ' / on (uuid) gpu_calibrated_flops{dtype="fp16"})'
-                f" * on (uuid) group_right () ({exclusive})",
-                "{{namespace}}/{{pod}} GPU {{gpu}}",
+                f"namespace_workload_model:gpu_flops_fp16_calibrated:avg_ratio_rate5m{{{workload_scope}}}",
+                "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
         ),
@@ -302,9 +286,17 @@ def make() -> Json:
         "gpuscope / Workloads",
         "GPU use per namespace, workload and pod: what each holds and uses, GPU-hours and cost, utilization and memory against what the GPU offers, shared vs exclusive devices.",
         [
-            query_variable("namespace", "Namespace", "gpu_allocation_info", "namespace"),
             query_variable(
-                "workload", "Workload", 'gpu_allocation_info{namespace=~"$namespace"}', "workload"
+                "namespace",
+                "Namespace",
+                "namespace_workload_model:gpu_allocation:share_sum",
+                "namespace",
+            ),
+            query_variable(
+                "workload",
+                "Workload",
+                'namespace_workload_model:gpu_allocation:share_sum{namespace=~"$namespace"}',
+                "workload",
             ),
             query_variable(
                 "pod",

@@ -16,6 +16,7 @@ import yaml
 from dashboards import build, promql
 from dashboards.layout import datasource_variable
 from dashboards.panels import DATASOURCE
+from dashboards.queries import SLOWDOWN_REASONS
 from exporter.metrics.process import own_families
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
@@ -218,6 +219,55 @@ def referenced_names() -> set[str]:
         for rule in group["rules"]:
             names |= promql.metric_names(rule["expr"])
     return names
+
+
+FLEET_DASHBOARDS = ("cluster-overview.json", "workloads.json")
+"""Dashboards of the whole fleet: over a range they read the rollups, never a series per GPU,
+process or allocation (the node dashboard shows one node and stays on the raw series)."""
+ROLLUP_LEVELS = {
+    "node_model",
+    "node_model_reason",
+    "node_namespace_model",
+    "namespace_workload_model",
+}
+SPARSE_SERIES = {
+    "gpu_last_xid_timestamp_seconds": "only GPUs that reported an XID have one",
+    "ALERTS": "only pending and firing alerts have one",
+}
+"""Raw series a fleet dashboard may read over a range: few at any fleet size."""
+LISTED_PER_POD = {"pod": "lists pods, narrowed by the namespace and workload variables"}
+"""Variables whose values are per allocation, so they read the allocation series."""
+
+
+@pytest.mark.parametrize("name", FLEET_DASHBOARDS)
+def test_fleet_dashboards_read_rollups_over_ranges(name: str) -> None:
+    dashboard = load(DASHBOARDS / name)
+    values = grafana_values(dashboard)
+    rollups = {record for record in recorded_names() if record.split(":")[0] in ROLLUP_LEVELS}
+    allowed = rollups | set(SPARSE_SERIES)
+    for query in promql.queries(dashboard):
+        if query.instant and "$__range" not in query.expr:
+            continue  # the latest samples only
+        names = promql.metric_names(promql.substitute(query.expr, values))
+        assert names <= allowed, f"{query.name} reads {sorted(names - allowed)} over a range"
+    for variable in promql.variables(dashboard)[1:]:
+        if variable["name"] in LISTED_PER_POD:
+            continue
+        selector, _ = promql.label_values(variable["query"])
+        names = promql.metric_names(promql.substitute(selector, values))
+        assert names <= rollups, f"${variable['name']} lists {sorted(names - rollups)}"
+
+
+def test_slowdown_reasons_are_the_rules_own() -> None:
+    """The dashboards' slowdown reasons are those the alert and the rollup count."""
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml").read_text())
+    exprs = {
+        rule.get("alert") or rule["record"]: rule["expr"]
+        for group in rules["groups"]
+        for rule in group["rules"]
+    }
+    for name in ("GpuSlowdownSustained", "node_model:gpu_clock_event_active:count_slowdown"):
+        assert f'reason=~"{SLOWDOWN_REASONS}"' in exprs[name], name
 
 
 def test_every_metric_read_is_exported_recorded_or_prometheus_own() -> None:

@@ -14,6 +14,8 @@ from tests.helpers import ROOT, require_tool
 
 RULES = ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml"
 RULE_TESTS = ROOT / "tests" / "prometheus" / "gpuscope.rules.test.yaml"
+ROLLUP_TESTS = ROOT / "tests" / "prometheus" / "rollups.rules.test.yaml"
+"""The fleet rollups' tests: a file of their own, beside the alerts' and the other recordings'."""
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://github.com/gpuscope/gpuscope/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
@@ -29,8 +31,11 @@ def alerts() -> list[dict[str, Any]]:
 
 
 def unit_tests() -> list[dict[str, Any]]:
-    tests: list[dict[str, Any]] = yaml.safe_load(RULE_TESTS.read_text(encoding="utf-8"))["tests"]
-    return tests
+    return [
+        test
+        for path in (RULE_TESTS, ROLLUP_TESTS)
+        for test in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]
+    ]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -51,9 +56,9 @@ def test_promtool_check_rules_with_every_lint() -> None:
 
 
 def test_promtool_unit_tests_pass() -> None:
-    result = promtool("test", "rules", str(RULE_TESTS))
+    result = promtool("test", "rules", str(RULE_TESTS), str(ROLLUP_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert result.stdout.count("SUCCESS") == 2
 
 
 def test_rule_file_is_a_plain_prometheus_rule_file() -> None:
