@@ -110,7 +110,10 @@ async def _attribution(app: web.Application) -> AsyncIterator[None]:
         from exporter.simulator.cluster import NODE, simulated_attributor  # noqa: PLC0415
 
         attributor = simulated_attributor(
-            fleet, node=config.node_name, pod_labels=config.pod_labels
+            fleet,
+            node=config.node_name,
+            pod_labels=config.pod_labels,
+            image_pattern=config.image_pattern,
         )
         where = {"node": config.node_name or NODE, "cluster": "the fleet file's pods"}
     else:

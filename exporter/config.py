@@ -28,6 +28,7 @@ from exporter.settings import (
     listen_address,
     one_of,
     parse_bool,
+    parse_carbon_intensity,
     parse_existing_path,
     parse_file,
     parse_path,
@@ -69,6 +70,10 @@ class ServeConfig:
     """DRA drivers whose ResourceSlices and claims are read; empty turns DRA off."""
     pod_labels: re.Pattern[str] | None = None
     """Pod label names (full match) exported on gpu_pod_info; None exports none."""
+    image_pattern: re.Pattern[str] | None = None
+    """Container images (full match) exported on gpu_pod_container_info; None exports all."""
+    carbon_intensity: float | None = None
+    """The grid's carbon intensity, gCO2e/kWh; None: the catalog's, if it gives one."""
     web_config_file: Path | None = None
     max_requests: int = 40
     """Concurrent requests served at once (health probes aside); 0 means no limit."""
@@ -302,6 +307,24 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Regular expression: pod labels whose names match it in full are exported on gpu_pod_info "
         "as label_<name> (none by default).",
         "REGEX",
+    ),
+    Setting(
+        "kubernetes.image-pattern",
+        "image_pattern",
+        parse_safe_regex,
+        "Regular expression: container images (digest dropped, cut to 128 characters) that match "
+        'it in full are exported on gpu_pod_container_info; others show image="" (default: '
+        "every image).",
+        "REGEX",
+    ),
+    Setting(
+        "carbon.intensity",
+        "carbon_intensity",
+        parse_carbon_intensity,
+        "The electricity grid's carbon intensity in gCO2e/kWh (0 to 10000), exported as "
+        "gpuscope_grid_carbon_intensity_grams_per_kwh; overrides the catalog's "
+        "carbon_intensity_grams_per_kwh (default: the catalog's, else none).",
+        "GRAMS",
     ),
     Setting(
         "web.config.file",

@@ -126,6 +126,9 @@ class Snapshot:
     """Per GPU model present: calibrated and datasheet figures, and price."""
     attribution: Attribution | None = None
     """Who holds and who uses each GPU; None when pod attribution is off (no cluster)."""
+    carbon_intensity_grams_per_kwh: float | None = None
+    """The grid's carbon intensity (`--carbon.intensity`, else the catalog's); None when
+    neither gives one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,12 @@ class PodIdentity:
     workload_kind: str
     labels: tuple[tuple[str, str], ...] = ()
     """Pod labels chosen by --kubernetes.pod-labels, as (Prometheus label name, value), sorted."""
+    revision: str = ""
+    """The pod's `pod-template-hash` label (Deployments), else its `controller-revision-hash`
+    (StatefulSets, DaemonSets); "" for neither."""
+    images: tuple[tuple[str, str], ...] = ()
+    """(container, image) of its containers, each image without its digest and cut to
+    `exporter.attribution.pod.MAX_IMAGE_LENGTH`; "" where --kubernetes.image-pattern hides it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,10 @@ class PodUsage:
     busy_seconds_total: float | None
     """`utilization` integrated over time; never goes down while the pod lives."""
     processes: int
+    energy_joules_total: float | None = None
+    """The container's part of the GPU's energy since the row appeared (`exporter.attribution.
+    join` says how it is divided); never goes down while the pod lives. None on a GPU without an
+    energy reading, and on MIG instances (NVML measures the whole GPU only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +196,15 @@ class Unattributed:
     gpu: GpuIdentity
     processes: int
     memory_used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedEnergy:
+    """Energy of one physical GPU that no container was given: processes outside pods, a GPU
+    nobody holds, a MIG GPU, cycles the split could not be made (see `exporter.attribution.join`)."""
+
+    gpu: GpuIdentity
+    joules_total: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,3 +245,5 @@ class Attribution:
     allocations: tuple[Allocation, ...]
     unattributed: tuple[Unattributed, ...]
     kubernetes: KubernetesStatus
+    unattributed_energy: tuple[UnattributedEnergy, ...] = ()
+    """Per physical GPU with an energy reading (and up this cycle)."""

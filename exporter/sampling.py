@@ -188,11 +188,16 @@ class SamplingLoop:
         self._republishing: asyncio.Task[None] | None = None
         self._events_pending = False
         self._closing = False
+        catalog = catalog or builtin_catalog()
+        self._carbon_intensity = (
+            config.carbon_intensity
+            if config.carbon_intensity is not None
+            else catalog.carbon_intensity
+        )
+        """The grid's carbon intensity: the setting's, else the catalog's (None: neither)."""
         self._sources: tuple[Source, ...] = (
             _Nvml(self._nvml, self._events),
-            _Calibration(
-                CeilingsSource(catalog or builtin_catalog(), config.calibration_path, clock=clock)
-            ),
+            _Calibration(CeilingsSource(catalog, config.calibration_path, clock=clock)),
             *((_Attribution(attributor),) if attributor is not None else ()),
         )
         """Everything a cycle learns comes through these, in this order."""
@@ -283,6 +288,7 @@ class SamplingLoop:
             process_series=self._process_series,
             ceilings=cycle.ceilings,
             attribution=cycle.attribution,
+            carbon_intensity_grams_per_kwh=self._carbon_intensity,
         )
         own = list(self._own_families()) if self._own_families is not None else []
         self._published = (snapshot, own)

@@ -333,6 +333,21 @@ def percent_between(low: float, high: float) -> Callable[[object], float]:
     return parse
 
 
+MAX_CARBON_INTENSITY: Final = 10_000.0
+"""gCO2e/kWh: ten times the dirtiest grid's, so that a figure in the wrong unit is refused."""
+
+
+def parse_carbon_intensity(value: object) -> float:
+    spelled = text(value).strip()
+    try:
+        number = float(spelled)
+    except ValueError:
+        raise ValueError(f"{quote(spelled)} is not a number of gCO2e/kWh") from None
+    if not math.isfinite(number) or not 0.0 <= number <= MAX_CARBON_INTENSITY:
+        raise ValueError(f"{quote(spelled)} is outside 0..{MAX_CARBON_INTENSITY:g} gCO2e/kWh")
+    return number
+
+
 def parse_path(value: object) -> Path:
     spelled = text(value)
     if not spelled or "\x00" in spelled:

@@ -89,6 +89,7 @@ def test_pod_series_carry_pod_workload_and_gpu_labels() -> None:
         "workload": "infer",
         "workload_kind": "StatefulSet",
         "node": "gpu-node-1",
+        "revision": "",
         "label_team": "vision",
     }
     assert value(text, "gpu_unattributed_processes", gpu="0") == 1

@@ -79,6 +79,7 @@ class Attributor:
         devices: DeviceSource,
         *,
         pod_labels: re.Pattern[str] | None = None,
+        image_pattern: re.Pattern[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._node = node
@@ -86,7 +87,7 @@ class Attributor:
         self._allocations = allocations
         self._processes = processes
         self.devices = devices
-        self._join = Join(node, pod_labels=pod_labels)
+        self._join = Join(node, pod_labels=pod_labels, image_pattern=image_pattern)
         self._clock = clock
         self._once = LogOnce(log)
 

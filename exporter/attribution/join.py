@@ -1,9 +1,29 @@
 """GPU processes + their containers + pods + allocations -> who holds and who uses each GPU.
 
-Pure but for two pieces of state: the busy counters, which integrate per (pod, container, GPU)
-so that a process exiting never makes a counter go down, and a cache of each pod's identity.
-A row (pod, container, GPU) appears when the container runs a process on the GPU or holds it,
-stays (with zero use) while the pod lives, and vanishes with the pod.
+Pure but for a little state: the busy and energy counters, which integrate per (pod, container,
+GPU) so that a process exiting never makes a counter go down, each GPU's last energy reading and
+unattributed energy, and a cache of each pod's identity. A row (pod, container, GPU) appears when
+the container runs a process on the GPU or holds it, stays (with zero use) while the pod lives,
+and vanishes with the pod.
+
+Energy. Each cycle the GPU's energy since the last cycle (the increase of its energy counter
+between this cycle's reading and the last one's) is divided among the containers on it, and
+whatever is not given to one goes to the GPU's unattributed energy, so that the parts always add
+up to the GPU's increase:
+
+- one container alone on the GPU (it holds it or runs on it, and no process outside a pod runs
+  there): all of it;
+- several (time-slicing, MPS, a shared claim, processes outside pods): the busy part (the energy
+  times the GPU's busy fraction: (the per-process utilization of every process there, summed and
+  capped at 1) in proportion to each container's per-process utilization — the part of processes
+  outside pods is unattributed; the idle part (the rest) in equal parts to the containers holding
+  the GPU (to those running on it when nobody holds it);
+- unattributed: a GPU no container holds or runs on, a GPU in MIG mode (NVML measures the whole
+  GPU, never an instance: a MIG instance's rows carry no energy), a GPU whose process list or
+  processes' utilization could not be read this cycle, and energy that spans cycles without a
+  reading (it is counted when readings resume, never split);
+- nothing: the first reading of a GPU, and a reading below the last one (the driver reloaded and
+  its counter restarted): never negative.
 """
 
 from __future__ import annotations
@@ -14,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.dra import NO_DEVICES
+from exporter.attribution.pod import revision
 from exporter.logs import LogOnce
 from exporter.model import (
     Allocation,
@@ -23,11 +44,12 @@ from exporter.model import (
     PodIdentity,
     PodUsage,
     Unattributed,
+    UnattributedEnergy,
 )
-from exporter.readings import SM_ACTIVE, UTILIZATION
+from exporter.readings import ENERGY, SM_ACTIVE, UTILIZATION
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
 
     from exporter.attribution.cgroups import ContainerRef
     from exporter.attribution.dra import DeviceIndex
@@ -57,13 +79,43 @@ class _Use:
 class _Busy:
     total: float = 0.0
     read_at: float | None = None
+    energy: float = 0.0
+    """Joules given to the row since it appeared."""
+
+
+@dataclass(slots=True)
+class _Strays:
+    """A GPU's processes outside pods, and whether every process there (in pods or not) was
+    timed (had a per-process utilization)."""
+
+    processes: int = 0
+    utilization: float = 0.0
+    timed: bool = True
+
+
+@dataclass(slots=True)
+class _Energy:
+    """One physical GPU's energy counter as the join last saw it."""
+
+    reading: float
+    cycle: int
+    unattributed: float = 0.0
 
 
 class Join:
-    def __init__(self, node: str, *, pod_labels: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        *,
+        pod_labels: re.Pattern[str] | None = None,
+        image_pattern: re.Pattern[str] | None = None,
+    ) -> None:
         self._node = node
         self._pod_labels = pod_labels
+        self._image_pattern = image_pattern
         self._busy: dict[Key, _Busy] = {}
+        self._energy: dict[str, _Energy] = {}
+        self._cycle = 0
         self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
         self._held: dict[tuple[str, str, str, str], Allocation] = {}
         """Last cycle's allocations, reused while unchanged (most cycles change none)."""
@@ -81,11 +133,14 @@ class Join:
         now: float,
     ) -> Attribution:
         by_uuid = {gpu.identity.uuid: gpu for gpu in gpus if gpu.identity.uuid}
-        uses, unattributed = self._uses(gpus, containers, pods)
+        uses, unattributed, strays = self._uses(gpus, containers, pods)
         held = self._allocations(allocations or (), pods, gpus, uses, devices)
 
-        for key in uses.keys() | {(a.pod.uid, a.container, a.gpu.uuid) for a in held.values()}:
+        holders = {(a.pod.uid, a.container, a.gpu.uuid) for a in held.values()}
+        for key in uses.keys() | holders:
             self._busy.setdefault(key, _Busy())
+        self._cycle += 1
+        shares, spare = self._energy_shares(gpus, uses, holders, strays)
         usage: list[PodUsage] = []
         for key, busy in list(self._busy.items()):
             pod_uid, container, uuid = key
@@ -97,6 +152,7 @@ class Join:
             if not gpu.up:
                 busy.read_at = None  # integrate again from the next reading
                 continue
+            busy.energy += shares.pop(key, 0.0)
             use = uses.get(key) or _Use(memory=0, utilization=0.0)
             if use.utilization is not None:
                 if busy.read_at is not None:
@@ -111,8 +167,11 @@ class Join:
                     utilization=use.utilization,
                     busy_seconds_total=busy.total if busy.read_at is not None else None,
                     processes=use.processes,
+                    energy_joules_total=busy.energy if uuid in self._energy else None,
                 )
             )
+        for (_, _, uuid), joules in shares.items():  # rows that could not take theirs
+            spare[uuid] = spare.get(uuid, 0.0) + joules
         usage.sort(key=lambda u: (u.gpu.index, u.pod.namespace, u.pod.name, u.container))
         allocations_out = sorted(
             held.values(),
@@ -127,23 +186,96 @@ class Join:
             allocations=tuple(allocations_out),
             unattributed=tuple(unattributed),
             kubernetes=kubernetes,
+            unattributed_energy=self._unattributed_energy(gpus, spare),
         )
+
+    def _energy_shares(
+        self,
+        gpus: tuple[GpuSample, ...],
+        uses: Mapping[Key, _Use],
+        holders: Collection[Key],
+        strays: Mapping[str, _Strays],
+    ) -> tuple[dict[Key, float], dict[str, float]]:
+        """This cycle's energy of each physical GPU: (joules per row, joules unattributed per
+        GPU). The rules are the module's."""
+        shares: dict[Key, float] = {}
+        spare: dict[str, float] = {}
+        split = {
+            gpu.identity.parent_uuid for gpu in gpus if gpu.identity.is_mig_instance
+        }  # GPUs in MIG mode: NVML measures none of their instances
+        rows: dict[str, list[Key]] = {}
+        held: dict[str, list[Key]] = {}
+        for key in uses:
+            rows.setdefault(key[2], []).append(key)
+        for key in holders:
+            held.setdefault(key[2], []).append(key)
+            if key not in uses:
+                rows.setdefault(key[2], []).append(key)
+        for gpu in gpus:
+            uuid = gpu.identity.uuid
+            if gpu.identity.is_mig_instance or not uuid:
+                continue
+            reading = gpu.value(ENERGY) if gpu.up else None
+            last = self._energy.get(uuid)
+            if reading is None:
+                continue  # no energy this cycle; the next reading counts the gap, unattributed
+            if last is None:
+                self._energy[uuid] = _Energy(reading, self._cycle)
+                continue
+            joules = reading - last.reading if reading >= last.reading else 0.0
+            contiguous = last.cycle == self._cycle - 1
+            last.reading, last.cycle = reading, self._cycle
+            if joules <= 0.0:
+                continue
+            here, stray = rows.get(uuid, []), strays.get(uuid)
+            if not contiguous or uuid in split or stray is None or not here:
+                spare[uuid] = joules  # a gap, a MIG GPU, no process list, nobody there
+            elif len(here) == 1 and not stray.processes:
+                shares[here[0]] = joules
+            elif not stray.timed:
+                spare[uuid] = joules  # not every process was timed: no basis for a split
+            else:
+                parts, spare[uuid] = _split(
+                    joules, here=here, idle_takers=held.get(uuid) or here, uses=uses, stray=stray
+                )
+                shares.update(parts)
+        return shares, spare
+
+    def _unattributed_energy(
+        self, gpus: tuple[GpuSample, ...], spare: Mapping[str, float]
+    ) -> tuple[UnattributedEnergy, ...]:
+        present = {gpu.identity.uuid for gpu in gpus}
+        for uuid in [uuid for uuid in self._energy if uuid not in present]:
+            del self._energy[uuid]  # the GPU left the node
+        out: list[UnattributedEnergy] = []
+        for gpu in gpus:
+            energy = self._energy.get(gpu.identity.uuid)
+            if energy is None or not gpu.up:
+                continue
+            energy.unattributed += spare.get(gpu.identity.uuid, 0.0)
+            out.append(UnattributedEnergy(gpu.identity, energy.unattributed))
+        return tuple(out)
 
     def _uses(
         self,
         gpus: tuple[GpuSample, ...],
         containers: Mapping[int, ContainerRef],
         pods: PodIndex,
-    ) -> tuple[dict[Key, _Use], list[Unattributed]]:
+    ) -> tuple[dict[Key, _Use], list[Unattributed], dict[str, _Strays]]:
+        """Each row's use, the processes outside pods per GPU, and their utilization (with
+        whether every process of the GPU was timed) per GPU whose process list answered."""
         uses: dict[Key, _Use] = {}
         unattributed: list[Unattributed] = []
+        strays: dict[str, _Strays] = {}
         for gpu in gpus:
             if not gpu.up or gpu.processes is None:
                 continue
             stray = 0
             stray_memory = 0
+            timing = strays[gpu.identity.uuid] = _Strays()
             here: set[Key] = set()
             for process in gpu.processes:
+                timing.timed = timing.timed and process.sm_utilization is not None
                 name: str | None = None
                 pod: Pod | None = None
                 ref = containers.get(process.pid)
@@ -174,6 +306,8 @@ class Join:
                 if pod is None or name is None:
                     stray += 1
                     stray_memory += process.used_memory_bytes or 0
+                    timing.processes += 1
+                    timing.utilization += process.sm_utilization or 0.0
                     continue
                 key = (pod.uid, name, gpu.identity.uuid)
                 use = uses.setdefault(key, _Use())
@@ -190,7 +324,7 @@ class Join:
                 if uses[alone].utilization is None:
                     uses[alone].utilization = _device_busy(gpu)
             unattributed.append(Unattributed(gpu.identity, stray, stray_memory))
-        return uses, unattributed
+        return uses, unattributed, strays
 
     def _allocations(
         self,
@@ -347,11 +481,42 @@ class Join:
             workload=pod.workload.name,
             workload_kind=pod.workload.kind,
             labels=tuple(sorted(labels.items())),
+            revision=revision(pod.labels),
+            images=tuple(
+                (container, image if self._shown(image) else "") for container, image in pod.images
+            ),
         )
         if len(self._identities) > 4 * len(self._busy) + 1024:
             self._identities.clear()  # bounded: pods come and go
         self._identities[pod.uid] = (pod, identity)
         return identity
+
+    def _shown(self, image: str) -> bool:
+        """Whether --kubernetes.image-pattern lets the image be exported (all without one)."""
+        return self._image_pattern is None or self._image_pattern.fullmatch(image) is not None
+
+
+def _split(
+    joules: float,
+    *,
+    here: list[Key],
+    idle_takers: list[Key],
+    uses: Mapping[Key, _Use],
+    stray: _Strays,
+) -> tuple[dict[Key, float], float]:
+    """A shared GPU's energy, every process timed: (joules per row, joules of the processes
+    outside pods). The busy part by per-process utilization, the idle part in equal parts to
+    the holders (or, with none, to the containers running there)."""
+    timed = {key: uses[key].utilization or 0.0 for key in here if key in uses}
+    total = sum(timed.values()) + stray.utilization
+    active = joules * min(1.0, total)
+    idle = (joules - active) / len(idle_takers)
+    shares = dict.fromkeys(idle_takers, idle)
+    if total <= 0.0:
+        return shares, 0.0
+    for key, value in timed.items():
+        shares[key] = shares.get(key, 0.0) + active * value / total
+    return shares, active * stray.utilization / total
 
 
 def _device_busy(gpu: GpuSample) -> float | None:

@@ -123,4 +123,5 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
         ProcessContainers(config.procfs),
         devices,
         pod_labels=config.pod_labels,
+        image_pattern=config.image_pattern,
     )

@@ -1,7 +1,7 @@
 """One pod as attribution needs it, read from the Kubernetes API's JSON; pure.
 
-`pod_from_api` keeps what attribution uses of a `v1.Pod` (its UID, name, labels, workload and
-the ids of its containers); `PodIndex` finds the running pods of a node by UID or name. The pod
+`pod_from_api` keeps what attribution uses of a `v1.Pod` (its UID, name, labels, workload, the
+ids of its containers and their images); `PodIndex` finds the running pods of a node by UID or name. The pod
 watch (`exporter.attribution.pods`) feeds them from the API server, the simulator
 (`exporter.simulator.cluster`) from a fleet file: the same parsing either way.
 """
@@ -22,6 +22,13 @@ MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 KNOWN_RUNTIMES: Final = frozenset({"containerd", "cri-o", "docker"})
 _CONTAINER_ID: Final = re.compile(r"[0-9a-f]{64}")
 _ENDED_PHASES: Final = frozenset({"Succeeded", "Failed"})
+REVISION_LABELS: Final = ("pod-template-hash", "controller-revision-hash")
+"""The labels a controller puts on its pods to name the revision of their template: a
+Deployment's ReplicaSet the first, a StatefulSet's or DaemonSet's ControllerRevision the second."""
+MAX_IMAGE_LENGTH: Final = 128
+"""An image reference is cut to this many characters (after its digest is dropped): a label value
+a person reads, never a document."""
+_CONTAINER_KINDS: Final = ("containers", "initContainers", "ephemeralContainers")
 
 
 class PodFormatError(ValueError):
@@ -39,6 +46,8 @@ class Pod:
     workload: Workload
     containers: Mapping[str, str]
     """Container id (64 hex, as in the cgroup path) -> container name."""
+    images: tuple[tuple[str, str], ...] = ()
+    """(container name, image reference as `image_reference` shortens it), as the spec lists them."""
     static_uid: str | None = None
     ended: bool = False
     """Succeeded or Failed: its containers are gone and it attributes nothing."""
@@ -84,6 +93,7 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
             if runtime not in KNOWN_RUNTIMES:
                 problems.append(("runtime", runtime))
             containers[container_id] = container_name
+    spec = obj.get("spec")
     mirror = annotations.get(MIRROR_ANNOTATION)
     return Pod(
         uid=uid,
@@ -92,10 +102,35 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
         labels=labels,
         workload=workload_of(name, owners, labels),
         containers=containers,
+        images=_images(spec if isinstance(spec, dict) else {}),
         static_uid=mirror or None,
         ended=status.get("phase") in _ENDED_PHASES,
         problems=tuple(problems),
     )
+
+
+def revision(labels: Mapping[str, str]) -> str:
+    """The revision of the pod's template its controller labels it with; "" for none."""
+    return next((labels[name] for name in REVISION_LABELS if labels.get(name)), "")
+
+
+def image_reference(image: str) -> str:
+    """An image as a label shows it: without its digest (`@sha256:…`: the tag names the
+    release a person compares; the digest only makes every rebuild a series of its own), cut to
+    `MAX_IMAGE_LENGTH` characters."""
+    return image.partition("@")[0][:MAX_IMAGE_LENGTH]
+
+
+def _images(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    images: list[tuple[str, str]] = []
+    for key in _CONTAINER_KINDS:
+        for container in spec.get(key) or ():
+            if not isinstance(container, dict):
+                continue
+            name, image = container.get("name"), container.get("image")
+            if isinstance(name, str) and name and isinstance(image, str) and image:
+                images.append((name, image_reference(image)))
+    return tuple(images)
 
 
 def _string_map(value: object) -> dict[str, str]:

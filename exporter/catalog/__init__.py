@@ -8,6 +8,8 @@ A user's catalog has the same format and is laid over the built-in one (`catalog
 entry whose `key` is a built-in model replaces only the fields it names (say, its `prices`); an
 entry with a new key adds a model and must be complete; `default_price` and `source_date` replace
 the built-in ones. `extend_builtin: false` makes the user's file the whole catalog.
+`carbon_intensity_grams_per_kwh` (top level, optional) is the grid's carbon intensity of the
+cluster the catalog is deployed to; `--carbon.intensity` overrides it.
 
 Both files are read through `exporter.documents` (bounded, strict, one line per error) and checked
 with its checks; a bad one raises `CatalogError`.
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from exporter import documents
 from exporter.documents import Invalid, join, quote
+from exporter.settings import MAX_CARBON_INTENSITY
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -111,6 +114,8 @@ class Catalog:
     models: tuple[GpuModel, ...]
     default_provider: str
     default_region: str
+    carbon_intensity: float | None = None
+    """The grid's carbon intensity where the cluster runs, gCO2e/kWh; None when not given."""
 
     def by_key(self, key: str) -> GpuModel | None:
         return next((model for model in self.models if model.key == key), None)
@@ -132,7 +137,13 @@ class Catalog:
         return model.prices[0] if model.prices else None
 
 
-_TOP_FIELDS: Final = ("version", "source_date", "default_price", "models")
+_TOP_FIELDS: Final = (
+    "version",
+    "source_date",
+    "default_price",
+    "models",
+    "carbon_intensity_grams_per_kwh",
+)
 _MODEL_REQUIRED: Final = (
     "key",
     "name",
@@ -262,6 +273,19 @@ def _catalog(top: dict[str, Any], models: list[_Entry]) -> Catalog:
         default_region=documents.text(
             default.get("region", "us-east-1"), "default_price.region", max_length=64
         ),
+        carbon_intensity=_carbon(top.get("carbon_intensity_grams_per_kwh")),
+    )
+
+
+def _carbon(value: object) -> float | None:
+    if value is None:
+        return None
+    return documents.number(
+        value,
+        "carbon_intensity_grams_per_kwh",
+        low=0.0,
+        high=MAX_CARBON_INTENSITY,
+        unit="gCO2e/kWh",
     )
 
 

@@ -50,6 +50,21 @@ POD_BUSY: Final = Family(
     "processes come and go",
     collector="attribution",
 )
+POD_ENERGY: Final = Family(
+    "gpu_pod_energy_joules",
+    "A container's part of this GPU's energy: all of it alone on the GPU; on a shared one the "
+    "busy part by per-process utilization, the idle part in equal parts to the holders.",
+    kind="counter",
+    unit="joules",
+    labels=POD_LABELS,
+    labels_doc="as above (never on MIG instances)",
+    doc="that container's part of the GPU's energy (see [Energy and carbon](#energy-and-carbon)): "
+    "all of it when the container is alone on the GPU, else the busy part by per-process "
+    "utilization and the idle part in equal parts to the holders; with "
+    "`gpu_unattributed_energy_joules_total` it adds up to the GPU's energy; never goes down "
+    "while the pod lives; absent on MIG instances (NVML measures the whole GPU only)",
+    collector="attribution",
+)
 ALLOCATION_INFO: Final = Family(
     "gpu_allocation_info",
     "The kubelet allocated this GPU to this container, by a device plugin or through a DRA "
@@ -86,12 +101,25 @@ ALLOCATION_SHARED: Final = Family(
 POD_INFO: Final = Family(
     "gpu_pod_info",
     "A pod that holds or uses a GPU on this node, its workload and chosen pod labels; always 1.",
-    labels=("namespace", "pod", "workload", "workload_kind", "node"),
+    labels=("namespace", "pod", "workload", "workload_kind", "node", "revision"),
     gpu=False,
     labels_doc="no GPU labels: `namespace`, `pod`, `workload`, `workload_kind`, `node`, "
-    "`label_<name>`",
-    doc="a pod that holds or uses a GPU of this node, with the pod labels chosen by "
-    "`--kubernetes.pod-labels`; always 1",
+    "`revision`, `label_<name>`",
+    doc="a pod that holds or uses a GPU of this node, its template's revision (its "
+    "`pod-template-hash` label, else `controller-revision-hash`; empty for neither) and the pod "
+    "labels chosen by `--kubernetes.pod-labels`; always 1",
+    collector="attribution",
+)
+CONTAINER_INFO: Final = Family(
+    "gpu_pod_container_info",
+    "The image of a container that holds or uses a GPU on this node (digest dropped, cut to 128 "
+    "characters); always 1.",
+    labels=("namespace", "pod", "container", "image"),
+    gpu=False,
+    labels_doc="no GPU labels: `namespace`, `pod`, `container`, `image`",
+    doc="the image of a container that holds or uses a GPU of this node, as its pod's spec names "
+    'it without the digest, cut to 128 characters; `image=""` where '
+    "`--kubernetes.image-pattern` does not match it; always 1",
     collector="attribution",
 )
 UNATTRIBUTED_MEMORY: Final = Family(
@@ -99,6 +127,17 @@ UNATTRIBUTED_MEMORY: Final = Family(
     "GPU memory used by processes that map to no pod (outside Kubernetes, or a pod not known yet).",
     unit="bytes",
     doc="memory of the GPU's processes that map to no pod",
+    collector="attribution",
+)
+UNATTRIBUTED_ENERGY: Final = Family(
+    "gpu_unattributed_energy_joules",
+    "This GPU's energy given to no container: processes outside pods, a GPU nobody holds, a GPU "
+    "in MIG mode, cycles whose split could not be made.",
+    kind="counter",
+    unit="joules",
+    doc="the GPU's energy given to no container: processes outside pods, a GPU no container "
+    "holds or runs on, a GPU in MIG mode, cycles without a process list or per-process "
+    "utilization, energy across a gap in readings; with the pods' it adds up to the GPU's",
     collector="attribution",
 )
 UNATTRIBUTED_PROCESSES: Final = Family(
@@ -149,12 +188,15 @@ FAMILIES: Final = (
     POD_MEMORY,
     POD_UTILIZATION,
     POD_BUSY,
+    POD_ENERGY,
     ALLOCATION_INFO,
     ALLOCATION_IN_USE,
     ALLOCATION_SHARED,
     POD_INFO,
+    CONTAINER_INFO,
     UNATTRIBUTED_MEMORY,
     UNATTRIBUTED_PROCESSES,
+    UNATTRIBUTED_ENERGY,
     WATCH_UP,
     CACHE_AGE,
     PODS_CACHED,
@@ -182,10 +224,11 @@ family and every cycle: pod rows are most of a node's series."""
 def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     if attribution is None:
         return
-    memory, utilization, busy = (
+    memory, utilization, busy, energy = (
         new_metric(POD_MEMORY),
         new_metric(POD_UTILIZATION),
         new_metric(POD_BUSY),
+        new_metric(POD_ENERGY),
     )
     for use in attribution.usage:
         labels = _row_labels((use.gpu, use.pod, use.container)).base
@@ -195,7 +238,9 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
             utilization.samples.append(Sample(utilization.name, labels, use.utilization))
         if use.busy_seconds_total is not None:
             busy.samples.append(Sample(f"{busy.name}_total", labels, use.busy_seconds_total))
-    yield from (memory, utilization, busy)
+        if use.energy_joules_total is not None:
+            energy.samples.append(Sample(f"{energy.name}_total", labels, use.energy_joules_total))
+    yield from (memory, utilization, busy, energy)
 
     info = new_metric(ALLOCATION_INFO)
     in_use = new_metric(ALLOCATION_IN_USE)
@@ -227,17 +272,13 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
             "workload": pod.workload,
             "workload_kind": pod.workload_kind,
             "node": attribution.node,
+            "revision": pod.revision,
             **dict(pod.labels),
         }
         pod_info.samples.append(Sample(POD_INFO.name, pod_labels, 1))
     yield pod_info
-
-    stray_memory, stray = new_metric(UNATTRIBUTED_MEMORY), new_metric(UNATTRIBUTED_PROCESSES)
-    for unattributed in attribution.unattributed:
-        labels = gpu_labels(unattributed.gpu).base
-        add(stray_memory, labels, unattributed.memory_used_bytes)
-        add(stray, labels, unattributed.processes)
-    yield from (stray_memory, stray)
+    yield _container_info(attribution)
+    yield from _unattributed(attribution)
 
     kubernetes = attribution.kubernetes
     watch_up, age = new_metric(WATCH_UP), new_metric(CACHE_AGE)
@@ -254,3 +295,34 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     if kubernetes.dra_devices is not None:
         add(devices, {}, kubernetes.dra_devices)
     yield devices
+
+
+def _container_info(attribution: Attribution) -> Metric:
+    """The image of each container that holds or uses a GPU, once per container."""
+    info = new_metric(CONTAINER_INFO)
+    rows = {(use.pod, use.container) for use in attribution.usage}
+    rows.update((allocation.pod, allocation.container) for allocation in attribution.allocations)
+    for pod, container in sorted(rows, key=lambda row: (row[0].namespace, row[0].name, row[1])):
+        image = next((image for name, image in pod.images if name == container), None)
+        if image is not None:
+            labels = {
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "container": container,
+                "image": image,
+            }
+            info.samples.append(Sample(info.name, labels, 1))
+    return info
+
+
+def _unattributed(attribution: Attribution) -> Iterator[Metric]:
+    """What runs on each GPU outside pods, and the GPU's energy no container was given."""
+    stray_memory, stray = new_metric(UNATTRIBUTED_MEMORY), new_metric(UNATTRIBUTED_PROCESSES)
+    for unattributed in attribution.unattributed:
+        labels = gpu_labels(unattributed.gpu).base
+        add(stray_memory, labels, unattributed.memory_used_bytes)
+        add(stray, labels, unattributed.processes)
+    energy = new_metric(UNATTRIBUTED_ENERGY)
+    for unattributed_energy in attribution.unattributed_energy:
+        add(energy, gpu_labels(unattributed_energy.gpu).base, unattributed_energy.joules_total)
+    yield from (stray_memory, stray, energy)

@@ -1,5 +1,6 @@
 """What each GPU's model can do (calibrated and datasheet figures) and costs, beside the live
-series: repeated on every GPU of that model so that they join the live series on `uuid`."""
+series: repeated on every GPU of that model so that they join the live series on `uuid`; and the
+grid's carbon intensity, once for the node."""
 
 from __future__ import annotations
 
@@ -76,6 +77,15 @@ PRICE: Final = Family(
     doc="on-demand price of one such GPU from the catalog (its `default_price` provider and "
     "region, else the first price listed)",
 )
+CARBON_INTENSITY: Final = Family(
+    "gpuscope_grid_carbon_intensity_grams_per_kwh",
+    "Carbon intensity of the electricity grid the node draws from, in grams of CO2 equivalent "
+    "per kWh (--carbon.intensity, else the catalog's).",
+    gpu=False,
+    doc="the grid's carbon intensity, gCO₂e per kWh: `--carbon.intensity`, else the catalog's "
+    "`carbon_intensity_grams_per_kwh`; absent when neither gives one (see "
+    "[Energy and carbon](#energy-and-carbon))",
+)
 FAMILIES: Final = (
     CALIBRATED_FLOPS,
     CALIBRATED_BANDWIDTH,
@@ -85,6 +95,7 @@ FAMILIES: Final = (
     DATASHEET_FLOPS,
     DATASHEET_BANDWIDTH,
     PRICE,
+    CARBON_INTENSITY,
 )
 
 _SCALARS: Final[tuple[tuple[Family, Callable[[Ceilings], float | None]], ...]] = (
@@ -123,3 +134,7 @@ def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield datasheet
     yield scalar(DATASHEET_BANDWIDTH, lambda c: c.datasheet_memory_bandwidth)
     yield scalar(PRICE, lambda c: c.price_usd_per_hour)
+    carbon = new_metric(CARBON_INTENSITY)
+    if snapshot.carbon_intensity_grams_per_kwh is not None:
+        add(carbon, {}, snapshot.carbon_intensity_grams_per_kwh)
+    yield carbon

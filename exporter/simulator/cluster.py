@@ -2,8 +2,9 @@
 them, so that `--simulate` without a cluster attributes GPUs to pods through the same join as a
 real node.
 
-Each simulated pod becomes the API's JSON for a `v1.Pod` (UID, owner references, labels, the
-container ids in its status), parsed by the same `pod_from_api` as the pod watch's; each pod's
+Each simulated pod becomes the API's JSON for a `v1.Pod` (UID, owner references, labels with
+its template's revision, its containers and their images, the container ids in its status),
+parsed by the same `pod_from_api` as the pod watch's; each pod's
 devices become the kubelet's PodResources allocations (`<uuid>::N` replicas when time-sliced, a
 MIG instance by its UUID; through a `claim`, NVIDIA's DRA driver's devices `gpu-<index>` and
 `gpu-<index>-mig-<profile>-<position>` in the node's pool, published in one ResourceSlice parsed
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 NODE: Final = "simulated-node"
 """The node name simulated pods run on, unless `--kubernetes.node-name` gives one."""
 _TEMPLATE_HASH: Final = "7d9c8b6f5"
+_HASH_CHARACTERS: Final = "bcdfghjklmnpqrstvwxz2456789"
+"""What Kubernetes' revision hashes are spelled in (no vowels, no 0, 1, 3)."""
 _CRONJOB_MINUTES: Final = 29_420_000
 """A CronJob's Job is named after its scheduled time in minutes since the epoch (2025-12)."""
 
@@ -61,19 +64,46 @@ def container_id(pod: SimPod, container: str) -> str:
 
 def _owner(pod: SimPod) -> tuple[dict[str, Any], dict[str, str]] | None:
     """The controller reference the API shows for a pod of this workload, and the labels the
-    controller adds."""
+    controller adds: a Deployment's pods their `pod-template-hash` (the fleet file's label, else
+    the one in the pod's name `<deployment>-<hash>-<suffix>`), a StatefulSet's or DaemonSet's a
+    `controller-revision-hash` (the fleet file's label, else one made from the workload)."""
+    labels = dict(pod.labels)
     match pod.workload_kind:
         case "Pod":
             return None
         case "Deployment":
+            template_hash = labels.get("pod-template-hash") or _name_hash(pod)
             return (
-                {"kind": "ReplicaSet", "name": f"{pod.workload}-{_TEMPLATE_HASH}"},
-                {"pod-template-hash": _TEMPLATE_HASH},
+                {"kind": "ReplicaSet", "name": f"{pod.workload}-{template_hash}"},
+                {"pod-template-hash": template_hash},
             )
         case "CronJob":
             return {"kind": "Job", "name": f"{pod.workload}-{_CRONJOB_MINUTES}"}, {}
+        case "StatefulSet" | "DaemonSet" as kind:
+            revision = labels.get("controller-revision-hash") or (
+                f"{pod.workload}-{_revision_hash(pod.namespace, pod.workload)}"
+            )
+            return {"kind": kind, "name": pod.workload}, {"controller-revision-hash": revision}
         case kind:
             return {"kind": kind, "name": pod.workload}, {}
+
+
+def _name_hash(pod: SimPod) -> str:
+    """The template hash a Deployment's pod name carries (`chat-api-6b9f7c5d4-7xq2m`), else a
+    fixed one."""
+    middle, _, suffix = pod.name.removeprefix(f"{pod.workload}-").rpartition("-")
+    named = pod.name.startswith(f"{pod.workload}-") and len(suffix) == 5
+    return middle if named and 6 <= len(middle) <= 10 and "-" not in middle else _TEMPLATE_HASH
+
+
+def _revision_hash(*parts: str) -> str:
+    """A stable 10-character revision hash in Kubernetes' alphabet."""
+    number = int(_digest("revision", *parts), 16)
+    spelled = []
+    for _ in range(10):
+        number, digit = divmod(number, len(_HASH_CHARACTERS))
+        spelled.append(_HASH_CHARACTERS[digit])
+    return "".join(spelled)
 
 
 def pod_document(pod: SimPod, node: str) -> dict[str, Any]:
@@ -90,9 +120,16 @@ def pod_document(pod: SimPod, node: str) -> dict[str, Any]:
         reference, extra_labels = owner
         metadata["ownerReferences"] = [{**reference, "controller": True}]
         labels.update(extra_labels)
+    images = dict(pod.images)
     return {
         "metadata": metadata,
-        "spec": {"nodeName": node},
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": name, **({"image": images[name]} if name in images else {})}
+                for name in pod.containers
+            ],
+        },
         "status": {
             "phase": "Running",
             "containerStatuses": [
@@ -290,7 +327,11 @@ class SimulatedProcesses:
 
 
 def simulated_attributor(
-    fleet: Fleet, *, node: str | None = None, pod_labels: re.Pattern[str] | None = None
+    fleet: Fleet,
+    *,
+    node: str | None = None,
+    pod_labels: re.Pattern[str] | None = None,
+    image_pattern: re.Pattern[str] | None = None,
 ) -> Attributor:
     """Attribution from the fleet file's pods."""
     name = node or NODE
@@ -301,4 +342,5 @@ def simulated_attributor(
         SimulatedProcesses(fleet),
         SimulatedDevices(fleet, name),
         pod_labels=pod_labels,
+        image_pattern=image_pattern,
     )

@@ -36,8 +36,12 @@ POD_KEYS: Final = (
     "resource",
     "shared",
     "claim",
+    "images",
 )
 MAX_CONTAINERS: Final = 64
+MAX_IMAGE_LENGTH: Final = 512
+"""An image reference as a fleet file may write it (a registry host, a path, a tag, a digest)."""
+_IMAGE: Final = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.:/@+]*")
 _DNS_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _LABEL_NAME: Final = re.compile(
     r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -64,6 +68,7 @@ def pod(value: object, path: str, gpus: tuple[SimGpu, ...]) -> SimPod:
     resource = entry.get("resource")
     claim = entry.get("claim")
     shared = boolean(entry.get("shared", False), join(path, "shared"))
+    images = mapping(entry.get("images"), join(path, "images"), null_is_empty=True)
     if claim is not None:
         if not devices:
             raise Invalid(join(path, "claim"), "a claim holds devices: give the pod gpus")
@@ -92,6 +97,10 @@ def pod(value: object, path: str, gpus: tuple[SimGpu, ...]) -> SimPod:
         resource=None if resource is None else _resource(resource, join(path, "resource")),
         shared=shared,
         claim=None if claim is None else kubernetes_name(claim, join(path, "claim")),
+        images=tuple(
+            (container, _image(image, join(join(path, "images"), container)))
+            for container, image in images.items()
+        ),
     )
 
 
@@ -127,6 +136,14 @@ def check_pods(pods: Sequence[SimPod], processes: Sequence[SimProcess]) -> None:
                 f"claim {entry.claim} holds other gpus or another resource in {first.key}: "
                 "pods naming one claim share its devices",
             )
+    for n, entry in enumerate(pods):
+        for container, _ in entry.images:
+            if container not in entry.containers:
+                raise Invalid(
+                    join(join(join("pods", n), "images"), container),
+                    f"{entry.key} has no container {quote(container)} "
+                    f"(it has {', '.join(entry.containers)})",
+                )
     for n, process in enumerate(processes):
         path = join("processes", n)
         if process.pod is None:
@@ -155,6 +172,16 @@ def _label(key: str, value: object, path: str) -> tuple[str, str]:
         allow_empty=True,
     )
     return key, label
+
+
+def _image(value: object, path: str) -> str:
+    return text(
+        value,
+        path,
+        max_length=MAX_IMAGE_LENGTH,
+        pattern=_IMAGE,
+        describe="an image reference such as vllm/vllm-openai:v0.8.5",
+    )
 
 
 def _resource(value: object, path: str) -> str:

@@ -126,6 +126,8 @@ class SimPod:
     """The ResourceClaim (in the pod's namespace) its devices come through, from NVIDIA's DRA
     driver; None: from the device plugin. Pods naming one claim share its devices; a device in
     several claims is shared by capacity (each claim gets a `share_id`)."""
+    images: tuple[tuple[str, str], ...] = ()
+    """(container, image reference) for the containers the fleet file names an image of."""
 
     @property
     def key(self) -> str:

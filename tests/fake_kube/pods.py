@@ -35,6 +35,7 @@ PODS: Final = Collection(
 NODE: Final = "gpu-node-1"
 _SERIALIZER: Final = ApiClient()
 _CREATED: Final = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+DEFAULT_IMAGE: Final = "example.com/app:1"
 
 
 def pod(
@@ -49,10 +50,13 @@ def pod(
     annotations: Mapping[str, str] | None = None,
     phase: str = "Running",
     runtime: str = "containerd",
+    images: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod as the API serves it. `containers` maps container name -> container id (64 hex,
-    None for a container that has not started, so its status has no containerID yet)."""
+    None for a container that has not started, so its status has no containerID yet); `images`
+    container name -> image (default `example.com/app:1`)."""
     containers = {"main": None} if containers is None else containers
+    images = images or {}
     model = V1Pod(
         api_version="v1",
         kind="Pod",
@@ -77,7 +81,10 @@ def pod(
         ),
         spec=V1PodSpec(
             node_name=node,
-            containers=[V1Container(name=cname, image="example.com/app:1") for cname in containers],
+            containers=[
+                V1Container(name=cname, image=images.get(cname, DEFAULT_IMAGE))
+                for cname in containers
+            ],
         ),
         status=V1PodStatus(
             phase=phase,
@@ -85,7 +92,7 @@ def pod(
                 V1ContainerStatus(
                     name=cname,
                     container_id=f"{runtime}://{cid}" if cid else None,
-                    image="example.com/app:1",
+                    image=images.get(cname, DEFAULT_IMAGE),
                     image_id="",
                     ready=cid is not None,
                     restart_count=0,
