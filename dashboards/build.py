@@ -1,7 +1,8 @@
 """Generate gpuscope's Grafana dashboards: `python -m dashboards.build` rewrites dashboards/*.json.
 
 The JSON files are what users import and what the Helm chart ships; this package is their single
-source: a module per dashboard (cluster_overview, node, workloads, exporter_health, rightsizing)
+source: a module per dashboard (cluster_overview, node, workloads, exporter_health, rightsizing,
+serving)
 on one panel layer (panels: a function per panel type; layout: the grid, variables, annotations
 and the dashboard around them; queries: PromQL that more than one dashboard uses), so they share one
 look, one datasource variable and one set of helpers. This module lists them and writes the
@@ -21,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from dashboards import cluster_overview, exporter_health, node, rightsizing, workloads
+from dashboards import cluster_overview, exporter_health, node, rightsizing, serving, workloads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,6 +37,7 @@ DASHBOARDS: Final = {
     "workloads.json": workloads.make,
     "exporter-health.json": exporter_health.make,
     "rightsizing.json": rightsizing.make,
+    "serving.json": serving.make,
 }
 
 

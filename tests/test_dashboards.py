@@ -20,6 +20,7 @@ from dashboards.queries import SLOWDOWN_REASONS
 from exporter.metrics.process import own_families
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
+from tests.serving_server import FAMILIES as SERVING_FAMILIES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -279,7 +280,9 @@ def test_every_metric_read_is_exported_recorded_or_prometheus_own() -> None:
     documented = set(re.findall(r"^\| `((?:gpu|gpuscope)_[a-z0-9_]+)` \|", readme, re.MULTILINE))
     # the daemon's own process_* and python_* families (not in the golden file: their values vary)
     own = {sample.name for family in own_families()() for sample in family.samples}
-    known = exported | documented | own | recorded_names() | PROMETHEUS_OWN
+    # what inference servers export, as the serving rules read it (the stand-ins' families)
+    served = {name for names in SERVING_FAMILIES.values() for name in names}
+    known = exported | documented | own | recorded_names() | PROMETHEUS_OWN | served
     referenced = referenced_names()
     assert not referenced - known, f"unknown metric names (typos?): {sorted(referenced - known)}"
 

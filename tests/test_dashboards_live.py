@@ -59,6 +59,7 @@ NOT_TRIGGERED_LIVE: Final = {
     "GpuRowRemapFailed": "the simulator's row remappings never fail",
     "GpuscopeRestarting": "needs a kubelet restarting a daemon whose liveness probe fails",
     "GpuscopeKubernetesWatchDown": "the stack runs without a Kubernetes API to lose",
+    "GpuServingRevisionRegressed": "needs a revision serving an hour after another",
 }
 """Alerts covered by the promtool unit tests only, and why the live stack cannot raise them."""
 
@@ -66,6 +67,8 @@ NOT_TRIGGERED_LIVE: Final = {
 SERVED_ELSEWHERE: Final = {
     "rightsizing.json": "its series come from gpuscope rightsize serve: "
     "tests/test_rightsize_server.py runs its queries on a Prometheus scraping one",
+    "serving.json": "its series come from inference servers' counters: "
+    "tests/test_serving_live.py runs its queries on a Prometheus scraping stand-ins",
 }
 """Dashboards whose queries this stack of daemons cannot answer, and where they are run."""
 
