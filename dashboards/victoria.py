@@ -17,9 +17,12 @@ import contextlib
 import datetime
 import gzip
 import json
+import os
+import pty
 import re
 import shutil
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -51,6 +54,8 @@ SERVER_FLAGS: Final = (
     # import, no holding back of the newest samples (the default waits 30 s for late ones).
     "-search.disableCache",
     "-search.latencyOffset=0s",
+    # One sample per series and millisecond: an import sent twice stores nothing twice.
+    "-dedup.minScrapeInterval=1ms",
     "-loggerLevel=WARN",
 )
 
@@ -154,12 +159,41 @@ class VictoriaMetrics:
             "victoria-metrics", lambda: answers(f"{self.url}/health"), self.ready_timeout, log
         )
 
-    def import_blocks(self, tsdb: Path, *, timeout: float = 3600.0) -> None:
+    def copy_from(self, source: Prometheus, *, start: float, end: float) -> int:
+        """Every raw sample `source` (a Prometheus) holds between `start` and `end` (unix
+        seconds), copied over its HTTP API one metric name at a time; searchable on return; how
+        many samples. Exact (values travel as Prometheus prints them, which parses back to the
+        same float), for histories of a few million samples."""
+        names = source.get("/api/v1/label/__name__/values")["data"]
+        seconds = max(int(end - start) + 1, 1)
+        copied = 0
+        for name in names:
+            answer = source.query(f'{{__name__="{name}"}}[{seconds}s]', at=end)
+            series = [
+                {
+                    "metric": found["metric"],
+                    "values": [float(value) for _, value in found["values"]],
+                    "timestamps": [round(float(t) * 1000) for t, _ in found["values"]],
+                }
+                for found in answer["data"]["result"]
+            ]
+            copied += sum(len(one["values"]) for one in series)
+            self.api.import_series(series)
+        return copied
+
+    def import_blocks(self, tsdb: Path, *, timeout: float = 3600.0, attempts: int = 3) -> int:
         """Every sample of a Prometheus TSDB directory's blocks (e.g. a promtool backfill) into
-        this server, with `vmctl prometheus`; searchable on return."""
-        log = self.workdir / "vmctl.log"
-        with log.open("wb") as output:
-            done = subprocess.run(
+        this server, with `vmctl prometheus`; searchable on return; how many samples.
+
+        Debian's vmctl (1.79) now and then leaves out the last samples it read: it is run again
+        until it says it imported every sample of the blocks, and the server keeps one sample per
+        series and millisecond (`-dedup.minScrapeInterval=1ms`), so samples sent twice count
+        once. vmctl will only run with a terminal (its progress bars): it gets a pseudo-terminal,
+        copied to `vmctl-N.log`."""
+        counts = ("", "")
+        for attempt in range(1, attempts + 1):
+            log = self.workdir / f"vmctl-{attempt}.log"
+            code = _vmctl(
                 [
                     binary(VMCTL),
                     "prometheus",
@@ -168,18 +202,56 @@ class VictoriaMetrics:
                     f"--prom-snapshot={tsdb}",
                     f"--vm-addr={self.url}",
                     "--vm-concurrency=2",
-                    # Values as they are: vmctl rounds to 100 decimal digits unless told.
-                    "--vm-round-digits=100",
                 ],
-                stdout=output,
-                stderr=subprocess.STDOUT,
+                log,
+                timeout,
+            )
+            text = log.read_text(errors="replace")
+            read = _VMCTL_READ.search(text)
+            sent = _VMCTL_SENT.search(text)
+            if code != 0 or read is None or sent is None:
+                tail = "\n".join(text.splitlines()[-20:])
+                raise StackError(f"vmctl could not import {tsdb} (exit {code}):\n{tail}")
+            counts = (read[1], sent[1])
+            if read[1] == sent[1]:
+                self.api.flush()
+                return int(read[1])
+        raise StackError(
+            f"vmctl imported {counts[1]} of the {counts[0]} samples of {tsdb} at its last of "
+            f"{attempts} attempts"
+        )
+
+
+_VMCTL_READ: Final = re.compile(r"snapshot stats:.*?samples: (\d+);", re.DOTALL)
+_VMCTL_SENT: Final = re.compile(r"total samples: (\d+);")
+
+
+def _vmctl(command: Sequence[str], log: Path, timeout: float) -> int:
+    """Run vmctl on a pseudo-terminal copied to `log`; its exit status."""
+    main, terminal = pty.openpty()
+    with log.open("wb") as output:
+
+        def copy() -> None:
+            with contextlib.suppress(OSError):  # EIO once vmctl has exited
+                while chunk := os.read(main, 65536):
+                    output.write(chunk)
+
+        reader = threading.Thread(target=copy, name="vmctl-log", daemon=True)
+        reader.start()
+        try:
+            done = subprocess.run(
+                command,
+                stdin=terminal,
+                stdout=terminal,
+                stderr=terminal,
                 timeout=timeout,
                 check=False,
             )
-        if done.returncode != 0:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-            raise StackError(f"vmctl could not import {tsdb} (exit {done.returncode}):\n{tail}")
-        self.api.flush()
+        finally:
+            os.close(terminal)
+            reader.join(timeout=10)
+            os.close(main)
+    return done.returncode
 
 
 def _rule_flags(rule_files: Sequence[Path]) -> list[str]:

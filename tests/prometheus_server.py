@@ -30,22 +30,26 @@ def running_prometheus(
     retention: str = "400d",
     ready_timeout: float = 90.0,
     scrape: tuple[str, float] | None = None,
+    receive: bool = False,
 ) -> Iterator[str]:
     """`prometheus` serving `data_dir` on a free loopback port; yields its base URL.
 
     Retention counts back from the newest block, so backfilled history stays whatever its date.
     `scrape` is a (host:port, interval in seconds) it scrapes `/metrics` of, as job `target`.
+    `receive` accepts remote write (`/api/v1/write`), samples of the last 30 days too, inside
+    the time its blocks already cover (as vmalert's replay of rules writes them).
     """
     binary = require_tool("prometheus")
     config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
+    storage = "storage:\n  tsdb:\n    out_of_order_time_window: 30d\n" if receive else ""
     if scrape is None:
-        config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
+        config.write_text(f"global:\n  scrape_interval: 1m\nscrape_configs: []\n{storage}")
     else:
         target, interval = scrape
         config.write_text(
             f"global:\n  scrape_interval: {interval:g}s\n  scrape_timeout: {interval:g}s\n"
             f"scrape_configs:\n  - job_name: target\n    static_configs:\n"
-            f"      - targets: ['{target}']\n"
+            f"      - targets: ['{target}']\n{storage}"
         )
     port = free_port()
     log = (data_dir.parent / f"{data_dir.name}-prometheus.log").open("w")
@@ -57,6 +61,7 @@ def running_prometheus(
             f"--web.listen-address=127.0.0.1:{port}",
             f"--storage.tsdb.retention.time={retention}",
             "--log.level=warn",
+            *(["--web.enable-remote-write-receiver"] if receive else []),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
