@@ -284,6 +284,40 @@ def _alternatives(values: list[str]) -> str:
     return promql_string("|".join(re.escape(value) for value in values))
 
 
+MAX_POD_MATCHER_BYTES: Final = 8 * 1024
+"""How long the pod and namespace matchers of one per-pod query may grow. A cluster's pods do
+not fit in one query: VictoriaMetrics refuses queries over 16 KiB by default
+(`-search.maxQueryLen`), proxies and servers limit a request's size, and one regex of 10,000
+alternatives is slow to compile. Per-pod signals are asked in batches this size (`pod_batches`),
+each a query of its own under `--prometheus.concurrency`."""
+
+
+def pod_batches(
+    pods: Iterable[tuple[str, str]], limit: int = MAX_POD_MATCHER_BYTES
+) -> list[list[tuple[str, str]]]:
+    """The (namespace, pod) pairs, sorted, in batches whose rendered matchers (`{pods}`) take at
+    most `limit` bytes (a pair longer than that alone is a batch of its own)."""
+    batches: list[list[tuple[str, str]]] = []
+    batch: list[tuple[str, str]] = []
+    namespaces: set[str] = set()
+    size = 0
+    for namespace, pod in sorted(set(pods)):
+        cost = len(_alternatives([pod])) + 1
+        if namespace not in namespaces:
+            cost += len(_alternatives([namespace])) + 1
+        if batch and size + cost > limit:
+            batches.append(batch)
+            batch, namespaces = [], set()
+            size = 0
+            cost = len(_alternatives([pod])) + len(_alternatives([namespace])) + 2
+        batch.append((namespace, pod))
+        namespaces.add(namespace)
+        size += cost
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceHistory:
     """One GPU or MIG instance held by one pod, summarised over the window."""
@@ -566,7 +600,16 @@ async def _ask_window(
         await asyncio.gather(device_answers, return_exceptions=True)
         raise
     pods = {(s.labels.get("namespace", ""), s.labels.get("pod", "")) for s in held or ()}
-    pod_answers = await asyncio.gather(*(ask(signal, pods) for signal in pod_signals if pods))
+    batches = pod_batches(pods)
+
+    async def ask_batched(signal: Signal) -> list[Sample] | None:
+        """A per-pod signal over every batch of pods; None if any batch failed."""
+        answers = await asyncio.gather(*(ask(signal, batch) for batch in batches))
+        if any(answer is None for answer in answers):
+            return None
+        return [sample for answer in answers for sample in answer or ()]
+
+    pod_answers = await asyncio.gather(*(ask_batched(signal) for signal in pod_signals if pods))
     answers = {held_signal.name: held}
     answers.update(zip([s.name for s in other_signals], await device_answers, strict=True))
     answers.update(zip([s.name for s in pod_signals if pods], pod_answers, strict=True))
