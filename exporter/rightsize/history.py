@@ -205,6 +205,14 @@ SIGNALS: Final = (
         per_pod=True,
     ),
     Signal(
+        # Tokens (prompt + output) its inference servers served over the window, from the
+        # serving rules' per-workload rate: each step's rate times the step, summed.
+        "served_tokens",
+        "sum by ({K}namespace, workload_kind, workload) "
+        "(sum_over_time(workload_model:serving_tokens:rate5m{{{m}}}[{w}:{s}]))",
+        per_term=False,
+    ),
+    Signal(
         "calibrated_flops",
         "avg by (model, dtype) (last_over_time(gpu_calibrated_flops[{w}]))",
         per_term=False,
@@ -387,6 +395,10 @@ class WorkloadHistory:
     pods: tuple[PodHistory, ...]
     cluster: str = ""
     """The cluster label's value (empty without `--cluster-label`)."""
+    served_tokens: float | None = None
+    """Tokens (prompt + output) its inference servers served over the window, from
+    `workload_model:serving_tokens:rate5m`; None when it serves none or holds GPUs of more than
+    one configuration (the tokens cannot be told apart between them)."""
 
     @property
     def devices(self) -> tuple[DeviceHistory, ...]:
@@ -639,6 +651,7 @@ def assemble(
         "dram_seconds": grouping.uuid,
         "autoscaler_min": grouping.autoscaler,
         "autoscaler_max": grouping.autoscaler,
+        "served_tokens": grouping.device[:-2],
     }
     keyed: dict[str, dict[tuple[str, ...], float]] = {}
     for name, samples in answers.items():
@@ -758,8 +771,17 @@ def assemble(
         step_seconds=step,
         quantile=quantile,
         workloads=tuple(
-            WorkloadHistory(namespace, kind, name, model, profile or None, tuple(pod_list), cluster)
-            for (cluster, namespace, kind, name, model, profile), pod_list in sorted(units.items())
+            WorkloadHistory(
+                namespace=unit[1],
+                kind=unit[2],
+                name=unit[3],
+                model=unit[4],
+                mig_profile=unit[5] or None,
+                pods=tuple(pod_list),
+                cluster=unit[0],
+                served_tokens=_served_tokens(keyed, unit, units, extra=extra, step=step),
+            )
+            for unit, pod_list in sorted(units.items())
         ),
         ceilings=ceilings,
         missing_signals=missing_signals,
@@ -767,6 +789,24 @@ def assemble(
         autoscalers=_autoscalers(answers, keyed, grouping),
         cluster_label=cluster_label,
     )
+
+
+def _served_tokens(
+    keyed: Mapping[str, Mapping[tuple[str, ...], float]],
+    unit: tuple[str, ...],
+    units: Mapping[tuple[str, ...], object],
+    *,
+    extra: int,
+    step: float,
+) -> float | None:
+    """The tokens the workload of `unit` served over the window, when it has no other GPU
+    configuration (its rate summed over the window's steps, times the step)."""
+    owner = unit[:4]
+    if sum(1 for other in units if other[:4] == owner) != 1:
+        return None
+    key = unit[:4] if extra else unit[1:4]
+    steps = keyed.get("served_tokens", {}).get(key)
+    return None if steps is None or steps <= 0 else steps * step
 
 
 def _autoscalers(

@@ -69,6 +69,9 @@ class WorkloadRow:
     """Every term's answer, the shortest first, the window's (`long_term`) last."""
     autoscaler: Autoscaler | None = None
     patch: Patch | None = None
+    tokens_per_month: float | None = None
+    """Tokens (prompt + output) its inference servers serve, scaled to a month like the cost;
+    None for a workload that serves none."""
 
     @property
     def cluster(self) -> str:
@@ -107,6 +110,19 @@ class WorkloadRow:
         if self.cost_current is None or self.cost_recommended is None:
             return None
         return self.cost_current - self.cost_recommended
+
+    @property
+    def cost_per_million_tokens_current(self) -> float | None:
+        """GPU cost per million tokens served now."""
+        return _per_million_tokens(self.cost_current, self.tokens_per_month)
+
+    @property
+    def cost_per_million_tokens_recommended(self) -> float | None:
+        """The same after the recommendation, assuming the workload serves as many tokens
+        (unchanged throughput); None when it releases its GPUs."""
+        if not self.cost_recommended:
+            return None
+        return _per_million_tokens(self.cost_recommended, self.tokens_per_month)
 
     @property
     def devices(self) -> tuple[DeviceHistory, ...]:
@@ -367,13 +383,23 @@ def _priced(
         target_price = hardware.price(recommendation.target.model)
         if cost_current is not None and target_price is not None:
             cost_recommended = sum(months) * target_price * recommendation.target.share
+    tokens = workload.served_tokens
     return WorkloadRow(
         workload,
         recommendation,
         gpus_held=sum(d.held_seconds for d in devices) / window,
         cost_current=cost_current,
         cost_recommended=cost_recommended,
+        tokens_per_month=None if tokens is None else tokens / window * HOURS_PER_MONTH * 3600,
     )
+
+
+def _per_million_tokens(
+    cost_per_month: float | None, tokens_per_month: float | None
+) -> float | None:
+    if cost_per_month is None or not tokens_per_month:
+        return None
+    return cost_per_month / tokens_per_month * 1e6
 
 
 def _money(rows: list[WorkloadRow]) -> Money:

@@ -79,6 +79,22 @@ def usd(value: float | None) -> str:
     return "-" if value is None else money_text(value)
 
 
+TOKENS_NOTE: Final = (
+    "Cost per million tokens, for workloads whose inference servers Prometheus scrapes: the GPU "
+    "cost over the tokens (prompt + output) they served in the window; after the recommendation "
+    "it assumes unchanged throughput (the same tokens on the recommended GPUs)."
+)
+
+
+def per_million_tokens(row: WorkloadRow) -> str:
+    """GPU cost per million tokens now and after the recommendation ("-" for no serving)."""
+    now = row.cost_per_million_tokens_current
+    if now is None:
+        return "-"
+    after = row.cost_per_million_tokens_recommended
+    return f"${now:,.3f} → " + ("-" if after is None else f"${after:,.3f}")
+
+
 def title(report: Report) -> str:
     return (
         f"GPU rightsizing: {format_duration(report.window_seconds)} to "

@@ -35,6 +35,8 @@ CSV_COLUMNS: Final = (
     "cost_current_usd_per_month",
     "cost_recommended_usd_per_month",
     "savings_usd_per_month",
+    "cost_current_usd_per_million_tokens",
+    "cost_recommended_usd_per_million_tokens",
     "reason",
 )
 
@@ -75,6 +77,8 @@ def format_csv(report: Report, _output: Output) -> str:
                 _cell(row.cost_current, 2),
                 _cell(row.cost_recommended, 2),
                 _cell(row.savings, 2),
+                _cell(row.cost_per_million_tokens_current),
+                _cell(row.cost_per_million_tokens_recommended),
                 recommendation.reason,
             )
         )

@@ -44,9 +44,9 @@ def format_markdown(report: Report, _output: Output) -> str:
         "",
         (
             f"| workload | GPU now | util mean | util {p} | memory peak | idle | class | recommendation "
-            "| confidence | trend | $/month now | savings/month | why |"
+            "| confidence | trend | $/month now | savings/month | $/M tokens now → after | why |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report.rows:
         cells = (
@@ -62,9 +62,12 @@ def format_markdown(report: Report, _output: Output) -> str:
             row.trend.direction if row.trend else "-",
             common.usd(row.cost_current),
             common.usd(row.savings),
+            common.per_million_tokens(row),
             row.recommendation.reason,
         )
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    if any(row.tokens_per_month for row in report.rows):
+        lines += ["", common.TOKENS_NOTE]
     if report.clusters:
         lines += [
             "",

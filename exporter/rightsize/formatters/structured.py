@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from exporter.durations import format_duration
-from exporter.rightsize.formatters.common import Format, Output, timestamp
+from exporter.rightsize.formatters.common import TOKENS_NOTE, Format, Output, timestamp
 from exporter.rightsize.settings import settings_text
 
 if TYPE_CHECKING:
@@ -154,6 +154,9 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "savings_usd_per_month": _money(row.savings),
         "cost_current_usd_per_month_per_replica": _money(row.cost_current_per_replica),
         "savings_usd_per_month_per_replica": _money(row.savings_per_replica),
+        "tokens_per_month": None if row.tokens_per_month is None else round(row.tokens_per_month),
+        "cost_current_usd_per_million_tokens": _ratio(row.cost_per_million_tokens_current),
+        "cost_recommended_usd_per_million_tokens": _ratio(row.cost_per_million_tokens_recommended),
         "patch": patch_document(row.patch),
     }
 
@@ -171,6 +174,7 @@ def report_document(report: Report) -> dict[str, Any]:
         "settings": settings_text(report.settings),
         "cluster_label": report.cluster_label,
         "min_confidence": report.min_confidence,
+        "cost_per_million_tokens": TOKENS_NOTE,
         "summary": {
             "workloads": len(report.rows),
             "left_out_below_min_confidence": report.left_out,
