@@ -72,6 +72,9 @@ CA_FILE_LIMIT: Final = 4 * 1024 * 1024
 MAX_SELECTOR_LENGTH: Final = 4096
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 """An HTTP field name (RFC 9110's token)."""
+MAX_HEADER_VALUE: Final = 8192
+"""Longest `--prometheus.header` value: servers refuse longer header lines (8 KiB is nginx's
+and Go's usual limit)."""
 _SIZE: Final = re.compile(r"(\d{1,13})\s*(B|KiB|MiB|GiB)?")
 _LABEL: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 DEFAULT_PORT: Final = 9456
@@ -243,15 +246,18 @@ def parse_username(value: object) -> str:
 
 
 def parse_headers(values: object) -> tuple[tuple[str, str], ...]:
-    """`Name: value` headers (a value may hold commas: `Accept: a, b`)."""
+    """`Name: value` headers (a value may hold commas: `Accept: a, b`). A value may be a secret
+    (a tenant, a token), so an error names the header, never its value."""
     headers: list[tuple[str, str]] = []
-    for value in listed(values):
-        spelled = text(value).strip()
-        if not spelled.isprintable():
-            raise ValueError(f"{quote(spelled)} has control characters")
-        name, colon, content = spelled.partition(":")
+    for number, value in enumerate(listed(values), 1):
+        name, colon, content = text(value).strip().partition(":")
         if not colon or not _HEADER_NAME.fullmatch(name.strip()):
-            raise ValueError(f"{quote(spelled)} is not 'Name: value'")
+            raise ValueError(f"header #{number} is not 'Name: value' (not shown: it may be secret)")
+        if not content.strip().isprintable() or len(content) > MAX_HEADER_VALUE:
+            raise ValueError(
+                f"the value of {quote(name.strip())} has control characters or is longer than "
+                f"{MAX_HEADER_VALUE} characters (not shown: it may be secret)"
+            )
         headers.append((name.strip(), content.strip()))
     return tuple(headers)
 
