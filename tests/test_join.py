@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
-from kubernetes.client import Configuration
 
 from exporter.attribution import ClusterAccess
 from exporter.attribution.cgroups import ContainerRef
+from exporter.attribution.cluster import ApiConfig
 from exporter.attribution.dra import DeviceIndex, DraDevice, ResourceSlice
 from exporter.attribution.join import Join
 from exporter.attribution.live import cluster_attributor
@@ -384,7 +384,7 @@ def test_a_failing_cycle_costs_only_the_pod_series(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = replace(ServeConfig(), procfs=PROC, pod_resources_socket=tmp_path / "absent.sock")
-    access = ClusterAccess(Configuration(host="http://127.0.0.1:9"), NODE, "test")
+    access = ClusterAccess(ApiConfig("http://127.0.0.1:9"), NODE, "test")
     attributor = cluster_attributor(config, access)
 
     def broken(*_args: object, **_kwargs: object) -> None:

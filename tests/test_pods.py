@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+import trustme
 
 from exporter.attribution import watch
 from exporter.attribution.cluster import KubernetesClient, resolve_cluster
@@ -168,7 +169,7 @@ def test_in_cluster_configuration(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("secret")
     ca = tmp_path / "ca.crt"
-    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    trustme.CA().cert_pem.write_to_path(str(ca))
     environ = {
         "KUBERNETES_SERVICE_HOST": "10.0.0.1",
         "KUBERNETES_SERVICE_PORT": "443",

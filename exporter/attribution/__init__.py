@@ -4,8 +4,9 @@ processes + their cgroups), and which pod and workload that is (Kubernetes API).
 Modules: `cgroups` (pure cgroup-path parser), `procfs` (process -> container), `pods` (the pod
 cache: list + watch), `owners` (pod -> workload), `podresources` (kubelet allocations), `join`
 (everything -> who holds and uses each GPU), `cluster` (API configuration and requests),
-`attributor` (one cycle of all of it). This module stays light: the `kubernetes` package
-costs about 20 MiB of memory and is imported only when a cluster is configured.
+`attributor` (one cycle of all of it). The daemon never imports the `kubernetes` package (about
+16 MiB resident) but for a kubeconfig whose user runs an exec plugin or an auth-provider
+(`kubeconfig`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
-    from kubernetes.client import Configuration
+    from exporter.attribution.cluster import ApiConfig
 
 IN_CLUSTER_ENV: Final = "KUBERNETES_SERVICE_HOST"
 KUBECONFIG_ENV: Final = "KUBECONFIG"
@@ -29,7 +30,7 @@ SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/to
 class ClusterAccess:
     """A usable client configuration and the node whose pods to watch."""
 
-    configuration: Configuration
+    configuration: ApiConfig
     node_name: str
     source: str
     """Where the configuration came from, for the log: in-cluster, or the kubeconfig path."""

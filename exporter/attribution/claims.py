@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
+from exporter.attribution.cluster import ApiError
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ class ClaimResources:
         (logged once per cause)."""
         try:
             return self._client.get_object(path, limit=MAX_OBJECT_BYTES, timeout=TIMEOUT_SECONDS)
-        except ApiException as error:
+        except ApiError as error:
             if error.status == _NOT_FOUND:
                 return _MISSING
             if error.status == _FORBIDDEN:

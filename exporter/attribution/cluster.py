@@ -4,28 +4,29 @@ Configuration is resolved once at start: `--kubeconfig` when given; else the in-
 account; else `$KUBECONFIG` when set; else none, and pod attribution is off. A configuration that
 exists but cannot be used is a configuration error (exit status 2).
 
-Requests go through the `kubernetes` client's own `ApiClient` (its TLS, authentication and token
-refresh) but skip its generated API classes and models: importing `CoreV1Api` alone costs ~22 MiB,
-and turning 200 pods into model objects costs more CPU than the whole sampling cycle. Bodies are
-read as JSON and only the fields gpuscope needs are kept (`exporter.attribution.pod`).
+The daemon asks the API server for three things only (its node's pods and ResourceSlices, list
+and watch, and a claim or DeviceClass now and then), as GETs answered with JSON, so it speaks
+HTTP through urllib3 itself and reads the service account and kubeconfigs itself
+(`exporter.attribution.kubeconfig`): the `kubernetes` package would cost every GPU node ~16 MiB
+of resident memory for that (its client, models and configuration loaders). Only a kubeconfig
+whose user authenticates through an `exec` plugin or an `auth-provider` is handed to that
+package's loader, imported then and only then, so such kubeconfigs work exactly as with kubectl's
+Python client. Bodies are read as JSON and only the fields gpuscope needs are kept
+(`exporter.attribution.pod`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlencode
 
-import yaml
-from kubernetes.client import ApiClient, Configuration
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.config.incluster_config import (
-    SERVICE_CERT_FILENAME,
-    InClusterConfigLoader,
-)
-from kubernetes.config.kube_config import load_kube_config
+import urllib3
 
 from exporter import documents
 from exporter.attribution import (
@@ -38,15 +39,68 @@ from exporter.attribution import (
 from exporter.config import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from urllib3 import BaseHTTPResponse
 
 PODS_PATH: Final = "/api/v1/pods"
-MAX_KUBECONFIG_BYTES: Final = 4 * 2**20
-"""A kubeconfig with embedded certificates is a few KiB; many clusters, still far below this."""
-_KUBECONFIG_KEYS: Final = ("clusters", "contexts", "users")
-_KUBECONFIG_KEYS_TEXT: Final = "clusters, contexts and users"
+SERVICE_CA: Final = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+IN_CLUSTER_PORT_ENV: Final = "KUBERNETES_SERVICE_PORT"
+TOKEN_SECONDS: Final = 60.0
+"""A token file (the service account's is rotated by the kubelet) is read again after this long."""
+MAX_TOKEN_BYTES: Final = 64 * 1024
+
+
+class ApiError(Exception):
+    """The API server answered with a status outside 2xx."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(status, reason)
+        self.status = status
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """How to reach one API server: its URL, TLS and the Authorization header."""
+
+    host: str
+    """`https://10.0.0.1:443`, no trailing slash."""
+    tls: ssl.SSLContext | None = None
+    """Server verification and client certificate; None for a plain-HTTP server."""
+    tls_server_name: str | None = None
+    """The name the server's certificate is checked against, when not the host's."""
+    proxy: str | None = None
+    authorization: Callable[[], str | None] = lambda: None
+    """The Authorization header of the next request (a token is re-read when due)."""
+
+
+class TokenFile:
+    """A bearer token read from a file, again every `TOKEN_SECONDS` (tokens are rotated)."""
+
+    def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = path
+        self._clock = clock
+        self._header = self._read()
+        self._read_at = clock()
+
+    def _read(self) -> str:
+        token = documents.decode(documents.read_bounded(Path(self._path), MAX_TOKEN_BYTES)).strip()
+        if not token:
+            raise documents.Invalid("", "the token file is empty")
+        return f"Bearer {token}"
+
+    def __call__(self) -> str:
+        if self._clock() - self._read_at >= TOKEN_SECONDS:
+            try:  # a token being rotated: keep the last one until the new one reads
+                self._header = self._read()
+                self._read_at = self._clock()
+            except documents.Invalid:
+                pass
+        return self._header
 
 
 def resolve_cluster(
@@ -55,30 +109,24 @@ def resolve_cluster(
     node_name: str | None,
     environ: Mapping[str, str],
     token_file: str = SERVICE_ACCOUNT_TOKEN,
-    ca_file: str = SERVICE_CERT_FILENAME,
+    ca_file: str = SERVICE_CA,
 ) -> ClusterAccess | None:
     """The cluster to attribute pods from, or None when there is no cluster configuration.
 
     Raises `ConfigError` for a configuration that is given but unusable, or a missing node name.
     """
+    from exporter.attribution.kubeconfig import load_kubeconfig  # noqa: PLC0415 - with a cluster only
+
     if not cluster_configured(kubeconfig, environ, token_file=token_file):
         return None
-    configuration = Configuration()
     if kubeconfig is not None:
-        _load_kubeconfig(str(kubeconfig), configuration, "--kubeconfig")
+        configuration = load_kubeconfig(str(kubeconfig), "--kubeconfig")
         source = str(kubeconfig)
     elif environ.get(IN_CLUSTER_ENV) and os.path.isfile(token_file):
-        try:
-            InClusterConfigLoader(
-                token_filename=token_file, cert_filename=ca_file, environ=environ
-            ).load_and_set(configuration)
-        except (ConfigException, OSError) as error:
-            raise ConfigError(
-                "in-cluster configuration", f"{error} (is the service account token mounted?)"
-            ) from error
+        configuration = in_cluster(environ, token_file, ca_file)
         source = "in-cluster"
     else:
-        _load_kubeconfig(environ[KUBECONFIG_ENV], configuration, KUBECONFIG_ENV)
+        configuration = load_kubeconfig(environ[KUBECONFIG_ENV], KUBECONFIG_ENV)
         source = environ[KUBECONFIG_ENV]
     if not node_name:
         raise ConfigError(
@@ -89,50 +137,53 @@ def resolve_cluster(
     return ClusterAccess(configuration, node_name, source)
 
 
-def _load_kubeconfig(path: str, configuration: Configuration, setting: str) -> None:
-    _check_kubeconfig(path, setting)
+def in_cluster(environ: Mapping[str, str], token_file: str, ca_file: str) -> ApiConfig:
+    """The service account's configuration: the API server from the environment Kubernetes
+    gives every pod, its token (re-read as the kubelet rotates it) and its CA."""
+
+    def refused(problem: str) -> ConfigError:
+        return ConfigError(
+            "in-cluster configuration", f"{problem} (is the service account token mounted?)"
+        )
+
+    host, port = environ.get(IN_CLUSTER_ENV, ""), environ.get(IN_CLUSTER_PORT_ENV, "")
+    if not host or not port:
+        raise refused(f"{IN_CLUSTER_ENV} or {IN_CLUSTER_PORT_ENV} is not set")
     try:
-        # persist_config=False: never write refreshed credentials back into the user's file.
-        load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
-    except yaml.YAMLError as error:
-        raise ConfigError(setting, f"{path}: not valid YAML") from error
-    except (TypeError, AttributeError, KeyError) as error:
-        # the loader meets a mapping of the wrong shape with Python's own errors
-        raise ConfigError(
-            setting,
-            f"{path} is not a kubeconfig: its {_KUBECONFIG_KEYS_TEXT} are not lists of "
-            "named entries",
-        ) from error
-    except (ConfigException, OSError, ValueError) as error:
-        problem = error.strerror if isinstance(error, OSError) and error.strerror else error
-        raise ConfigError(setting, f"{path}: {problem}") from error
+        token = TokenFile(token_file)
+    except (documents.Invalid, OSError) as error:
+        raise refused(f"{token_file}: {_problem(error)}") from error
+    try:
+        context = tls_context(ca_file=ca_file)
+    except (ssl.SSLError, OSError, ValueError) as error:
+        raise refused(f"{ca_file}: {_problem(error)}") from error
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return ApiConfig(f"https://{netloc}", tls=context, authorization=token)
 
 
-def _check_kubeconfig(paths: str, setting: str) -> None:
-    """Refuse, in one line, a file that is not a kubeconfig (a key, a binary, anything huge)
-    before the client's loader reads it whole and fails inside on a Python error: each file is
-    read bounded and strict, its text never quoted (it holds credentials). `paths` may list
-    several files, as $KUBECONFIG does; the loader skips those that do not exist."""
-
-    def refused(message: str) -> ConfigError:
-        return ConfigError(setting, message)
-
-    for path in filter(None, paths.split(os.pathsep)):
-        expanded = Path(path).expanduser()
-        if expanded.exists() and os.access(expanded, os.R_OK):  # else the loader says why
-            documents.load_file(
-                expanded,
-                _kubeconfig,
-                refused,
-                limit=MAX_KUBECONFIG_BYTES,
-                secret=True,
-                source=f"{path} is not a kubeconfig",
-            )
+def tls_context(
+    *,
+    ca_file: str | None = None,
+    ca_data: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    verify: bool = True,
+) -> ssl.SSLContext:
+    """A client TLS context: the server checked against the CA given (else the system's), and a
+    client certificate if given; `verify` False checks nothing (insecure-skip-tls-verify)."""
+    context = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if cert_file is not None:
+        context.load_cert_chain(cert_file, key_file)
+    return context
 
 
-def _kubeconfig(document: object) -> None:
-    if not isinstance(document, dict) or not any(key in document for key in _KUBECONFIG_KEYS):
-        raise documents.Invalid("", f"expected a mapping of {_KUBECONFIG_KEYS_TEXT}")
+def _problem(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
 
 
 class KubernetesClient:
@@ -140,33 +191,45 @@ class KubernetesClient:
     from a thread, never from the event loop."""
 
     def __init__(self, access: ClusterAccess) -> None:
-        self._api = ApiClient(access.configuration)
+        config = access.configuration
+        self._config = config
+        options: dict[str, Any] = {"maxsize": 2, "block": False}
+        if config.tls is not None:
+            options["ssl_context"] = config.tls
+            options["cert_reqs"] = config.tls.verify_mode
+            if config.tls_server_name:
+                options["server_hostname"] = config.tls_server_name
+            if not config.tls.check_hostname and config.tls.verify_mode == ssl.CERT_NONE:
+                options["assert_hostname"] = False
+        self._pool: urllib3.PoolManager = (
+            _proxy_manager(config.proxy, options)
+            if config.proxy
+            else urllib3.PoolManager(**options)
+        )
 
     def get(
         self, path: str, query: list[tuple[str, str]], *, timeout: tuple[float, float]
     ) -> BaseHTTPResponse:
-        """The response to `GET path?query`; raises `ApiException` for a status outside 2xx and
+        """The response to `GET path?query`; raises `ApiError` for a status outside 2xx and
         urllib3's errors for a connection that fails."""
-        method, url, headers, body, post_params = self._api.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = self._api.call_api(
-            method,
+        headers = {"Accept": "application/json", "User-Agent": "gpuscope"}
+        authorization = self._config.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        url = self._config.host + path + (f"?{urlencode(query)}" if query else "")
+        response = self._pool.request(
+            "GET",
             url,
-            header_params=headers,
-            body=body,
-            post_params=post_params,
-            _request_timeout=timeout,
+            headers=headers,
+            timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
+            preload_content=False,
+            redirect=False,
         )
         if not 200 <= response.status <= 299:
-            response.read()
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
-        raw: BaseHTTPResponse = response.response
-        return raw
+            response.drain_conn()
+            response.release_conn()
+            raise ApiError(response.status, response.reason or "")
+        return response
 
     def get_object(self, path: str, *, limit: int, timeout: tuple[float, float]) -> object:
         """One object's JSON (`GET path`), read at most `limit` bytes; raises as `get` does, and
@@ -178,7 +241,15 @@ class KubernetesClient:
             response.release_conn()
 
     def close(self) -> None:
-        self._api.close()
+        self._pool.clear()
+
+
+def _proxy_manager(proxy: str, options: dict[str, Any]) -> urllib3.PoolManager:
+    if proxy.startswith("socks"):
+        from urllib3.contrib.socks import SOCKSProxyManager  # noqa: PLC0415 - needs PySocks
+
+        return SOCKSProxyManager(proxy, **options)
+    return urllib3.ProxyManager(proxy, **options)
 
 
 class AnswerTooLarge(ValueError):

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
 
-from exporter.attribution.cluster import AnswerTooLarge, read_bounded
+from exporter.attribution.cluster import AnswerTooLarge, ApiError, read_bounded
 from exporter.documents import size_text
 from exporter.logs import LogOnce
 from exporter.model import WatchStatus
@@ -237,7 +236,7 @@ class ListWatch(Generic[T, V]):
                 [("fieldSelector", self.kind.selector), *query],
                 timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
             )
-        except ApiException as error:
+        except ApiError as error:
             if error.status == GONE:
                 raise _Expired from error
             if self.kind.optional and error.status in ABSENT_STATUS:
@@ -321,7 +320,7 @@ class ListWatch(Generic[T, V]):
             code = obj.get("code")
             if code == GONE:
                 raise _Expired
-            raise ApiException(
+            raise ApiError(
                 status=code if isinstance(code, int) else 0, reason=str(obj.get("message", ""))
             )
         version = (obj.get("metadata") or {}).get("resourceVersion")
@@ -370,7 +369,7 @@ class ListWatch(Generic[T, V]):
                 },
             )
 
-    def _turn_off(self, error: ApiException) -> None:
+    def _turn_off(self, error: ApiError) -> None:
         with self._lock:
             self._off = True
             self._up = False
@@ -394,7 +393,7 @@ class ListWatch(Generic[T, V]):
         wait = self._backoff[min(attempt, len(self._backoff) - 1)]
         noun, resource = self.kind.noun, self.kind.resource
         fields: dict[str, object] = {"selector": self.kind.selector, "attempt": self._failures}
-        if isinstance(error, ApiException) and error.status not in RETRYABLE_STATUS:
+        if isinstance(error, ApiError) and error.status not in RETRYABLE_STATUS:
             wait = self._backoff[-1]
             fields["status"] = error.status
             fields["reason"] = str(error.reason)
@@ -417,7 +416,7 @@ class ListWatch(Generic[T, V]):
 
 
 def _describe(error: Exception) -> str:
-    if isinstance(error, ApiException):
+    if isinstance(error, ApiError):
         return f"HTTP {error.status} {error.reason}"
     reason = getattr(error, "reason", None)
     return f"{type(error).__name__}: {reason or error}"
