@@ -27,7 +27,6 @@ from exporter.calibrate import options as calibrate_options
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
-from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
 from exporter.web.server import (
@@ -109,7 +108,7 @@ def serve(args: argparse.Namespace) -> int:
         settings = config.load(flags)
         driver = open_driver(settings)
         cluster = open_cluster(settings, os.environ)
-    except (ConfigError, FleetError) as error:
+    except (ConfigError, BadFleet) as error:
         return _fail(str(error), 2)
     try:
         catalog = catalog_from_file(settings.catalog_file)
@@ -141,20 +140,31 @@ def calibrate(args: argparse.Namespace) -> int:
         return _fail(str(error), error.status)
 
 
+class BadFleet(Exception):
+    """`--simulate`'s fleet cannot be simulated; `str()` is the fleet's one-line error."""
+
+
 def open_driver(settings: ServeConfig) -> NvmlDriver:
     """The real NVML, or the simulator when `--simulate` is given."""
     if settings.simulate is None:
         return system_driver()
-    if settings.simulate.isdigit():
-        return SimulatedNvml(default_fleet(int(settings.simulate)))
-    return SimulatedNvml(load_fleet(Path(settings.simulate)))
+    # The simulator (~2 MiB) is imported only to simulate: a GPU node never loads it.
+    from exporter.simulator import FleetError, SimulatedNvml, default_fleet, load_fleet  # noqa: PLC0415
+
+    try:
+        if settings.simulate.isdigit():
+            return SimulatedNvml(default_fleet(int(settings.simulate)))
+        return SimulatedNvml(load_fleet(Path(settings.simulate)))
+    except FleetError as error:
+        raise BadFleet(str(error)) from error
 
 
 def open_cluster(settings: ServeConfig, environ: Mapping[str, str]) -> ClusterAccess | None:
     """The Kubernetes cluster to attribute pods from; None (attribution off) without one."""
     if not cluster_configured(settings.kubeconfig, environ):
         return None
-    # The kubernetes client costs ~16 MiB: imported only when there is a cluster.
+    # Attribution's modules (its HTTP/2 and protobuf for the kubelet, urllib3 for the API
+    # server: ~5 MiB) are imported only when there is a cluster.
     from exporter.attribution.cluster import resolve_cluster  # noqa: PLC0415
 
     return resolve_cluster(
@@ -181,7 +191,7 @@ async def _serve(
             driver,
             catalog=catalog,
             cluster=cluster,
-            fleet=driver.fleet if isinstance(driver, SimulatedNvml) else None,
+            fleet=getattr(driver, "fleet", None),
             security=security,
         ),
         access_log=None,

@@ -335,7 +335,9 @@ def test_an_unusable_kubeconfig_is_one_line(
     assert "\n" not in message
 
 
-def test_the_daemon_never_imports_the_kubernetes_package(tmp_path: Path, plain: Recorder) -> None:
+def test_the_daemon_never_imports_the_kubernetes_package_nor_the_simulator(
+    tmp_path: Path, plain: Recorder
+) -> None:
     path = kubeconfig(tmp_path / "config", {"server": url(plain, "http")}, {"token": "t"})
     program = (
         "import sys\n"
@@ -345,8 +347,9 @@ def test_the_daemon_never_imports_the_kubernetes_package(tmp_path: Path, plain: 
         f"access = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
         "KubernetesClient(access).get_object('/api/v1/pods', limit=1024, timeout=(5, 5))\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] == 'kubernetes'))\n"
+        "print(sorted(name for name in sys.modules if name.startswith('exporter.simulator')))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
     )
-    assert result.stdout.strip() == "[]"
+    assert result.stdout.split() == ["[]", "[]"], "nor the simulator"
