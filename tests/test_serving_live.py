@@ -165,3 +165,38 @@ def test_the_rollout_shows_both_revisions(stack: tuple[Prometheus, float]) -> No
         "rerank-5d4c8b7f6",
         "rerank-7b9f6c8d5",
     ]
+
+
+def test_pods_energies_add_up_to_each_gpus(stack: tuple[Prometheus, float]) -> None:
+    """Between two scrapes, the pods' energy counters and the unattributed one of a GPU grow by
+    what its own energy counter grows (the same scrape's samples, so no extrapolation)."""
+    prometheus, _ = stack
+
+    def by_gpu(expr: str, at: float) -> dict[str, float]:
+        answer = prometheus.query(f"sum by (uuid) ({expr})", at=at)
+        return {row["metric"]["uuid"]: float(row["value"][1]) for row in answer["data"]["result"]}
+
+    def parts(at: float) -> dict[str, float]:
+        pods = by_gpu("gpu_pod_energy_joules_total", at)
+        rest = by_gpu("gpu_unattributed_energy_joules_total", at)
+        return {uuid: pods.get(uuid, 0.0) + rest.get(uuid, 0.0) for uuid in pods | rest}
+
+    gpus = set(by_gpu("gpu_energy_joules_total", time.time()))
+    wait_until(
+        "ten scrapes of every GPU's energy",
+        lambda: set(by_gpu("gpu_energy_joules_total", time.time() - 10 * SCRAPE_SECONDS)) == gpus,
+        60,
+    )
+    now = time.time()
+    before, after = now - 10 * SCRAPE_SECONDS, now
+    grown = {
+        uuid: used - by_gpu("gpu_energy_joules_total", before)[uuid]
+        for uuid, used in by_gpu("gpu_energy_joules_total", after).items()
+    }
+    shared = {uuid: used - parts(before).get(uuid, 0.0) for uuid, used in parts(after).items()}
+    assert set(shared) == set(grown)
+    assert any(number > 0 for number in grown.values())
+    for uuid, number in grown.items():
+        assert shared[uuid] == pytest.approx(number, rel=1e-6, abs=1e-6), uuid
+    pods = by_gpu("gpu_pod_energy_joules_total", after)
+    assert len(pods) >= 3, "the exclusive and the time-sliced GPUs' pods have energy"
