@@ -16,7 +16,6 @@ from dashboards.panels import (
     Column,
     Query,
     bargauge,
-    heatmap,
     piechart,
     stat,
     steps,
@@ -144,8 +143,8 @@ def make() -> Json:
         8,
         timeseries(
             "GPUs held, by workload",
-            "Devices allocated to each workload (stacked).",
-            Query(f"sum by (namespace, workload) ({held})", "{{namespace}}/{{workload}}"),
+            "Devices allocated to each of the 10 workloads holding the most at each instant (stacked).",
+            Query(f"topk(10, sum by (namespace, workload) ({held}))", "{{namespace}}/{{workload}}"),
             stack=True,
         ),
     )
@@ -154,8 +153,8 @@ def make() -> Json:
         8,
         timeseries(
             "Busy GPU-equivalents, by workload",
-            "Kernel time of each workload's pods, from the integrated per-pod counters' 5-minute rates (stacked).",
-            Query(f"sum by (namespace, workload) ({busy})", "{{namespace}}/{{workload}}"),
+            "Kernel time of the pods of each of the 10 busiest workloads at each instant, from the integrated per-pod counters' 5-minute rates (stacked).",
+            Query(f"topk(10, sum by (namespace, workload) ({busy}))", "{{namespace}}/{{workload}}"),
             stack=True,
         ),
     )
@@ -164,9 +163,9 @@ def make() -> Json:
         8,
         bargauge(
             "GPU-hours held in range, by workload",
-            "Device-hours allocated to each workload over the dashboard's time range.",
+            "Device-hours allocated over the dashboard's time range to the 20 workloads that held the most.",
             Query(
-                f"sort_desc({range_hours(f'sum by (namespace, workload) ({held})')})",
+                f"sort_desc(topk(20, {range_hours(f'sum by (namespace, workload) ({held})')}))",
                 "{{namespace}}/{{workload}}",
             ),
             unit=GPU_HOURS,
@@ -191,14 +190,14 @@ def make() -> Json:
     layout.add(
         12,
         8,
-        heatmap(
+        timeseries(
             "Utilization distribution",
-            "How busy each workload keeps the devices it holds over time (busy GPU-equivalents over devices held, from the integrated per-pod counters' 5-minute rates), bucketed by 10%.",
+            "Workloads by how busy they keep the devices they hold (busy GPU-equivalents over devices held, from the integrated per-pod counters' 5-minute rates), in steps of 10%: 0.3 counts the workloads over 20% and up to 30% busy (stacked).",
             Query(
-                f"{busy} / {held}",
-                "{{namespace}}/{{workload}} ({{model}})",
+                f'count_values("utilization", ceil(10 * ({busy} / {held})) / 10)',
+                "up to {{utilization}}",
             ),
-            unit="percentunit",
+            stack=True,
         ),
     )
     layout.add(
