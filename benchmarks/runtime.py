@@ -9,6 +9,7 @@ kubernetes-validate and with it jsonschema, about 2 MiB more per daemon).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".cache" / "bench-runtime"
@@ -38,10 +39,12 @@ def runtime_python() -> str:
 
 
 @contextlib.contextmanager
-def serving(flags: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def serving(
+    flags: list[str], log: Path, *, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """Run `gpuscope serve` with `flags` from the runtime venv, on a free loopback port, with its
-    stderr in `log`; yield it and the port it logged. SIGTERM at the end. A daemon that does not
-    start raises RuntimeError with its log."""
+    stderr in `log` (and `env` added to its environment); yield it and the port it logged.
+    SIGTERM at the end. A daemon that does not start raises RuntimeError with its log."""
     command = [
         runtime_python(),
         "-m",
@@ -52,7 +55,9 @@ def serving(flags: list[str], log: Path) -> Iterator[tuple[subprocess.Popen[byte
         *flags,
     ]
     with log.open("w") as stderr:
-        daemon = subprocess.Popen(command, stderr=stderr, cwd=ROOT)
+        daemon = subprocess.Popen(
+            command, stderr=stderr, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
         try:
             yield daemon, _logged_port(daemon, log)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import gc
 import logging
 import os
@@ -102,8 +103,29 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
+M_ARENA_MAX: Final = -8
+"""glibc's mallopt() parameter for the number of malloc arenas."""
+MALLOC_ARENAS: Final = 2
+
+
+def fewer_malloc_arenas(environ: Mapping[str, str]) -> bool:
+    """Ask glibc for `MALLOC_ARENAS` malloc arenas: it gives each thread that allocates an arena
+    of its own (up to 8 per core) and keeps the pages each arena ever held, which with a thread
+    per GPU costs 1-2 MiB resident for nothing (the GIL serialises Python's allocations anyway).
+    Called before any thread starts; `MALLOC_ARENA_MAX` in the environment, set by whoever runs
+    the daemon, wins; a C library without mallopt() is left alone. Whether it was asked."""
+    if "MALLOC_ARENA_MAX" in environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))
+
+
 def serve(args: argparse.Namespace) -> int:
     flags = {key: value for key, value in vars(args).items() if key != "command"}
+    fewer_malloc_arenas(os.environ)
     try:
         settings = config.load(flags)
         driver = open_driver(settings)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,11 +80,13 @@ class ApiConfig:
 
 
 class TokenFile:
-    """A bearer token read from a file, again every `TOKEN_SECONDS` (tokens are rotated)."""
+    """A bearer token read from a file, again every `TOKEN_SECONDS` (tokens are rotated). The
+    watch threads and the kubelet poller share one: locked."""
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._path = path
         self._clock = clock
+        self._lock = threading.Lock()
         self._header = self._read()
         self._read_at = clock()
 
@@ -94,13 +97,14 @@ class TokenFile:
         return f"Bearer {token}"
 
     def __call__(self) -> str:
-        if self._clock() - self._read_at >= TOKEN_SECONDS:
-            try:  # a token being rotated: keep the last one until the new one reads
-                self._header = self._read()
-                self._read_at = self._clock()
-            except documents.Invalid:
-                pass
-        return self._header
+        with self._lock:
+            if self._clock() - self._read_at >= TOKEN_SECONDS:
+                try:  # a token being rotated: keep the last one until the new one reads
+                    self._header = self._read()
+                    self._read_at = self._clock()
+                except (documents.Invalid, OSError):
+                    self._read_at = self._clock()  # and ask again a minute later
+            return self._header
 
 
 def resolve_cluster(
