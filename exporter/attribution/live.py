@@ -108,7 +108,11 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
             batch_seconds=batch_seconds,
         )
         devices = slices
-        claims = ClaimResources(KubernetesClient(access), active=lambda: not slices.off)
+        # A claim is read only once the ResourceSlices' first list says the cluster serves DRA:
+        # a cluster without resource.k8s.io is never asked for a claim.
+        claims = ClaimResources(
+            KubernetesClient(access), active=lambda: slices.answered and not slices.off
+        )
     return Attributor(
         access.node_name,
         pods,

@@ -174,6 +174,12 @@ class ListWatch(Generic[T, V]):
         with self._lock:
             return self._off
 
+    @property
+    def answered(self) -> bool:
+        """The API server answered the first list, or turned an optional kind off."""
+        with self._lock:
+            return self._current_at is not None or self._off
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
