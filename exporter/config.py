@@ -84,11 +84,11 @@ class ServeConfig:
     collector_device: bool = True
     collector_clocks: bool = True
     collector_health: bool = True
-    collector_processes: bool = True
+    collector_processes: bool = False
     collector_gpm: bool = True
     collector_mig: bool = True
     collector_pcie: bool = True
-    collector_nvlink: bool = True
+    collector_nvlink: bool = False
     collector_events: bool = True
     collector_attribution: bool = True
     process_names: bool = False
@@ -193,7 +193,26 @@ COLLECTORS: Final = (
     ("events", "the thread waiting for XID and ECC events"),
     ("attribution", "pods, allocations and workloads (with a Kubernetes cluster)"),
 )
-"""Every collector a user can switch, and what it reads (all on by default)."""
+"""Every collector a user can switch, and what it reads (on by default but `OFF_BY_DEFAULT`)."""
+
+OFF_BY_DEFAULT: Final = frozenset({"processes", "nvlink"})
+"""Collectors whose series would take a default node past `BUDGET_SERIES`: NVLink's per-link
+series (an 8-H100 node: 864 of them, 18 links x 6 counters per GPU), and per-process series
+(2 per process, new ones with every pid: on a Kubernetes node the per-pod series say the same
+per container). `benchmarks/series.py` measures what each collector adds."""
+
+BUDGET_SERIES: Final = 1_500
+"""Series one default node may serve: 8 GPUs, 64 processes and 200 pods on it, 64 of them using
+GPUs (`benchmarks/series.py`); what a 1,000-node fleet pays per node in its metrics store."""
+
+PROFILES: Final = {
+    "lean": ("--no-collector.pcie",),
+    "default": (),
+    "full": ("--collector.processes", "--collector.nvlink"),
+}
+"""The chart's `daemon.profile` values and the flags each adds. `lean`: what the cluster and
+workload dashboards, the alerts and `gpuscope rightsize` read, nothing else; `full`: every
+collector (dcgm-exporter's series stay `compat.dcgm`'s choice)."""
 
 SETTINGS: Final[tuple[Setting, ...]] = (
     Setting(
@@ -406,6 +425,11 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
         raise ConfigError(
             "--compat.dcgm-counters", "it chooses what --compat.dcgm serves, and that is off"
         )
+    if config.process_names and not config.collector_processes:
+        raise ConfigError(
+            "--collect.process-names",
+            "it labels the per-process series, and --collector.processes is off (the default)",
+        )
     return config
 
 
@@ -416,6 +440,21 @@ def settings_table() -> str:
 
 def collectors_table() -> str:
     """The Markdown table of collectors for the README."""
-    rows = ["| collector | reads | switch off with |", "|---|---|---|"]
-    rows.extend(f"| `{name}` | {what} | `--no-collector.{name}` |" for name, what in COLLECTORS)
+    rows = ["| collector | reads | by default | switch with |", "|---|---|---|---|"]
+    rows.extend(
+        f"| `{name}` | {what} | off | `--collector.{name}` |"
+        if name in OFF_BY_DEFAULT
+        else f"| `{name}` | {what} | on | `--no-collector.{name}` |"
+        for name, what in COLLECTORS
+    )
+    return "\n".join(rows)
+
+
+def profiles_table() -> str:
+    """The Markdown table of the chart's collector profiles for the README."""
+    rows = ["| `daemon.profile` | flags it adds |", "|---|---|"]
+    rows.extend(
+        f"| `{name}` | {', '.join(f'`{flag}`' for flag in flags) or 'none: the defaults'} |"
+        for name, flags in PROFILES.items()
+    )
     return "\n".join(rows)

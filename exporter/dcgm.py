@@ -345,7 +345,8 @@ FIELDS: Final[tuple[Field, ...]] = (
         totals=(NVLINK_TRANSMIT_TOTAL, NVLINK_RECEIVE_TOTAL),
         default=True,
         note="bytes sent and received over every link since the driver loaded, payload only "
-        "(DCGM also counts packet headers); absent on GPUs without NVLink",
+        "(DCGM also counts packet headers); absent on GPUs without NVLink, and unless the "
+        "`nvlink` collector, off by default, is on (`--collector.nvlink`, chart profile `full`)",
     ),
     _field(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from exporter.calibrate.options import settings_table as calibrate_settings_table  # noqa: E402
-from exporter.config import collectors_table, settings_table  # noqa: E402
+from exporter.config import collectors_table, profiles_table, settings_table  # noqa: E402
 from exporter.dcgm import fields_table as dcgm_fields_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
 from exporter.rightsize.options import server_settings_table  # noqa: E402
@@ -35,6 +35,7 @@ README = ROOT / "README.md"
 SECTIONS: dict[str, Callable[[], str]] = {
     "serve-flags": settings_table,
     "collectors": collectors_table,
+    "profiles": profiles_table,
     "metrics": metrics_table,
     "dcgm-fields": dcgm_fields_table,
     "calibrate-flags": calibrate_settings_table,

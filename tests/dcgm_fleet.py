@@ -94,6 +94,7 @@ async def dcgm_exposition(counters: CountersFile | None = None) -> Exposition:
         compat_dcgm=True,
         dcgm_counters=counters,
         node_name=NODE,
+        collector_nvlink=True,  # off by default; NVLink bandwidth's total is made from its links
     )
     sampling = SamplingLoop(
         config,

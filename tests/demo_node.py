@@ -263,7 +263,10 @@ DEMO_NODES: Final = (
     Node(
         "sim-a",
         FLEET,
-        (f"--calibration.path={ROOT / 'tests' / 'fixtures' / 'calibration'}",),
+        (
+            f"--calibration.path={ROOT / 'tests' / 'fixtures' / 'calibration'}",
+            "--collector.processes",  # off by default; the Node dashboard's Processes table
+        ),
         cluster=demo_cluster,
     ),
     Node("sim-b", FLEETS / "broken-node.yaml"),  # NVML never initialises

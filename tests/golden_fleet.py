@@ -38,7 +38,10 @@ async def golden_exposition() -> Exposition:
     wall = lambda: WALL_START + clock()  # noqa: E731 - a clock is a function
     driver = SimulatedNvml(load_fleet(FLEETS / "golden.yaml"), clock=clock, wall=wall)
     sampling = SamplingLoop(
-        replace(ServeConfig(), collect_interval=1.0),
+        # every collector, the ones off by default too: the golden file holds every family
+        replace(
+            ServeConfig(), collect_interval=1.0, collector_processes=True, collector_nvlink=True
+        ),
         driver,
         build=BuildInfo(version="0.0.0+golden", python_version="3.11.0"),
         clock=clock,

@@ -143,7 +143,10 @@ def test_every_setting_has_a_flag_in_help() -> None:
 
 
 def test_collectors_switch_off_by_flag_environment_file_and_the_old_alias(tmp_path: Path) -> None:
-    assert load([]).collectors == {name for name, _ in config.COLLECTORS}
+    assert load([]).collectors == {name for name, _ in config.COLLECTORS} - config.OFF_BY_DEFAULT
+    assert {"processes", "nvlink"} <= load(
+        ["--collector.processes", "--collector.nvlink"]
+    ).collectors
     assert "gpm" not in load(["--no-collector.gpm"]).collectors
     assert "gpm" not in load(["--collector.gpm=false"]).collectors
     assert "gpm" in load(["--no-collector.gpm", "--collector.gpm"]).collectors, "the last wins"
@@ -151,6 +154,7 @@ def test_collectors_switch_off_by_flag_environment_file_and_the_old_alias(tmp_pa
     file = tmp_path / "gpuscope.yaml"
     file.write_text("collector:\n  pcie: false\n  events: off\n")
     assert {"pcie", "events"}.isdisjoint(load([f"--config.file={file}"]).collectors)
+    assert "processes" in load(["--collect.processes=true"]).collectors
     assert "processes" not in load(["--collect.processes=false"]).collectors
     with pytest.raises(ConfigError, match=r"invalid --collector\.gpm"):
         load(["--collector.gpm=sometimes"])

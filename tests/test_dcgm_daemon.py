@@ -116,6 +116,7 @@ def test_every_default_field_from_the_drivers_answers(fake_lib_dir: Path, tmp_pa
     node().write(path)
     with running_daemon(
         "--compat.dcgm",
+        "--collector.nvlink",  # off by default: NVLink bandwidth's total is made from its links
         f"--kubernetes.node-name={NODE}",
         "--collect.interval=200ms",
         env=fake_env(fake_lib_dir, path),
@@ -344,6 +345,7 @@ def test_every_other_field_a_counters_file_can_ask_for(fake_lib_dir: Path, tmp_p
     with running_daemon(
         "--compat.dcgm",
         f"--compat.dcgm-counters={counters}",
+        "--collector.nvlink",  # off by default: the NVLink fields are made from its links
         "--collect.interval=200ms",
         env=fake_env(fake_lib_dir, state),
     ) as daemon:

@@ -47,7 +47,9 @@ def run(
 
 
 def test_simulated_node_serves_realistic_metrics_that_pass_promtool() -> None:
-    with running_daemon(f"--simulate={EXAMPLE_FLEET}", "--collect.interval=200ms") as daemon:
+    with running_daemon(
+        f"--simulate={EXAMPLE_FLEET}", "--collect.interval=200ms", "--collector.processes"
+    ) as daemon:
         daemon.wait_ready()
         text = daemon.wait_cycles(5)  # GPM activity needs two samples; utilization settles
         status, headers, openmetrics = daemon.get(

@@ -118,7 +118,11 @@ def test_a_function_missing_from_the_driver_drops_only_its_series(tmp_path: Path
         ],
     )
     state = node_state().write(tmp_path / "state")
-    with running_daemon("--collect.interval=100ms", env=fake_env(old_driver, state)) as daemon:
+    with running_daemon(
+        "--collect.interval=100ms",
+        "--collector.processes",  # off by default: gpu_processes shows the older process list
+        env=fake_env(old_driver, state),
+    ) as daemon:
         daemon.wait_ready()
         text = daemon.wait_cycles(5)  # cycles enough to log it again, were it logged per cycle
     assert not series(text, "gpu_energy_joules_total"), "a missing function: series absent, not 0"

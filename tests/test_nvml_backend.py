@@ -25,7 +25,9 @@ def test_values_read_through_real_pynvml(fake_lib_dir: Path, tmp_path: Path) -> 
     state = node_state().write(tmp_path / "state")
     # One cycle only: the fake's per-process samples are fixed, so a second cycle would rightly
     # find nothing newer (process utilization is per sampling window).
-    with running_daemon("--collect.interval=10m", env=fake_env(fake_lib_dir, state)) as daemon:
+    with running_daemon(
+        "--collect.interval=10m", "--collector.processes", env=fake_env(fake_lib_dir, state)
+    ) as daemon:
         daemon.wait_ready()
         text = daemon.metrics()
     gpu0 = {"gpu": "0"}

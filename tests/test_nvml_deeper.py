@@ -133,7 +133,9 @@ def test_gpm_mig_throttle_and_health_through_real_pynvml(
     fake_lib_dir: Path, tmp_path: Path
 ) -> None:
     state = deeper_state().write(tmp_path / "state")
-    with running_daemon("--collect.interval=200ms", env=fake_env(fake_lib_dir, state)) as daemon:
+    with running_daemon(
+        "--collect.interval=200ms", "--collector.processes", env=fake_env(fake_lib_dir, state)
+    ) as daemon:
         daemon.wait_ready()
 
         def complete(text: str) -> bool:
@@ -343,7 +345,9 @@ def test_nvlink_fields_limits_and_modes_through_real_pynvml(
     fake_lib_dir: Path, tmp_path: Path
 ) -> None:
     state = nvlink_state().write(tmp_path / "state")
-    with running_daemon("--collect.interval=100ms", env=fake_env(fake_lib_dir, state)) as daemon:
+    with running_daemon(
+        "--collect.interval=100ms", "--collector.nvlink", env=fake_env(fake_lib_dir, state)
+    ) as daemon:
         daemon.wait_ready()
         text = daemon.wait_cycles(2)
         log = "\n".join(daemon.log_lines)
@@ -408,7 +412,10 @@ def test_nvlink_fields_limits_and_modes_through_real_pynvml(
 def test_process_names_with_the_flag(fake_lib_dir: Path, tmp_path: Path) -> None:
     state = nvlink_state().write(tmp_path / "state")
     with running_daemon(
-        "--collect.interval=100ms", "--collect.process-names", env=fake_env(fake_lib_dir, state)
+        "--collect.interval=100ms",
+        "--collector.processes",
+        "--collect.process-names",
+        env=fake_env(fake_lib_dir, state),
     ) as daemon:
         daemon.wait_ready()
         text = daemon.wait_cycles(2)

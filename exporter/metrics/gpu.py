@@ -57,7 +57,7 @@ PROCESS_MEMORY: Final = Family(
     "GPU memory used by one process.",
     unit="bytes",
     labels=("pid",),
-    doc="memory of one process (host pid); off with `--no-collector.processes`",
+    doc="memory of one process (host pid); with `--collector.processes` only (off by default)",
     labels_doc=PROCESS_LABELS_DOC,
     collector="processes",
 )

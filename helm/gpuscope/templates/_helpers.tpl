@@ -64,3 +64,19 @@ checkov.io/skip1: CKV_K8S_38=the job writes its result into a ConfigMap through 
 checkov.io/skip2: CKV_K8S_43=the image is referenced by tag by default; set the image digest value to pin it
 checkov.io/skip3: CKV_K8S_15=IfNotPresent is right for a tagged release image
 {{- end }}
+
+{{- /* The collector flags of daemon.profile (exporter/config.py PROFILES, which a test holds
+this to), then daemon.collectProcesses when set: a YAML list. */}}
+{{- define "gpuscope.profileFlags" -}}
+{{- $profiles := dict "lean" (list "--no-collector.pcie") "default" (list) "full" (list "--collector.processes" "--collector.nvlink") -}}
+{{- $flags := list -}}
+{{- range (get $profiles .profile) -}}
+{{- if or (kindIs "invalid" $.collectProcesses) (not (contains "collector.processes" .)) -}}
+{{- $flags = append $flags . -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "invalid" .collectProcesses) -}}
+{{- $flags = append $flags (printf "--collector.processes=%t" .collectProcesses) -}}
+{{- end -}}
+{{- toYaml $flags -}}
+{{- end }}
