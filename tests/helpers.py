@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
 import re
@@ -17,6 +18,7 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
@@ -336,13 +338,22 @@ async def loop_cycles_pass(
     )
 
 
-def samples(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of a text exposition, keyed by (name, labels)."""
-    found: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+SampleKey = tuple[str, frozenset[tuple[str, str]]]
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(exposition: str) -> Mapping[SampleKey, float]:
+    """A text exposition parsed once: tests look up many series in the same few expositions."""
+    found: dict[SampleKey, float] = {}
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
             found[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return found
+    return MappingProxyType(found)
+
+
+def samples(exposition: str) -> dict[SampleKey, float]:
+    """Every sample of a text exposition, keyed by (name, labels)."""
+    return dict(_parsed(exposition))
 
 
 def series(exposition: str, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
@@ -350,7 +361,7 @@ def series(exposition: str, name: str, **labels: str) -> dict[frozenset[tuple[st
     wanted = set(labels.items())
     return {
         key_labels: value
-        for (sample_name, key_labels), value in samples(exposition).items()
+        for (sample_name, key_labels), value in _parsed(exposition).items()
         if sample_name == name and wanted <= key_labels
     }
 
