@@ -43,6 +43,7 @@ EVERY_FEATURE = (
     "rightsize.enabled=true",
     "rightsize.prometheusUrl=http://prometheus-operated.monitoring.svc:9090",
     "daemon.exportedPodLabels=^(team|app)$",
+    "daemon.exportedImages=^(vllm|nvcr.io)/.*$",
     "daemon.extraResourceNames={example.com/gpu}",
     "daemon.priorityClassName=system-node-critical",
     "compat.dcgm=true",
@@ -216,6 +217,8 @@ def test_daemonset_passes_only_flags_gpuscope_serve_has(variant: str) -> None:
     container = daemon_container(render(VARIANTS[variant]))
     passed = {argument.split("=", 1)[0] for argument in container["args"]}
     assert passed <= serve_flags(), passed - serve_flags()
+    if variant == "every-feature":
+        assert "--kubernetes.image-pattern=^(vllm|nvcr.io)/.*$" in container["args"]
 
 
 def test_daemonset_defaults() -> None:
