@@ -454,8 +454,10 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
         ),
         (
             ["--prometheus.header=X-Scope-OrgID"],
-            "invalid --prometheus.header: header #1 is not 'Name: value' (not shown: it may be "
-            "secret)",
+            (
+                "invalid --prometheus.header: header #1 is not 'Name: value' (not shown: it may "
+                "be secret)"
+            ),
         ),
         (
             ["--prometheus.concurrency=0"],
