@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -364,6 +365,9 @@ def history(
             "tsdb",
             "create-blocks-from",
             "openmetrics",
+            "--quiet",
+            # one pass over the file for the day, not one per 2-hour block
+            "--max-block-duration=24h",
             str(text),
             str(blocks),
         ],
@@ -429,12 +433,17 @@ def dashboard_queries(scrape_seconds: float) -> list[tuple[str, str, str, str, f
 
 
 def run(store: Prometheus, kind: str, expr: str, span: float, step: float, at: float) -> Json:
+    """One query as Grafana would send it; an answer that takes longer than the client's 30 s
+    is an error answer saying so."""
     end = math.floor(at / step) * step
-    if kind == "instant":
-        return store.query(expr, at=at)
-    if kind == "range":
-        return store.query_range(expr, start=end - span, end=end, step=step)
-    return store.series(expr, start=at - span, end=at)
+    try:
+        if kind == "instant":
+            return store.query(expr, at=at)
+        if kind == "range":
+            return store.query_range(expr, start=end - span, end=end, step=step)
+        return store.series(expr, start=at - span, end=at)
+    except (TimeoutError, urllib.error.URLError) as error:
+        return {"status": "error", "error": f"no answer: {error}"}
 
 
 def latencies(
@@ -450,6 +459,8 @@ def latencies(
             began = time.perf_counter()
             answer = run(store, kind, expr, span, step, at)
             times.append(time.perf_counter() - began)
+            if answer.get("status") != "success":
+                break  # a failed or timed-out query is not asked again
         data = answer.get("data")
         size = len(data.get("result", [])) if isinstance(data, dict) else len(data or [])
         results.append(
@@ -504,6 +515,24 @@ def keyed(answer: Json, kind: str) -> dict[str, list[tuple[float, float]]]:
     return found
 
 
+def latest(answer: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """The series of an answer present at its last step (every series of an instant answer or a
+    variable's values), with their values there."""
+    last = max((t for points in answer.values() for t, _ in points), default=0.0)
+    return {
+        key: points[-1][1] if points else 0.0
+        for key, points in answer.items()
+        if not points or points[-1][0] == last
+    }
+
+
+def relative(v: float, w: float) -> float:
+    """|v - w| over the larger of the two; 0 when both are 0 or either is NaN."""
+    if math.isnan(v) or math.isnan(w) or max(abs(v), abs(w)) == 0:
+        return 0.0
+    return abs(v - w) / max(abs(v), abs(w))
+
+
 def agreement(
     queries: Sequence[tuple[str, str, str, str, float]],
     ours: Sequence[Json],
@@ -512,40 +541,35 @@ def agreement(
     live_from: float,
     tolerance: float,
 ) -> Json:
-    """Per query: the series each store answers now (an instant query, a range query's last
-    step, a variable's values) and the largest relative difference between their values now
-    and over the history (a range query's steps before the live data)."""
+    """Per query: the series each store answers at its own last instant (an instant query, a
+    range query's last step, a variable's values) and the largest relative difference between
+    their values there, and between their values at the steps both answer over the history
+    (before the live data)."""
     differ: list[Json] = []
     checked: list[Json] = []
     for (label, name, kind, _, _), a, b in zip(queries, ours, theirs, strict=True):
         left, right = keyed(a, kind), keyed(b, kind)
-        last = max(
-            (t for points in [*left.values(), *right.values()] for t, _ in points), default=0
-        )
-        now_left = {key for key, points in left.items() if not points or points[-1][0] == last}
-        now_right = {key for key, points in right.items() if not points or points[-1][0] == last}
-        if now_left != now_right:
+        now_left, now_right = latest(left), latest(right)
+        if now_left.keys() != now_right.keys():
             differ.append(
                 {
                     "range": label,
                     "query": name,
-                    "only_prometheus": sorted(now_left - now_right)[:3],
-                    "only_victoriametrics": sorted(now_right - now_left)[:3],
-                    "series": len(now_left | now_right),
+                    "only_prometheus": sorted(now_left.keys() - now_right.keys())[:3],
+                    "only_victoriametrics": sorted(now_right.keys() - now_left.keys())[:3],
+                    "series": len(now_left.keys() | now_right.keys()),
                 }
             )
-        now = past = 0.0
+        now = max(
+            (relative(now_left[key], now_right[key]) for key in now_left.keys() & now_right.keys()),
+            default=0.0,
+        )
+        past = 0.0
         for key in left.keys() & right.keys():
             other = dict(right[key])
             for t, v in left[key]:
-                w = other.get(t)
-                if w is None or math.isnan(v) or math.isnan(w) or max(abs(v), abs(w)) == 0:
-                    continue
-                difference = abs(v - w) / max(abs(v), abs(w))
-                if t == last:
-                    now = max(now, difference)
-                elif t < live_from:
-                    past = max(past, difference)
+                if t < live_from and t in other:
+                    past = max(past, relative(v, other[t]))
         checked.append(
             {"range": label, "query": name, "now": round(now, 4), "history": round(past, 4)}
         )
@@ -563,6 +587,36 @@ def agreement(
     }
 
 
+def warm_up(args: argparse.Namespace, pids: dict[str, int], sample: Any) -> Json:
+    """`--warmup` seconds of the live fleet, `sample()` after each evaluation; the CPU each
+    process used (cores) and the machine's load meanwhile."""
+    began = time.time()
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    loads = []
+    while time.time() - began < args.warmup:
+        time.sleep(seconds(args.evaluation_interval))
+        sample()
+        loads.append(os.getloadavg()[0])
+    spent = time.time() - began
+    return {
+        "cpu_cores_used": {
+            name: round((cpu_seconds(pid) - cpu[name]) / spent, 2) for name, pid in pids.items()
+        },
+        "machine_load_1m": {"min": min(loads, default=0.0), "max": max(loads, default=0.0)},
+    }
+
+
+def measure_queries(
+    report: Json, store: Prometheus, pid: int, repeats: int, scrape_seconds: float
+) -> tuple[list[Json], list[Json], float]:
+    at = time.time()
+    queries = dashboard_queries(scrape_seconds)
+    results, answers_ = latencies(store, queries, at, repeats)
+    report["queries"] = summary(results)
+    report["rss_mib_after_queries"] = mib(rss(pid)[0])
+    return results, answers_, at
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -572,7 +626,7 @@ def main() -> int:
     parser.add_argument("--nodes-per-namespace", type=int, default=100)
     parser.add_argument("--scrape-interval", default="30s")
     parser.add_argument("--evaluation-interval", default="1m")
-    parser.add_argument("--warmup", type=float, default=480.0, help="seconds of live fleet")
+    parser.add_argument("--warmup", type=float, default=420.0, help="seconds of live fleet")
     parser.add_argument("--history-step", type=float, default=60.0, help="0: no history")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tolerance", type=float, default=0.05)
@@ -595,113 +649,110 @@ def main() -> int:
         "machine": {"cores": os.cpu_count(), "load_at_start": os.getloadavg()},
     }
     began = time.monotonic()
-    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
-        work = Path(scratch)
-        fleet_file = work / "fleet.yaml"
-        fleet_file.write_text(yaml.safe_dump(fleet(8, 64)))
-        attribution = stack.enter_context(
-            attributed_node(work, fleet_file, 64, 200, args.pod_changes)
-        )
-        daemon, port = stack.enter_context(
-            serving([f"--simulate={fleet_file}", *attribution], work / "daemon.log")
-        )
-        config = scrape_config(args, port)
-        prom, prom_pid, prom_data = stack.enter_context(prometheus(work / "prometheus", config))
-        vm = vmalert = None
-        if not args.no_victoriametrics:
-            # VictoriaMetrics' scrape config has no evaluation interval (vmalert's flag is)
-            scrape = {**config, "global": {**config["global"]}}
-            del scrape["global"]["evaluation_interval"]
-            vm = stack.enter_context(VictoriaMetrics(work / "victoria", scrape=scrape))
-            vmalert = stack.enter_context(
-                Vmalert(work / "vmalert", datasource=vm.url, interval=args.evaluation_interval)
+    try:
+        with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as node:
+            work = Path(scratch)
+            fleet_file = work / "fleet.yaml"
+            fleet_file.write_text(yaml.safe_dump(fleet(8, 64)))
+            attribution = node.enter_context(
+                attributed_node(work, fleet_file, 64, 200, args.pod_changes)
             )
-        live_from = time.time()
-        pids = {"prometheus": prom_pid, "daemon": daemon.pid}
-        if vm is not None and vmalert is not None:
-            pids |= {"victoriametrics": vm.process.pid, "vmalert": vmalert.process.pid}
-        cpu_start = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        appended_start = appended(metrics(prom.url))
-        rules = RuleTimes(prom, vmalert.api if vmalert is not None else None)
-        loads = []
-        while time.time() - live_from < args.warmup:
-            time.sleep(seconds(args.evaluation_interval))
-            rules.sample()
-            loads.append(os.getloadavg()[0])
-        warm = time.time()
-        report["cpu_cores_used_during_warmup"] = {
-            name: round((cpu_seconds(pid) - cpu_start[name]) / (warm - live_from), 2)
-            for name, pid in pids.items()
-        }
-        report["machine"]["load_1m_during_warmup"] = {
-            "min": min(loads, default=0),
-            "max": max(loads, default=0),
-        }
-        prom_metrics = metrics(prom.url)
-        rss_now, rss_peak = rss(prom_pid)
-        report["prometheus"] = {
-            "head_series": int(prom_metrics.get("prometheus_tsdb_head_series", 0)),
-            "samples_appended_per_second": round(
-                (appended(prom_metrics) - appended_start) / (warm - live_from)
-            ),
-            "rss_mib": mib(rss_now),
-            "rss_mib_peak": mib(rss_peak),
-            "rule_groups": rules.prometheus_report(),
-        }
-        if vm is not None and vmalert is not None:
-            vm_metrics = metrics(vm.url)
-            vm_rss, vm_peak = rss(vm.process.pid)
-            alert_rss, _ = rss(vmalert.process.pid)
-            report["victoriametrics"] = {
-                "active_series": int(
-                    vm_metrics.get('vm_cache_entries{type="storage/hour_metric_ids"}', 0)
-                ),
-                "rss_mib": mib(vm_rss),
-                "rss_mib_peak": mib(vm_peak),
-                "vmalert_rss_mib": mib(alert_rss),
-                "rule_groups": rules.vmalert_report(),
-            }
-        if args.history_step > 0:
-            blocks, written = history(
-                prom,
-                work,
-                start=live_from - 86400,
-                end=live_from - args.history_step,
-                step=args.history_step,
+            daemon, port = node.enter_context(
+                serving([f"--simulate={fleet_file}", *attribution], work / "daemon.log")
             )
-            written["prometheus_load_seconds"] = load_history(
-                prom_data, prom, blocks, live_from - 43200
-            )
-            if vm is not None:
-                loaded = time.monotonic()
-                vm.import_blocks(blocks)
-                written["victoriametrics_import_seconds"] = round(time.monotonic() - loaded, 1)
-            report["history"] = written
-        at = time.time()
-        queries = dashboard_queries(scrape_seconds)
-        prom_results, prom_answers = latencies(prom, queries, at, args.repeats)
-        report["prometheus"]["queries"] = summary(prom_results)
-        report["prometheus"]["rss_mib_after_queries"] = mib(rss(prom_pid)[0])
-        if vm is not None:
-            vm_results, vm_answers = latencies(vm.api, queries, at, args.repeats)
-            report["victoriametrics"]["queries"] = summary(vm_results)
-            report["victoriametrics"]["rss_mib_after_queries"] = mib(rss(vm.process.pid)[0])
-            report["agreement"] = agreement(
-                queries, prom_answers, vm_answers, live_from=live_from, tolerance=args.tolerance
-            )
-        report["every_query"] = {
-            "prometheus": prom_results,
-            **({"victoriametrics": vm_results} if vm is not None else {}),
-        }
-        report["machine"]["load_at_end"] = os.getloadavg()
+            config = scrape_config(args, port)
+            queries = dashboard_queries(scrape_seconds)
+
+            # Prometheus alone, then VictoriaMetrics alone: the machine holds one fleet at a time.
+            blocks = None
+            with prometheus(work / "prometheus", config) as (prom, prom_pid, prom_data):
+                live_from = time.time()
+                times = RuleTimes(prom, None)
+                phase = warm_up(args, {"prometheus": prom_pid, "daemon": daemon.pid}, times.sample)
+                found = metrics(prom.url)
+                rss_now, rss_peak = rss(prom_pid)
+                prom_report: Json = {
+                    "head_series": int(found.get("prometheus_tsdb_head_series", 0)),
+                    "samples_appended_per_second": round(
+                        appended(found) / (time.time() - live_from)
+                    ),
+                    "rss_mib": mib(rss_now),
+                    "rss_mib_peak": mib(rss_peak),
+                    **phase,
+                    "rule_groups": times.prometheus_report(),
+                }
+                report["prometheus"] = prom_report
+                if args.history_step > 0:
+                    blocks, written = history(
+                        prom,
+                        work,
+                        start=live_from - 86400,
+                        end=live_from - args.history_step,
+                        step=args.history_step,
+                    )
+                    written["prometheus_load_seconds"] = load_history(
+                        prom_data, prom, blocks, live_from - 43200
+                    )
+                    report["history"] = written
+                prom_results, prom_answers, _ = measure_queries(
+                    prom_report, prom, prom_pid, args.repeats, scrape_seconds
+                )
+            every: Json = {"prometheus": prom_results}
+
+            if not args.no_victoriametrics:
+                # VictoriaMetrics' scrape config has no evaluation interval (vmalert's flag is)
+                scrape = {**config, "global": {**config["global"]}}
+                del scrape["global"]["evaluation_interval"]
+                with (
+                    VictoriaMetrics(work / "victoria", scrape=scrape) as vm,
+                    Vmalert(
+                        work / "vmalert", datasource=vm.url, interval=args.evaluation_interval
+                    ) as vmalert,
+                ):
+                    pids = {
+                        "victoriametrics": vm.process.pid,
+                        "vmalert": vmalert.process.pid,
+                        "daemon": daemon.pid,
+                    }
+                    phase = warm_up(args, pids, lambda: None)
+                    found = metrics(vm.url)
+                    vm_rss, vm_peak = rss(vm.process.pid)
+                    vm_report: Json = {
+                        "active_series": int(
+                            found.get('vm_cache_entries{type="storage/hour_metric_ids"}', 0)
+                        ),
+                        "rss_mib": mib(vm_rss),
+                        "rss_mib_peak": mib(vm_peak),
+                        "vmalert_rss_mib": mib(rss(vmalert.process.pid)[0]),
+                        **phase,
+                        "rule_groups": RuleTimes(vm.api, vmalert.api).vmalert_report(),
+                    }
+                    report["victoriametrics"] = vm_report
+                    if blocks is not None:
+                        loaded = time.monotonic()
+                        vm.import_blocks(blocks)
+                        report["history"]["victoriametrics_import_seconds"] = round(
+                            time.monotonic() - loaded, 1
+                        )
+                    vm_results, vm_answers, _ = measure_queries(
+                        vm_report, vm.api, vm.process.pid, args.repeats, scrape_seconds
+                    )
+                every["victoriametrics"] = vm_results
+                report["agreement"] = agreement(
+                    queries, prom_answers, vm_answers, live_from=live_from, tolerance=args.tolerance
+                )
+            report["every_query"] = every
+            report["machine"]["load_at_end"] = os.getloadavg()
+    except Exception as error:  # what was measured before is still printed
+        report["error"] = f"{type(error).__name__}: {error}"
     report["wall_seconds"] = round(time.monotonic() - began)
     worst = [
         report[store]["queries"][label]["worst"]["median_seconds"]
         for store in ("prometheus", "victoriametrics")
-        if store in report
+        if "queries" in report.get(store, {})
         for label in RANGES
     ]
-    report["target_every_query_under_1s"] = max(worst) < LATENCY_TARGET_SECONDS
+    report["target_every_query_under_1s"] = bool(worst) and max(worst) < LATENCY_TARGET_SECONDS
     print(json.dumps(report, indent=2))
     return 0
 
