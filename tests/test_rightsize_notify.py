@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.timeout(60)
 
-SECRET = "T0000/B0000/XXXXsecretXXXX"
+SECRET = "T0000/B0000/webhook-token-never-logged"
 REPORT_URL = "https://rightsize.example/#class=underused"
 
 
