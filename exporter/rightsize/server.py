@@ -67,7 +67,7 @@ from exporter.web.server import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
     from exporter.rightsize.report import Report, WorkloadRow
 
@@ -546,42 +546,50 @@ def _not_yet() -> web.Response:
     )
 
 
-async def page(request: web.Request) -> web.StreamResponse:
-    published = request.app[REFRESHER].published
-    if published is None:
-        return _not_yet()
-    response = web.Response(
-        body=published.page,
-        content_type="text/html",
-        charset="utf-8",
-        headers={"Cache-Control": "no-store"},
-    )
-    response.enable_compression()
-    return response
+def _served(
+    body: Callable[[Published], bytes],
+    content_type: str,
+    *,
+    headers: Mapping[str, str],
+    compress: bool,
+    charset: str | None = None,
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A handler that sends one of the last refresh's rendered bodies (503 before the first)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        published = request.app[REFRESHER].published
+        if published is None:
+            return _not_yet()
+        response = web.Response(
+            body=body(published), content_type=content_type, charset=charset, headers=headers
+        )
+        if compress:
+            response.enable_compression()
+        return response
+
+    return handler
 
 
-async def document(request: web.Request) -> web.StreamResponse:
-    published = request.app[REFRESHER].published
-    if published is None:
-        return _not_yet()
-    response = web.Response(
-        body=published.document,
-        content_type="application/json",
-        headers={"Cache-Control": "no-store"},
-    )
-    response.enable_compression()
-    return response
-
-
-async def patches(request: web.Request) -> web.StreamResponse:
-    published = request.app[REFRESHER].published
-    if published is None:
-        return _not_yet()
-    return web.Response(
-        body=published.patches,
-        content_type="application/gzip",
-        headers={"Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'},
-    )
+_NO_STORE: Final = {"Cache-Control": "no-store"}
+page = _served(
+    lambda published: published.page,
+    "text/html",
+    charset="utf-8",
+    headers=_NO_STORE,
+    compress=True,
+)
+document = _served(
+    lambda published: published.document,
+    "application/json",
+    headers=_NO_STORE,
+    compress=True,
+)
+patches = _served(
+    lambda published: published.patches,
+    "application/gzip",
+    headers={"Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'},
+    compress=False,
+)
 
 
 async def metrics(request: web.Request) -> web.StreamResponse:
