@@ -21,8 +21,6 @@ import threading
 from collections import OrderedDict
 from typing import Final
 
-import bcrypt
-
 CACHE_SIZE: Final = 1024
 """Failed (user, password) answers remembered: the same wrong guess is refused without bcrypt."""
 VALID_CACHE_SIZE: Final = 64
@@ -55,6 +53,10 @@ class BasicAuth:
         cache_size: int = CACHE_SIZE,
         valid_cache_size: int = VALID_CACHE_SIZE,
     ) -> None:
+        # bcrypt (~0.4 MiB resident) is imported only when the web config has users to check.
+        import bcrypt  # noqa: PLC0415 - see above
+
+        self._checkpw = bcrypt.checkpw
         self._users = {user: hashed.encode() for user, hashed in users}
         self._valid: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, None] = OrderedDict()
@@ -94,7 +96,7 @@ class BasicAuth:
         # bcrypt reads 72 bytes at most (the hash was made from no more); bcrypt 5 refuses longer.
         secret = password.encode("utf-8", "surrogatepass")[:MAX_PASSWORD_BYTES]
         try:
-            matches = bcrypt.checkpw(secret, hashed)
+            matches = self._checkpw(secret, hashed)
         except ValueError:  # a hash bcrypt cannot read (the config's check should have caught it)
             matches = False
         answer = matches and user in self._users
