@@ -36,15 +36,6 @@ from typing import TYPE_CHECKING, Final
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from exporter.dcgm import (
-    BY_NAME,
-    DEFAULT_FIELDS,
-    DRIVER_VERSION,
-    NOT_SERVED,
-    SPLIT_BY,
-    XID_ERRORS,
-    xid_message,
-)
 from exporter.metrics.exposition import PlainCounter
 from exporter.metrics.labels import CACHE_LIMIT, LabelCache
 from exporter.readings import XID_FAMILY
@@ -77,7 +68,10 @@ _DECIMALS: Final = 6
 
 class DcgmCompat:
     """What `--compat.dcgm` serves: the chosen fields, the node's name, and the XID each GPU
-    reported last (the only state: counted across renders, under a lock)."""
+    reported last (the only state: counted across renders, under a lock).
+
+    `exporter.dcgm`'s declarations are imported when one is made (the sampling loop imports this
+    module always, and makes one under `--compat.dcgm` only)."""
 
     def __init__(
         self,
@@ -86,12 +80,18 @@ class DcgmCompat:
         hostname: str,
         helps: Mapping[str, str] | None = None,
     ) -> None:
+        from exporter.dcgm import DRIVER_VERSION, SPLIT_BY, XID_ERRORS, xid_message  # noqa: PLC0415
+
+        self._driver_version: Final = DRIVER_VERSION
+        self._xid_errors: Final = XID_ERRORS
+        self._xid_message: Final = xid_message
+        self._split_by: Final = SPLIT_BY
         chosen = tuple(fields)
         self.fields: Final = tuple(field for field in chosen if field.kind != "label")
         """The fields served as families, in the order chosen."""
         self.hostname: Final = hostname
         self._helps = {field.name: (helps or {}).get(field.name) or field.help for field in chosen}
-        self._driver_label = any(field.name == DRIVER_VERSION for field in chosen)
+        self._driver_label = any(field.name == self._driver_version for field in chosen)
         self._labels: LabelCache[tuple[GpuIdentity, PodIdentity | None, str]] = LabelCache(
             self._pairs
         )
@@ -103,6 +103,8 @@ class DcgmCompat:
         serve (once, here at start)."""
         if not config.compat_dcgm:
             return None
+        from exporter.dcgm import DEFAULT_FIELDS  # noqa: PLC0415 - see the class
+
         hostname = config.node_name or socket.gethostname()
         if config.dcgm_counters is None:
             return cls(DEFAULT_FIELDS, hostname=hostname)
@@ -110,6 +112,8 @@ class DcgmCompat:
 
     @classmethod
     def from_counters(cls, counters: CountersFile, *, hostname: str) -> DcgmCompat:
+        from exporter.dcgm import BY_NAME, NOT_SERVED  # noqa: PLC0415 - see the class
+
         chosen: list[Field] = []
         helps: dict[str, str] = {}
         for row in counters.rows:
@@ -155,11 +159,11 @@ class DcgmCompat:
             for field, metric in metrics:
                 if not sample.up and not field.while_down:
                     continue
-                if field.name == XID_ERRORS:
+                if field.name == self._xid_errors:
                     if events and not identity.is_mig_instance:
                         xid = self._last_xid(identity.uuid, sample.values)
                         error = owner.with_pairs(
-                            ("err_code", str(xid)), ("err_msg", xid_message(xid))
+                            ("err_code", str(xid)), ("err_msg", self._xid_message(xid))
                         )
                         metric.samples.append(Sample(metric.name, error, float(xid)))
                     continue
@@ -171,7 +175,9 @@ class DcgmCompat:
                     continue
                 split = shares.get(field.split)
                 if split is None:
-                    split = shares[field.split] = _shares(field.split, sample, rows, uses, stray)
+                    split = shares[field.split] = _shares(
+                        field.split, sample, rows, uses, stray, measure=self._split_by[field.split]
+                    )
                 weights, whole = split
                 scale = value / whole if whole > 0.0 else 0.0
                 for (pod, container), weight in zip(rows, weights, strict=True):
@@ -201,7 +207,7 @@ class DcgmCompat:
             ("Hostname", self.hostname),
         ]
         if self._driver_label:
-            pairs.append((DRIVER_VERSION, identity.driver_version))
+            pairs.append((self._driver_version, identity.driver_version))
         if identity.is_mig_instance:
             pairs += [
                 ("GPU_I_PROFILE", identity.mig_profile),
@@ -243,12 +249,14 @@ def _shares(
     rows: Sequence[Holder],
     uses: Mapping[Key, PodUsage],
     stray: Unattributed | None,
+    *,
+    measure: Series,
 ) -> tuple[list[float], float]:
     """Each holder's measure (its processes' utilization or memory) and the whole they are
     shares of: the device's measure, or the holders' sum (with the memory of processes outside
     pods) where that is larger, as MPS clients' utilizations can be. A holder's part of a field
     is the field's value times its measure over the whole; the series without pod labels gets
-    what the holders leave."""
+    what the holders leave. `measure` is the device's series of the split (`SPLIT_BY`)."""
     uuid = sample.identity.uuid
     weights: list[float] = []
     for pod, container in rows:
@@ -260,7 +268,7 @@ def _shares(
         else:
             weights.append(float(use.memory_used_bytes or 0))
     outside = float(stray.memory_used_bytes) if split == "memory" and stray is not None else 0.0
-    whole = max(sample.values.get(SPLIT_BY[split]) or 0.0, sum(weights) + outside)
+    whole = max(sample.values.get(measure) or 0.0, sum(weights) + outside)
     return weights, whole
 
 
