@@ -24,7 +24,6 @@ from aiohttp import web
 from exporter import __version__, config, logs
 from exporter.app import init_app
 from exporter.attribution import cluster_configured
-from exporter.calibrate import options as calibrate_options
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
@@ -50,7 +49,9 @@ SHUTDOWN_SECONDS: Final = 4.0
 """In-flight requests get this long to finish on SIGTERM (the whole stop stays under 5 s)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, calibrate_flags: bool = True) -> argparse.ArgumentParser:
+    """The command line; `calibrate`'s own flags only with `calibrate_flags` (only `gpuscope
+    calibrate` parses them, and `gpuscope serve` need not import them)."""
     parser = argparse.ArgumentParser(
         prog="gpuscope",
         description="GPU monitoring and rightsizing for shared Kubernetes GPU clusters.",
@@ -71,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "calibration profile: matmul rate per dtype, memory and host-device bandwidth, launch "
         "latency, beside the datasheet figures. `gpuscope serve --calibration.path` exports it.",
     )
-    calibrate_options.add_arguments(calibrate)
+    if calibrate_flags:
+        # The calibration job's settings are imported only for `calibrate`: the daemon never
+        # loads them.
+        from exporter.calibrate import options as calibrate_options  # noqa: PLC0415 - see above
+
+        calibrate_options.add_arguments(calibrate)
     commands.add_parser(
         "rightsize",
         add_help=False,
@@ -88,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from exporter.rightsize.cli import main as rightsize  # noqa: PLC0415 - see above
 
         return rightsize(arguments[1:])
-    parser = build_parser()
+    parser = build_parser(calibrate_flags=arguments[:1] == ["calibrate"])
     args = parser.parse_args(arguments)
     if args.command == "serve":
         return serve(args)
@@ -145,6 +151,8 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
+    from exporter.calibrate import options as calibrate_options  # noqa: PLC0415 - see build_parser
+
     try:
         options = calibrate_options.parse(args)
     except calibrate_options.OptionError as error:
