@@ -74,6 +74,7 @@ from benchmarks.daemon import attributed_node, fleet  # noqa: E402
 from benchmarks.runtime import serving  # noqa: E402
 from dashboards import promql  # noqa: E402
 from dashboards.live import RULE_FILES, Processes, Prometheus, answers, free_port, wait_until  # noqa: E402
+from dashboards.queries import EVALUATIONS  # noqa: E402
 from dashboards.victoria import VictoriaMetrics, Vmalert  # noqa: E402
 
 if TYPE_CHECKING:
@@ -92,10 +93,10 @@ PAGE: Final = os.sysconf("SC_PAGE_SIZE")
 TICKS: Final = os.sysconf("SC_CLK_TCK")
 
 
-def grafana_step(range_seconds: float, scrape_seconds: float) -> float:
-    """The $__interval Grafana gives a panel: range / pixels rounded as Grafana rounds it,
-    never under the data source's scrape interval."""
-    raw = range_seconds / PANEL_PIXELS
+def grafana_step(range_seconds: float, scrape_seconds: float, points: int | None = None) -> float:
+    """The $__interval Grafana gives a panel: range / its maxDataPoints (else its width in
+    pixels) rounded as Grafana rounds it, never under the data source's scrape interval."""
+    raw = range_seconds / (points or PANEL_PIXELS)
     table = [
         (1.5, 1),
         (3.5, 2),
@@ -345,7 +346,9 @@ def history(
                 )
                 head = f"{name}{{{labels}}} "
                 value = float(series["value"][1])
-                if swings:
+                if name == EVALUATIONS:  # the evaluations' own times
+                    lines = [f"{head}{t:.0f} {t:.0f}\n" for t in stamps]
+                elif swings:
                     phase = number * 0.7
                     lines = [
                         f"{head}{value * (1 + 0.2 * math.sin(t * day + phase)):.6g} {t:.0f}\n"
@@ -417,7 +420,13 @@ def dashboard_queries(scrape_seconds: float) -> list[tuple[str, str, str, str, f
             )
             for query in promql.queries(dashboard):
                 kind = "instant" if query.instant else "range"
-                found.append((label, query.name, kind, promql.substitute(query.expr, values), step))
+                own = grafana_step(span, scrape_seconds, query.max_points)
+                own_values = promql.grafana_values(
+                    dashboard, interval=own, scrape_seconds=scrape_seconds, range_seconds=span
+                )
+                found.append(
+                    (label, query.name, kind, promql.substitute(query.expr, own_values), own)
+                )
             for variable in promql.variables(dashboard)[1:]:
                 selector, _ = promql.label_values(variable["query"])
                 found.append(

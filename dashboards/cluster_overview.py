@@ -216,7 +216,7 @@ def make() -> Json:
             "Top namespaces by GPU-hours held",
             "Device-hours allocated over the dashboard's time range (a shared device's hours are split between its holders).",
             Query(
-                f"topk(10, {range_hours(f'sum by (namespace) (node_namespace_model:gpu_allocation:share_sum{{{scope}}})')})",
+                f"topk(10, {range_hours(f'node_namespace_model:gpu_allocation:share_sum{{{scope}}}', 'namespace')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,
@@ -229,7 +229,7 @@ def make() -> Json:
             "Top namespaces by busy GPU-hours",
             "Hours of kernel time on allocated devices over the dashboard's time range, from the integrated counters.",
             Query(
-                f"topk(10, {range_hours(f'sum by (namespace) (node_namespace_model:gpu_pod_busy_seconds:rate5m{{{scope}}})')})",
+                f"topk(10, {range_hours(f'node_namespace_model:gpu_pod_busy_seconds:rate5m{{{scope}}}', 'namespace')})",
                 "{{namespace}}",
             ),
             unit=GPU_HOURS,

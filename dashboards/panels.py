@@ -118,7 +118,10 @@ def timeseries(
     stepped: bool = False,
     overrides: tuple[Json, ...] = (),
     thresholds: Json | None = None,
+    max_points: int | None = None,
 ) -> Json:
+    """A time series panel; `max_points` caps the steps Grafana asks for (its maxDataPoints, else
+    the panel's width in pixels), for a panel whose every step costs a series per workload."""
     defaults: Json = {
         "color": {"mode": "palette-classic"},
         "custom": {
@@ -142,7 +145,7 @@ def timeseries(
         defaults["min"] = minimum
     if maximum is not None:
         defaults["max"] = maximum
-    return {
+    panel: Json = {
         "type": "timeseries",
         "title": title,
         "description": description,
@@ -159,6 +162,9 @@ def timeseries(
             "tooltip": {"mode": "multi", "sort": "desc"},
         },
     }
+    if max_points is not None:
+        panel["maxDataPoints"] = max_points
+    return panel
 
 
 def stat(

@@ -55,6 +55,8 @@ class PanelQuery:
     ref_id: str
     expr: str
     instant: bool
+    max_points: int | None = None
+    """The panel's maxDataPoints: Grafana's steps at most (else the panel's width in pixels)."""
 
     @property
     def name(self) -> str:
@@ -73,7 +75,12 @@ def queries(dashboard: Json) -> list[PanelQuery]:
     title = dashboard["title"]
     found = [
         PanelQuery(
-            title, panel["title"], target["refId"], target["expr"], bool(target.get("instant"))
+            title,
+            panel["title"],
+            target["refId"],
+            target["expr"],
+            bool(target.get("instant")),
+            panel.get("maxDataPoints"),
         )
         for panel in panels(dashboard)
         for target in panel.get("targets", [])

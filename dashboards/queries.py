@@ -17,9 +17,23 @@ def sel(*matchers: str) -> str:
     return ", ".join(m for m in matchers if m)
 
 
-def range_hours(expr: str) -> str:
-    """Hours accumulated over the dashboard's range by a per-instant quantity (GPUs, $/h).
+EVALUATIONS: Final = "gpuscope:rule_evaluation:timestamp"
+"""The time of each evaluation of the rules, recorded with them (deploy/prometheus/gpuscope.rules.yaml)."""
+EVALUATION_INTERVAL: Final = (
+    f"scalar(max((max_over_time({EVALUATIONS}[$__range]) - min_over_time({EVALUATIONS}[$__range]))"
+    f" / (count_over_time({EVALUATIONS}[$__range]) - 1)))"
+)
+"""Seconds between the rules' evaluations over the dashboard's range: the spacing of their
+recorded samples, whatever interval the rules run at."""
 
-    A subquery at the panel's interval, summed and scaled: right for series that exist only part
-    of the range, which avg_over_time(...) * range would overstate."""
-    return f"sum_over_time(({expr})[$__range:$__interval]) * $__interval_ms / 3600000"
+
+def range_hours(selector: str, by: str = "") -> str:
+    """Hours accumulated over the dashboard's range by a recorded per-instant quantity (GPUs,
+    $/h), summed by the labels `by` (over everything when empty).
+
+    Each recorded sample stands for the rules' evaluation interval, so the samples' sum times
+    that interval is the integral: right for series that exist only part of the range, which
+    avg_over_time(...) * range would overstate, and one pass over the samples, where a subquery
+    at the panel's interval evaluates every series at every step."""
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (sum_over_time({selector}[$__range])) * {EVALUATION_INTERVAL} / 3600"

@@ -8,7 +8,7 @@ variable narrows too, shows the allocations as they are now and each pod's last 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from dashboards.layout import Layout, dashboard, query_variable
 from dashboards.panels import (
@@ -26,6 +26,11 @@ from dashboards.queries import range_hours
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
+
+
+BY_WORKLOAD_POINTS: Final = 300
+"""Steps at most for the by-workload time series, each of which sums every workload at every step:
+5 minutes apart over a day, the window of the busy rates they draw."""
 
 
 def make() -> Json:
@@ -64,7 +69,7 @@ def make() -> Json:
         stat(
             "GPU-hours held",
             "Device-hours allocated over the dashboard's time range.",
-            Query(range_hours(f"sum({held})")),
+            Query(range_hours(held)),
             unit=GPU_HOURS,
             decimals=1,
             sparkline=False,
@@ -76,7 +81,7 @@ def make() -> Json:
         stat(
             "Cost in range",
             "On-demand price of the devices held over the dashboard's time range.",
-            Query(range_hours(f"sum({price})")),
+            Query(range_hours(price)),
             unit="currencyUSD",
             decimals=2,
             sparkline=False,
@@ -118,12 +123,8 @@ def make() -> Json:
             ("namespace", "workload", "workload_kind", "model"),
             Column("GPUs held", f"sum by ({by_workload}) ({held})"),
             Column("Busy GPUs", f"sum by ({by_workload}) ({busy})"),
-            Column(
-                "GPU-hours held", range_hours(f"sum by ({by_workload}) ({held})"), unit=GPU_HOURS
-            ),
-            Column(
-                "GPU-hours busy", range_hours(f"sum by ({by_workload}) ({busy})"), unit=GPU_HOURS
-            ),
+            Column("GPU-hours held", range_hours(held, by_workload), unit=GPU_HOURS),
+            Column("GPU-hours busy", range_hours(busy, by_workload), unit=GPU_HOURS),
             Column(
                 "p95 busy (1 day)",
                 f"namespace_workload_model:gpu_pod_busy_seconds:p95_rate5m_1d{{{workload_scope}}}",
@@ -146,6 +147,7 @@ def make() -> Json:
             "Devices allocated to each of the 10 workloads holding the most at each instant (stacked).",
             Query(f"topk(10, sum by (namespace, workload) ({held}))", "{{namespace}}/{{workload}}"),
             stack=True,
+            max_points=BY_WORKLOAD_POINTS,
         ),
     )
     layout.add(
@@ -156,6 +158,7 @@ def make() -> Json:
             "Kernel time of the pods of each of the 10 busiest workloads at each instant, from the integrated per-pod counters' 5-minute rates (stacked).",
             Query(f"topk(10, sum by (namespace, workload) ({busy}))", "{{namespace}}/{{workload}}"),
             stack=True,
+            max_points=BY_WORKLOAD_POINTS,
         ),
     )
     layout.add(
@@ -165,7 +168,7 @@ def make() -> Json:
             "GPU-hours held in range, by workload",
             "Device-hours allocated over the dashboard's time range to the 20 workloads that held the most.",
             Query(
-                f"sort_desc(topk(20, {range_hours(f'sum by (namespace, workload) ({held})')}))",
+                f"sort_desc(topk(20, {range_hours(held, 'namespace, workload')}))",
                 "{{namespace}}/{{workload}}",
             ),
             unit=GPU_HOURS,
@@ -192,9 +195,9 @@ def make() -> Json:
         8,
         timeseries(
             "Utilization distribution",
-            "Workloads by how busy they keep the devices they hold (busy GPU-equivalents over devices held, from the integrated per-pod counters' 5-minute rates), in steps of 10%: 0.3 counts the workloads over 20% and up to 30% busy (stacked).",
+            "The selected namespaces' workloads (all of them: the distribution is recorded per namespace) by how busy they keep the devices they hold (busy GPU-equivalents over devices held, from the integrated per-pod counters' 5-minute rates), in steps of 10%: 0.3 counts the workloads over 20% and up to 30% busy (stacked).",
             Query(
-                f'count_values("utilization", ceil(10 * ({busy} / {held})) / 10)',
+                'sum by (utilization) (namespace_utilization:gpu_workloads:count{namespace=~"$namespace"})',
                 "up to {{utilization}}",
             ),
             stack=True,

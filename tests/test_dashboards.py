@@ -16,7 +16,7 @@ import yaml
 from dashboards import build, promql
 from dashboards.layout import datasource_variable
 from dashboards.panels import DATASOURCE
-from dashboards.queries import SLOWDOWN_REASONS
+from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS
 from exporter.metrics.process import own_families
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
@@ -230,6 +230,8 @@ ROLLUP_LEVELS = {
     "node_model_reason",
     "node_namespace_model",
     "namespace_workload_model",
+    "namespace_utilization",
+    "gpuscope",
 }
 SPARSE_SERIES = {
     "gpu_last_xid_timestamp_seconds": "only GPUs that reported an XID have one",
@@ -257,6 +259,33 @@ def test_fleet_dashboards_read_rollups_over_ranges(name: str) -> None:
         selector, _ = promql.label_values(variable["query"])
         names = promql.metric_names(promql.substitute(selector, values))
         assert names <= rollups, f"${variable['name']} lists {sorted(names - rollups)}"
+
+
+def test_hours_over_a_range_are_measured_in_the_evaluations_of_the_groups_summed() -> None:
+    """A sum of samples over the range is hours only if each sample stands for the spacing of
+    the evaluations recorded: every series summed so comes from a group evaluating at the same
+    interval as the one recording the evaluations."""
+    document = yaml.safe_load((ROOT / "deploy" / "prometheus" / "gpuscope.rules.yaml").read_text())
+    interval_of = {
+        rule["record"]: group.get("interval")
+        for group in document["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    summed: set[str] = set()
+    for path in DASHBOARD_FILES:
+        dashboard = load(path)
+        values = grafana_values(dashboard)
+        for query in promql.queries(dashboard):
+            expr = promql.substitute(query.expr, values)
+            for inner in re.findall(r"sum_over_time\(([^\[]*)\[", expr):
+                summed |= promql.metric_names(inner)
+    assert summed, "no dashboard sums a rollup over its range"
+    for name in sorted(summed):
+        assert name in interval_of, f"{name} is summed over a range but not recorded"
+        assert interval_of[name] == interval_of[EVALUATIONS], (
+            f"{name} is recorded at another interval than {EVALUATIONS}"
+        )
 
 
 def test_slowdown_reasons_are_the_rules_own() -> None:

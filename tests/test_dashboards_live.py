@@ -20,6 +20,7 @@ import pytest
 
 from dashboards import promql
 from dashboards.live import LiveStack, Prometheus
+from dashboards.queries import EVALUATION_INTERVAL, range_hours
 from dashboards.render import UNIT_PX, render_all
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values, rules
 from tests.demo_node import DEMO_NODES
@@ -171,6 +172,26 @@ def test_gpus_held_through_dra_claims_count_like_the_device_plugins(
     assert [row["metric"]["gpu"] for row in trainer["data"]["result"]] == ["0"]
     slices = prometheus.query('gpuscope_kubernetes_watch_up{resource="resourceslices"}', at=now)
     assert [row["value"][1] for row in slices["data"]["result"]] == ["1"]
+
+
+def test_hours_over_the_range_are_the_recorded_samples_times_the_evaluation_interval(
+    prometheus: Prometheus,
+) -> None:
+    """The dashboards' GPU-hours sum a rollup's samples and weigh each by the rules' measured
+    evaluation interval (1 s here, a minute in a cluster): the same hours as evaluating the
+    rollup at every step of that interval, as a subquery would, and cheaper."""
+    values = {"__range": f"{RANGE_SECONDS:.0f}s"}
+    now = time.time()
+    interval = prometheus.query(promql.substitute(EVALUATION_INTERVAL, values), at=now)
+    assert float(interval["data"]["result"][1]) == pytest.approx(SCRAPE_SECONDS, rel=0.1)
+    held = "namespace_workload_model:gpu_allocation:share_sum"
+    hours = prometheus.query(promql.substitute(range_hours(held), values), at=now)
+    stepped = prometheus.query(
+        f"sum_over_time(sum({held})[{RANGE_SECONDS:.0f}s:{SCRAPE_SECONDS:.0f}s]) / 3600", at=now
+    )
+    measured = float(hours["data"]["result"][0]["value"][1])
+    assert measured > 0
+    assert measured == pytest.approx(float(stepped["data"]["result"][0]["value"][1]), rel=0.05)
 
 
 def test_every_alert_is_either_triggered_live_or_says_why_not() -> None:
