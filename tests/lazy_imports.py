@@ -18,6 +18,7 @@ LAZY: Final = {
     "exporter.dcgm": "--compat.dcgm",
     "csv": "--compat.dcgm-counters",
     "bcrypt": "basic_auth_users in --web.config.file",
+    "exporter.calibration.parse": "--calibration.path",
     "exporter.calibrate": "gpuscope calibrate",
     "exporter.rightsize": "gpuscope rightsize",
     "torch": "gpuscope calibrate",

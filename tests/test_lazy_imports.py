@@ -57,11 +57,14 @@ def test_configured_features_import_what_they_need_and_work(
     web_config = tmp_path / "web.yml"
     web_config.write_text(f"basic_auth_users: {{prometheus: '{hashed}'}}\n", encoding="utf-8")
     token = base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
+    profiles = tmp_path / "calibration"
+    profiles.mkdir()
     env = {**fake_env(fake_lib_dir, state), **modules_env(tmp_path)}
     with running_daemon(
         "--compat.dcgm",
         f"--compat.dcgm-counters={COUNTERS}",
         f"--web.config.file={web_config}",
+        f"--calibration.path={profiles}",
         "--collect.interval=200ms",
         env=env,
     ) as daemon:
@@ -78,5 +81,6 @@ def test_configured_features_import_what_they_need_and_work(
         "bcrypt",
         "bcrypt._bcrypt",
         "csv",
+        "exporter.calibration.parse",
         "exporter.dcgm",
     ]

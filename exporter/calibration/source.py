@@ -23,7 +23,6 @@ import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-from exporter.calibration.parse import load_profile
 from exporter.calibration.profile import Figure, Profile, ProfileError, Result, format_for
 from exporter.logs import LogOnce
 from exporter.model import Ceilings, CollectorStatus
@@ -110,6 +109,10 @@ class ProfileDirectory:
         return tuple(sorted(found))
 
     def _load(self, signature: tuple[_FileSignature, ...]) -> None:
+        # The profile reader is imported only with a --calibration.path (off in the chart's
+        # default): a daemon without one keeps the datasheet ceilings alone.
+        from exporter.calibration.parse import load_profile  # noqa: PLC0415 - see above
+
         loaded: list[tuple[str, Profile]] = []
         rejected: set[_FileSignature] = set()
         directory = self._path.is_dir()
