@@ -9,9 +9,11 @@ virtualenv):
 
 1. **imports**: a fresh interpreter imports, one step at a time and in the order the daemon
    does, what `gpuscope serve` loads with attribution on; resident memory (anonymous and
-   file-backed apart) after each step is what that step costs. Two references follow the steps:
+   file-backed apart) after each step is what that step costs. References follow the steps, each
+   on top of them: what the daemon imports only for a feature that needs it (`bcrypt` for basic
+   auth, `exporter.dcgm` for `--compat.dcgm`, the profile reader for `--calibration.path`), then
    the `kubernetes` package (what the daemon loaded before it read kubeconfigs itself, and what
-   a kubeconfig with an exec plugin still loads) and `python -X importtime`'s slowest packages.
+   a kubeconfig with an exec plugin still loads); and `python -X importtime`'s slowest packages.
 2. **daemon**: `gpuscope serve` on `benchmarks/daemon.py --pods`'s node (8 simulated H100s, 64
    processes in pods of their own, `--pods` pods, `--pod-changes` changes a second through the
    stand-in API server's watch, the real gRPC kubelet, a generated procfs), scraped once a
@@ -58,7 +60,8 @@ IMPORT_STEPS = (
     "exporter.attribution.live",
 )
 """What `gpuscope serve` imports, in its order; each step's cost is what it adds to the ones before."""
-REFERENCES = ("kubernetes.client",)
+REFERENCES = ("bcrypt", "exporter.dcgm", "exporter.calibration.parse", "kubernetes.client")
+"""Imported only when a feature needs them (`tests/lazy_imports.py`), each on top of the steps."""
 _MEASURE = """
 import importlib, json, sys
 def rss():
