@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 from dashboards.layout import Layout, alerts_annotation, dashboard, query_variable
 from dashboards.panels import (
     BAD_FROM_ONE,
+    FLEET_POINTS,
     GPU_HOURS,
     Column,
     Query,
@@ -124,6 +125,7 @@ def make() -> Json:
                 "in use by the holder",
             ),
             Query(f"sum({busy})", "busy (GPU-equivalents)"),
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -135,6 +137,7 @@ def make() -> Json:
             Query(f"sum by (model) ({busy}) / sum by (model) ({counted})", "{{model}}"),
             unit="percentunit",
             maximum=1,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -297,6 +300,7 @@ def make() -> Json:
                 f"sum by (reason) (node_model_reason:gpu_throttle_seconds:sum_rate5m{{{scope}}})",
                 "{{reason}} (integrated)",
             ),
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(

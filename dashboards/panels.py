@@ -36,6 +36,12 @@ class Column:
     """(value, text, color) pairs shown instead of the number."""
 
 
+FLEET_POINTS: Final = 300
+"""Steps at most for a fleet dashboard's time series (its maxDataPoints), each of which reads a
+rollup series per node or workload at every step: 5 minutes apart over a day, the window of the
+rates the rollups record; ranges up to 2.5 hours keep Grafana's own step."""
+
+
 def _targets(
     queries: tuple[Query, ...], *, instant: bool = False, table: bool = False
 ) -> list[Json]:
@@ -190,7 +196,8 @@ def stat(
         "title": title,
         "description": description,
         "datasource": DATASOURCE,
-        "targets": _targets((query,)),
+        # Without a sparkline only the last value shows: one instant query, not one per step.
+        "targets": _targets((query,), instant=not sparkline),
         "fieldConfig": {"defaults": defaults, "overrides": []},
         "options": {
             "colorMode": "value",

@@ -8,10 +8,11 @@ variable narrows too, shows the allocations as they are now and each pod's last 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from dashboards.layout import Layout, dashboard, query_variable
 from dashboards.panels import (
+    FLEET_POINTS,
     GPU_HOURS,
     Column,
     Query,
@@ -26,11 +27,6 @@ from dashboards.queries import range_hours
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
-
-
-BY_WORKLOAD_POINTS: Final = 300
-"""Steps at most for the by-workload time series, each of which sums every workload at every step:
-5 minutes apart over a day, the window of the busy rates they draw."""
 
 
 def make() -> Json:
@@ -147,7 +143,7 @@ def make() -> Json:
             "Devices allocated to each of the 10 workloads holding the most at each instant (stacked).",
             Query(f"topk(10, sum by (namespace, workload) ({held}))", "{{namespace}}/{{workload}}"),
             stack=True,
-            max_points=BY_WORKLOAD_POINTS,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -158,7 +154,7 @@ def make() -> Json:
             "Kernel time of the pods of each of the 10 busiest workloads at each instant, from the integrated per-pod counters' 5-minute rates (stacked).",
             Query(f"topk(10, sum by (namespace, workload) ({busy}))", "{{namespace}}/{{workload}}"),
             stack=True,
-            max_points=BY_WORKLOAD_POINTS,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -201,6 +197,7 @@ def make() -> Json:
                 "up to {{utilization}}",
             ),
             stack=True,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -208,10 +205,10 @@ def make() -> Json:
         8,
         bargauge(
             "Memory peak vs GPU memory",
-            "Each pod's peak GPU memory over the last hour (recording rule), as a share of the device's memory. Low peaks fit a smaller MIG profile or GPU; the workloads table has the peak over a day.",
+            "The 20 selected pods whose peak GPU memory over the last hour (recording rule) comes nearest the device's memory, as a share of it. Low peaks fit a smaller MIG profile or GPU; the workloads table has each workload's peak over a day.",
             Query(
-                f"sort_desc(max by (namespace, pod, container, gpu, uuid) (pod_gpu:gpu_pod_memory_used_bytes:max1h{{{scope}}}) "
-                "/ on (uuid) group_left () max by (uuid) (gpu_memory_total_bytes))",
+                f"sort_desc(topk(20, max by (namespace, pod, container, gpu, uuid) (pod_gpu:gpu_pod_memory_used_bytes:max1h{{{scope}}}) "
+                "/ on (uuid) group_left () max by (uuid) (gpu_memory_total_bytes)))",
                 "{{namespace}}/{{pod}} GPU {{gpu}}",
             ),
             unit="percentunit",
@@ -267,6 +264,7 @@ def make() -> Json:
                 "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -280,6 +278,7 @@ def make() -> Json:
                 "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
+            max_points=FLEET_POINTS,
         ),
     )
 
