@@ -2,7 +2,7 @@
 fleet, evaluate gpuscope's rules, and answer the fleet dashboards' queries; prints one JSON
 document.
 
-    .venv/bin/python benchmarks/fleet.py                  # 1,000 nodes: ~25 min, ~12 GiB free
+    .venv/bin/python benchmarks/fleet.py                  # 1,000 nodes: ~28 min, ~13 GiB free
     .venv/bin/python benchmarks/fleet.py --nodes 20 --warmup 400      # the same in ~8 min
 
 The node is the one of `benchmarks/daemon.py --pods` and `benchmarks/series.py` (8 simulated
@@ -727,9 +727,12 @@ def main() -> int:
                     found = metrics(vm.url)
                     vm_rss, vm_peak = rss(vm.process.pid)
                     vm_report: Json = {
+                        # the series seen this hour: empty for a while after the hour turns,
+                        # so the series created since the (fresh) store started are counted too
                         "active_series": int(
                             found.get('vm_cache_entries{type="storage/hour_metric_ids"}', 0)
                         ),
+                        "series_created": int(found.get("vm_new_timeseries_created_total", 0)),
                         "rss_mib": mib(vm_rss),
                         "rss_mib_peak": mib(vm_peak),
                         "vmalert_rss_mib": mib(rss(vmalert.process.pid)[0]),
