@@ -24,7 +24,7 @@ from dashboards.queries import EVALUATION_INTERVAL, range_hours
 from dashboards.render import UNIT_PX, render_all
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values, rules
 from tests.demo_node import DEMO_NODES
-from tests.helpers import ROOT, require_tool
+from tests.helpers import ROOT, eventually, require_tool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -178,16 +178,29 @@ def test_hours_over_the_range_are_the_recorded_samples_times_the_evaluation_inte
     prometheus: Prometheus,
 ) -> None:
     """The dashboards' GPU-hours sum a rollup's samples and weigh each by the rules' measured
-    evaluation interval (1 s here, a minute in a cluster): the same hours as evaluating the
-    rollup at every step of that interval, as a subquery would, and cheaper."""
-    values = {"__range": f"{RANGE_SECONDS:.0f}s"}
-    now = time.time()
+    evaluation interval (1 s here, a minute in a cluster): over a range the rollup covers, the
+    same hours as evaluating it at every step of that interval, as a subquery would. (A series
+    that starts within the range counts its first sample as a whole interval: one interval's
+    worth, nothing on a day's range at a minute, a tenth on a range of ten samples.)"""
+    held = "namespace_workload_model:gpu_allocation:share_sum"
+    span = f"{RANGE_SECONDS:.0f}s"
+    longer = f"{RANGE_SECONDS + 10:.0f}s"
+
+    def covered() -> float | None:
+        # every workload's rollup has samples from before the range: the range is all inside it
+        now = time.time()
+        older = prometheus.query(
+            f"min(count_over_time({held}[{longer}]) - count_over_time({held}[{span}]))", at=now
+        )["data"]["result"]
+        return now if older and float(older[0]["value"][1]) > 0 else None
+
+    now = eventually(covered, 100, f"the rollup to cover the last {span}")
+    values = {"__range": span}
     interval = prometheus.query(promql.substitute(EVALUATION_INTERVAL, values), at=now)
     assert float(interval["data"]["result"][1]) == pytest.approx(SCRAPE_SECONDS, rel=0.1)
-    held = "namespace_workload_model:gpu_allocation:share_sum"
     hours = prometheus.query(promql.substitute(range_hours(held), values), at=now)
     stepped = prometheus.query(
-        f"sum_over_time(sum({held})[{RANGE_SECONDS:.0f}s:{SCRAPE_SECONDS:.0f}s]) / 3600", at=now
+        f"sum_over_time(sum({held})[{span}:{SCRAPE_SECONDS:.0f}s]) / 3600", at=now
     )
     measured = float(hours["data"]["result"][0]["value"][1])
     assert measured > 0
