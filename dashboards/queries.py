@@ -31,9 +31,10 @@ def range_hours(selector: str, by: str = "") -> str:
     """Hours accumulated over the dashboard's range by a recorded per-instant quantity (GPUs,
     $/h), summed by the labels `by` (over everything when empty).
 
-    Each recorded sample stands for the rules' evaluation interval, so the samples' sum times
-    that interval is the integral: right for series that exist only part of the range, which
-    avg_over_time(...) * range would overstate, and one pass over the samples, where a subquery
-    at the panel's interval evaluates every series at every step."""
+    Each recorded sample stands for the evaluation interval before it, so the samples' sum times
+    that interval is the integral, to one interval at a series' start: right for series that
+    exist only part of the range, which avg_over_time(...) * range would overstate, and one pass
+    over the samples, where a subquery at the panel's interval evaluates every series at every
+    step."""
     grouping = f" by ({by})" if by else ""
     return f"sum{grouping} (sum_over_time({selector}[$__range])) * {EVALUATION_INTERVAL} / 3600"
