@@ -36,7 +36,6 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -191,10 +190,8 @@ async def heap(args: argparse.Namespace, top: int = 15) -> dict[str, object]:
     from exporter.config import ServeConfig  # noqa: PLC0415 - after tracemalloc starts
     from exporter.metrics.exposition import OPENMETRICS  # noqa: PLC0415
     from exporter.metrics.families import BuildInfo  # noqa: PLC0415
-    from exporter.sampling import SamplingLoop  # noqa: PLC0415
-    from exporter.simulator import SimulatedNvml, load_fleet  # noqa: PLC0415
-    from exporter.simulator.cluster import simulated_attributor  # noqa: PLC0415
-    from tests.helpers import ManualClock  # noqa: PLC0415
+    from exporter.simulator import load_fleet  # noqa: PLC0415
+    from tests.simulated_node import sampled_node  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as scratch:
         fleet_file = Path(scratch) / "fleet.yaml"
@@ -202,28 +199,14 @@ async def heap(args: argparse.Namespace, top: int = 15) -> dict[str, object]:
         fleet_file.write_text(yaml.safe_dump(document))
         loaded = load_fleet(fleet_file)
     tracemalloc.start()
-    clock = ManualClock()
-    wall = lambda: 1_767_225_600.0 + clock()  # noqa: E731 - a clock is a function
-    attributor = simulated_attributor(loaded, node="benchmark-node")
-    sampling = SamplingLoop(
-        replace(ServeConfig(), collect_interval=1.0, node_name="benchmark-node"),
-        SimulatedNvml(loaded, clock=clock, wall=wall),
-        build=BuildInfo("benchmark"),
-        clock=clock,
-        wall=wall,
-        attributor=attributor,
-    )
-    attributor.start()
-    await sampling.start()
-    try:
+    async with sampled_node(
+        loaded, ServeConfig(), node="benchmark-node", build=BuildInfo("benchmark")
+    ) as (sampling, clock):
         for _ in range(args.cycles):
             sampling.cycle().render(OPENMETRICS)
             clock.advance(1.0)
         snapshot = tracemalloc.take_snapshot()
         tracemalloc.stop()
-    finally:
-        await sampling.close()
-        attributor.stop()
     statistics_by_file = snapshot.statistics("filename")
     total = sum(stat.size for stat in statistics_by_file)
     return {

@@ -18,12 +18,9 @@ import yaml
 
 from exporter.config import ServeConfig
 from exporter.metrics.families import BuildInfo
-from exporter.sampling import SamplingLoop
-from exporter.simulator import SimulatedNvml
-from exporter.simulator.cluster import simulated_attributor
 from exporter.simulator.fleet import parse_fleet
-from tests.golden_fleet import WALL_START
-from tests.helpers import FLEETS, ManualClock
+from tests.helpers import FLEETS
+from tests.simulated_node import sampled_node
 
 if TYPE_CHECKING:
     from exporter.dcgm_counters import CountersFile
@@ -83,36 +80,21 @@ def golden_fleet_with_pods() -> Fleet:
 
 async def dcgm_exposition(counters: CountersFile | None = None) -> Exposition:
     """The golden fleet with pods after five deterministic cycles, under `--compat.dcgm`."""
-    fleet = golden_fleet_with_pods()
-    clock = ManualClock()
-    wall = lambda: WALL_START + clock()  # noqa: E731 - a clock is a function
-    driver = SimulatedNvml(fleet, clock=clock, wall=wall)
-    attributor = simulated_attributor(fleet, node=NODE)
     config = replace(
         ServeConfig(),
-        collect_interval=1.0,
         compat_dcgm=True,
         dcgm_counters=counters,
-        node_name=NODE,
         collector_nvlink=True,  # off by default; NVLink bandwidth's total is made from its links
     )
-    sampling = SamplingLoop(
+    async with sampled_node(
+        golden_fleet_with_pods(),
         config,
-        driver,
+        node=NODE,
         build=BuildInfo(version="0.0.0+golden", python_version="3.11.0"),
-        clock=clock,
-        wall=wall,
-        attributor=attributor,
-    )
-    attributor.start()
-    await sampling.start()
-    try:
+    ) as (sampling, clock):
         for _ in range(5):
             exposition = sampling.cycle()
             clock.advance(1.0)
-    finally:
-        await sampling.close()
-        attributor.stop()
     return exposition
 
 

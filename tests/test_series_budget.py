@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,11 +23,9 @@ from exporter.config import (
 )
 from exporter.metrics.exposition import OPENMETRICS
 from exporter.metrics.families import BuildInfo
-from exporter.sampling import SamplingLoop
-from exporter.simulator import SimulatedNvml
-from exporter.simulator.cluster import simulated_attributor
 from exporter.simulator.fleet import parse_fleet
-from tests.helpers import ROOT, ManualClock, require_tool
+from tests.helpers import ROOT, require_tool
+from tests.simulated_node import sampled_node
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,28 +61,13 @@ def load(*argv: str) -> ServeConfig:
 
 async def series_count(flags: tuple[str, ...]) -> int:
     """Series (sample lines) of the node's OpenMetrics exposition under `flags`."""
-    fleet = parse_fleet(budget_fleet())
-    clock = ManualClock()
-    wall = lambda: 1_767_225_600.0 + clock()  # noqa: E731 - a clock is a function
-    attributor = simulated_attributor(fleet, node=NODE)
-    sampling = SamplingLoop(
-        replace(load(*flags), collect_interval=1.0, node_name=NODE),
-        SimulatedNvml(fleet, clock=clock, wall=wall),
-        build=BuildInfo("budget"),
-        clock=clock,
-        wall=wall,
-        attributor=attributor,
-    )
-    attributor.start()
-    await sampling.start()
-    try:
+    async with sampled_node(
+        parse_fleet(budget_fleet()), load(*flags), node=NODE, build=BuildInfo("budget")
+    ) as (sampling, clock):
         for _ in range(6):  # past the 5 s readings
             exposition = sampling.cycle()
             clock.advance(1.0)
         body = exposition.render(OPENMETRICS).body
-    finally:
-        await sampling.close()
-        attributor.stop()
     return sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
 
 
