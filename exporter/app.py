@@ -1,9 +1,10 @@
-"""The aiohttp application: HTTP endpoints, and the lifecycle of everything the daemon runs.
+"""The daemon's application: its HTTP endpoints, and the lifecycle of everything it runs.
 
-`init_app(config, driver)` builds the Application; each long-lived resource is one
-`cleanup_ctx` (started in order, stopped in reverse). Handlers never touch NVML: `/metrics`
-sends the bytes of the latest snapshot, rendered by the sampling loop or, for the snapshot's
-first scrape in a format, in a worker thread.
+`App(config, driver)` holds what the daemon runs; `start()` starts each long-lived resource in
+order (pod attribution, sampling, the web config's watch) and `stop()` stops them in reverse.
+`handle` answers a request: the web config's checks (`exporter.web.security`), then the route.
+Handlers never touch NVML: `/metrics` sends the bytes of the latest snapshot, rendered by the
+sampling loop or, for the snapshot's first scrape in a format, in a worker thread.
 """
 
 from __future__ import annotations
@@ -12,21 +13,18 @@ import asyncio
 import contextlib
 import html
 import logging
-from typing import TYPE_CHECKING, Final
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from exporter import __version__
 from exporter.catalog import Catalog, builtin_catalog
-from exporter.config import ServeConfig
 from exporter.metrics.base import add, new_metric
-from exporter.metrics.exposition import accepts_gzip, negotiate
+from exporter.metrics.exposition import negotiate
 from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
-from exporter.nvml.driver import NvmlDriver
 from exporter.sampling import SamplingLoop
 from exporter.supervise import TaskHealth, supervised
 from exporter.web import counters
+from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
 
 if TYPE_CHECKING:
@@ -36,116 +34,189 @@ if TYPE_CHECKING:
 
     from exporter.attribution import ClusterAccess
     from exporter.attribution.attributor import Attributor
+    from exporter.config import ServeConfig
+    from exporter.nvml.driver import NvmlDriver
     from exporter.simulator.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
-CONFIG: Final = web.AppKey("config", ServeConfig)
-DRIVER: Final = web.AppKey("driver", NvmlDriver)
-SAMPLING: Final = web.AppKey("sampling", SamplingLoop)
-CATALOG: Final = web.AppKey("catalog", Catalog)
-# Typed by annotation only: their classes live in modules imported only when a cluster exists.
-CLUSTER: Final[web.AppKey[ClusterAccess | None]] = web.AppKey("cluster")
-FLEET: Final[web.AppKey[Fleet | None]] = web.AppKey("fleet")
-ATTRIBUTOR: Final[web.AppKey[Attributor]] = web.AppKey("attributor")
-WEB: Final = web.AppKey("web", WebSecurity)
-WEB_WATCH: Final = web.AppKey("web_watch", TaskHealth)
 
-
-def init_app(
-    config: ServeConfig,
-    driver: NvmlDriver,
-    *,
-    catalog: Catalog | None = None,
-    cluster: ClusterAccess | None = None,
-    fleet: Fleet | None = None,
-    security: WebSecurity | None = None,
-) -> web.Application:
-    """The application; `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns
-    pod attribution on; without one, a simulated `fleet` with pods attributes from them;
+class App:
+    """The daemon: `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns pod
+    attribution on; without one, a simulated `fleet` with pods attributes from them;
     `security` (from `WebSecurity.load`) applies the web config; without it the endpoint is
     open, with `--web.max-requests` still in force."""
-    security = security or WebSecurity(None, max_requests=config.max_requests)
-    app = web.Application(client_max_size=64 * 1024, middlewares=[security.middleware])
-    app[WEB] = security
-    app[CONFIG] = config
-    app[DRIVER] = driver
-    app[CATALOG] = catalog or builtin_catalog()
-    app[CLUSTER] = cluster
-    app[FLEET] = fleet
-    app[WEB_WATCH] = TaskHealth("web_config")
-    app.cleanup_ctx.append(_attribution)
-    app.cleanup_ctx.append(_sampling)
-    app.cleanup_ctx.append(_web_config)
-    app.router.add_get("/", landing)
-    app.router.add_get(config.telemetry_path, metrics)
-    app.router.add_get("/-/healthy", healthy)
-    app.router.add_get("/-/ready", ready)
-    return app
 
-
-async def _attribution(app: web.Application) -> AsyncIterator[None]:
-    """The pod watch: started before sampling, stopped after it."""
-    cluster = app[CLUSTER]
-    config = app[CONFIG]
-    fleet = app[FLEET]
-    if "attribution" not in config.collectors:
-        log.info("pod attribution is switched off (--no-collector.attribution)")
-        yield
-        return
-    if cluster is not None:
-        # The kubernetes client costs ~20 MiB: imported only when there is a cluster.
-        from exporter.attribution.live import cluster_attributor  # noqa: PLC0415
-
-        attributor = cluster_attributor(config, cluster)
-        where: dict[str, object] = {
-            "node": cluster.node_name,
-            "cluster": cluster.source,
-            "procfs": str(config.procfs),
-            "pod_resources_socket": str(config.pod_resources_socket),
-            "dra_drivers": ",".join(config.dra_drivers) or "off",
+    def __init__(
+        self,
+        config: ServeConfig,
+        driver: NvmlDriver,
+        *,
+        catalog: Catalog | None = None,
+        cluster: ClusterAccess | None = None,
+        fleet: Fleet | None = None,
+        security: WebSecurity | None = None,
+    ) -> None:
+        self.config = config
+        self.driver = driver
+        self.catalog = catalog or builtin_catalog()
+        self.cluster = cluster
+        self.fleet = fleet
+        self.security = security or WebSecurity(None, max_requests=config.max_requests)
+        self.web_watch = TaskHealth("web_config")
+        self.attributor: Attributor | None = None
+        self._sampling: SamplingLoop | None = None
+        self._running = contextlib.AsyncExitStack()
+        self.routes: dict[str, Handler] = {
+            "/": self.landing,
+            config.telemetry_path: self.metrics,
+            "/-/healthy": self.healthy,
+            "/-/ready": self.ready,
         }
-    elif fleet is not None and fleet.pods:
-        # The attribution modules (protobuf among them) are imported only when used.
-        from exporter.simulator.cluster import NODE, simulated_attributor  # noqa: PLC0415
+        """The endpoints by path (read per request)."""
+        self.handle = self.security.guard(routed(self.routes))
 
-        attributor = simulated_attributor(
-            fleet,
-            node=config.node_name,
-            pod_labels=config.pod_labels,
-            image_pattern=config.image_pattern,
+    @property
+    def sampling(self) -> SamplingLoop:
+        """The sampling loop (once started)."""
+        assert self._sampling is not None, "App.start() first"
+        return self._sampling
+
+    async def start(self) -> None:
+        """Start everything, in order; what started is stopped again if a later part fails."""
+        async with contextlib.AsyncExitStack() as starting:
+            await starting.enter_async_context(self._attribution())
+            await starting.enter_async_context(self._sampling_loop())
+            await starting.enter_async_context(self._web_config())
+            self._running = starting.pop_all()
+
+    async def stop(self) -> None:
+        """Stop everything, in reverse order."""
+        await self._running.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _attribution(self) -> AsyncIterator[None]:
+        """The pod watch: started before sampling, stopped after it."""
+        cluster = self.cluster
+        config = self.config
+        fleet = self.fleet
+        if "attribution" not in config.collectors:
+            log.info("pod attribution is switched off (--no-collector.attribution)")
+            yield
+            return
+        if cluster is not None:
+            # The kubernetes client costs ~20 MiB: imported only when there is a cluster.
+            from exporter.attribution.live import cluster_attributor  # noqa: PLC0415
+
+            attributor = cluster_attributor(config, cluster)
+            where: dict[str, object] = {
+                "node": cluster.node_name,
+                "cluster": cluster.source,
+                "procfs": str(config.procfs),
+                "pod_resources_socket": str(config.pod_resources_socket),
+                "dra_drivers": ",".join(config.dra_drivers) or "off",
+            }
+        elif fleet is not None and fleet.pods:
+            # The attribution modules (protobuf among them) are imported only when used.
+            from exporter.simulator.cluster import NODE, simulated_attributor  # noqa: PLC0415
+
+            attributor = simulated_attributor(
+                fleet,
+                node=config.node_name,
+                pod_labels=config.pod_labels,
+                image_pattern=config.image_pattern,
+            )
+            where = {"node": config.node_name or NODE, "cluster": "the fleet file's pods"}
+        else:
+            log.info(
+                "no Kubernetes configuration (no --kubeconfig, no service account, no $KUBECONFIG): "
+                "pod attribution is off"
+            )
+            yield
+            return
+        attributor.start()
+        self.attributor = attributor
+        log.info("pod attribution on", extra=where)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(attributor.stop)
+
+    @contextlib.asynccontextmanager
+    async def _sampling_loop(self) -> AsyncIterator[None]:
+        config = self.config
+        sampling = SamplingLoop(
+            config,
+            self.driver,
+            build=BuildInfo(__version__),
+            catalog=self.catalog,
+            attributor=self.attributor,
+            own_families=_own_families(self.security),
+            background=(self.web_watch,) if config.web_config_file is not None else (),
         )
-        where = {"node": config.node_name or NODE, "cluster": "the fleet file's pods"}
-    else:
-        log.info(
-            "no Kubernetes configuration (no --kubeconfig, no service account, no $KUBECONFIG): "
-            "pod attribution is off"
+        await sampling.start()
+        self._sampling = sampling
+        sampling.begin()
+        try:
+            yield
+        finally:
+            await sampling.close()
+
+    @contextlib.asynccontextmanager
+    async def _web_config(self) -> AsyncIterator[None]:
+        """Re-read the web config when its files change; restarted if the watch fails."""
+        security = self.security
+        task = asyncio.create_task(
+            supervised(self.web_watch, security.watch), name="gpuscope-web-config"
         )
-        yield
-        return
-    attributor.start()
-    app[ATTRIBUTOR] = attributor
-    log.info("pod attribution on", extra=where)
-    yield
-    await asyncio.to_thread(attributor.stop)
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            security.close()
 
+    # -- the endpoints ----------------------------------------------------------------------------
 
-async def _sampling(app: web.Application) -> AsyncIterator[None]:
-    config = app[CONFIG]
-    sampling = SamplingLoop(
-        config,
-        app[DRIVER],
-        build=BuildInfo(__version__),
-        catalog=app[CATALOG],
-        attributor=app.get(ATTRIBUTOR),
-        own_families=_own_families(app[WEB]),
-        background=(app[WEB_WATCH],) if config.web_config_file is not None else (),
-    )
-    await sampling.start()
-    app[SAMPLING] = sampling
-    sampling.begin()
-    yield
-    await sampling.close()
+    async def metrics(self, request: Request) -> Response:
+        exposition = self.sampling.exposition
+        if exposition is None:
+            return Response.text("no sample taken yet; retry in a moment\n", 503)
+        name = negotiate(request.header("accept"))
+        rendered = exposition.rendered(name)
+        if rendered is None:  # the snapshot's first scrape in this format renders it, off the loop
+            rendered = await asyncio.to_thread(exposition.render, name)
+        exposition.mark_served(name)
+        headers = {"Content-Type": rendered.content_type, "Cache-Control": "no-store"}
+        if accepts_gzip(request.header("accept-encoding")):
+            headers["Content-Encoding"] = "gzip"
+            return Response(body=rendered.gzipped, headers=headers)
+        return Response(body=rendered.body, headers=headers)
+
+    async def healthy(self, _request: Request) -> Response:
+        """Fails when the sampling loop is dead or wedged: the kubelet then restarts the daemon."""
+        return _probe(self.sampling.alive())
+
+    async def ready(self, _request: Request) -> Response:
+        """200 once a first cycle finished and while cycles keep completing."""
+        return _probe(self.sampling.ready())
+
+    async def landing(self, _request: Request) -> Response:
+        path = html.escape(self.config.telemetry_path)
+        page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuscope</title></head>
+<body>
+<h1>gpuscope {html.escape(__version__)}</h1>
+<p>GPU metrics for Prometheus, attributed to Kubernetes pods.</p>
+<ul>
+<li><a href="{path}">{path}</a> &mdash; metrics</li>
+<li><a href="/-/healthy">/-/healthy</a> &mdash; the sampling loop is alive</li>
+<li><a href="/-/ready">/-/ready</a> &mdash; samples are current</li>
+</ul>
+</body></html>
+"""
+        return Response(body=page.encode(), content_type="text/html; charset=utf-8")
 
 
 def _own_families(security: WebSecurity) -> Callable[[], list[Metric]]:
@@ -177,62 +248,6 @@ def _web_families(counts: counters.WebCounts) -> Iterator[Metric]:
         yield metric
 
 
-async def _web_config(app: web.Application) -> AsyncIterator[None]:
-    """Re-read the web config when its files change; restarted if the watch fails."""
-    security = app[WEB]
-    health = app[WEB_WATCH]
-    task = asyncio.create_task(supervised(health, security.watch), name="gpuscope-web-config")
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    security.close()
-
-
-async def metrics(request: web.Request) -> web.Response:
-    sampling = request.app[SAMPLING]
-    exposition = sampling.exposition
-    if exposition is None:
-        return web.Response(status=503, text="no sample taken yet; retry in a moment\n")
-    name = negotiate(request.headers.get("Accept", ""))
-    rendered = exposition.rendered(name)
-    if rendered is None:  # the snapshot's first scrape in this format renders it, off the loop
-        rendered = await asyncio.to_thread(exposition.render, name)
-    exposition.mark_served(name)
-    headers = {"Content-Type": rendered.content_type, "Cache-Control": "no-store"}
-    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
-        headers["Content-Encoding"] = "gzip"
-        return web.Response(body=rendered.gzipped, headers=headers)
-    return web.Response(body=rendered.body, headers=headers)
-
-
-async def healthy(request: web.Request) -> web.Response:
-    """Fails when the sampling loop is dead or wedged: the kubelet then restarts the daemon."""
-    return _probe(request.app[SAMPLING].alive())
-
-
-async def ready(request: web.Request) -> web.Response:
-    """200 once a first cycle finished and while cycles keep completing."""
-    return _probe(request.app[SAMPLING].ready())
-
-
-def _probe(state: tuple[bool, str]) -> web.Response:
+def _probe(state: tuple[bool, str]) -> Response:
     ok, reason = state
-    return web.Response(status=200 if ok else 503, text=f"{reason}\n")
-
-
-async def landing(request: web.Request) -> web.Response:
-    path = html.escape(request.app[CONFIG].telemetry_path)
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>gpuscope</title></head>
-<body>
-<h1>gpuscope {html.escape(__version__)}</h1>
-<p>GPU metrics for Prometheus, attributed to Kubernetes pods.</p>
-<ul>
-<li><a href="{path}">{path}</a> &mdash; metrics</li>
-<li><a href="/-/healthy">/-/healthy</a> &mdash; the sampling loop is alive</li>
-<li><a href="/-/ready">/-/ready</a> &mdash; samples are current</li>
-</ul>
-</body></html>
-"""
-    return web.Response(text=page, content_type="text/html")
+    return Response.text(f"{reason}\n", 200 if ok else 503)

@@ -19,23 +19,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import web
-
 from exporter import __version__, config, logs
-from exporter.app import init_app
+from exporter.app import App
 from exporter.attribution import cluster_configured
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
-from exporter.web.server import (
-    RUNNER_LIMITS,
-    CannotListen,
-    listen,
-    resolve,
-    serve_until_stopped,
-)
+from exporter.web.server import CannotListen, listen, resolve, serve_until_stopped
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -215,21 +207,16 @@ async def _serve(
         await resolve(address)
     except CannotListen as error:
         return _fail(str(error), error.status)
-    runner = web.AppRunner(
-        init_app(
-            settings,
-            driver,
-            catalog=catalog,
-            cluster=cluster,
-            fleet=getattr(driver, "fleet", None),
-            security=security,
-        ),
-        access_log=None,
-        shutdown_timeout=SHUTDOWN_SECONDS,
-        **RUNNER_LIMITS,
+    app = App(
+        settings,
+        driver,
+        catalog=catalog,
+        cluster=cluster,
+        fleet=getattr(driver, "fleet", None),
+        security=security,
     )
     try:
-        await runner.setup()
+        await app.start()
     except NvmlUnavailable as error:
         return _fail(str(error), 1)
     # Everything imported and built so far lives as long as the process. Freezing it keeps the
@@ -241,13 +228,14 @@ async def _serve(
     # switch interval: 1 ms instead of Python's 5 ms keeps the p99 scrape latency low.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     try:
-        listening = await listen(runner, address, security)
+        listener = await listen(app.handle, address, security)
     except CannotListen as error:
+        await app.stop()
         return _fail(str(error), error.status)
     log.info(
         "listening",
         extra={
-            "address": listening,
+            "address": listener.shown(),
             "telemetry_path": settings.telemetry_path,
             "version": __version__,
             "simulate": settings.simulate or "",
@@ -255,5 +243,12 @@ async def _serve(
         },
     )
 
-    await serve_until_stopped(runner, security, settings.web_config_file, log)
+    await serve_until_stopped(
+        listener,
+        security,
+        settings.web_config_file,
+        log,
+        shutdown_seconds=SHUTDOWN_SECONDS,
+        then=app.stop,
+    )
     return 0

@@ -75,8 +75,6 @@ def configure(level: str, log_format: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(LEVELS[level])
-    # aiohttp logs every request at info on its access logger; the daemon does not want that.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 class LogOnce:

@@ -22,6 +22,7 @@ LAZY: Final = {
     "exporter.calibrate": "gpuscope calibrate",
     "exporter.rightsize": "gpuscope rightsize",
     "torch": "gpuscope calibrate",
+    "aiohttp": "gpuscope rightsize (its Prometheus client and webhooks)",
 }
 """A package (with its submodules) and what alone may import it."""
 MODULES_ENV: Final = "GPUSCOPE_TEST_MODULES_FILE"

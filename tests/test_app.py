@@ -1,27 +1,26 @@
-"""The aiohttp application in-process, on the simulator."""
+"""The daemon's application in-process, on the simulator, served on a loopback port."""
 
 from __future__ import annotations
 
 import gzip
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from exporter.app import SAMPLING, init_app
+from exporter.app import App
 from exporter.config import ServeConfig
 from exporter.simulator import SimulatedNvml, default_fleet
 from tests.helpers import eventually_async, loop_cycles_pass
 
 if TYPE_CHECKING:
-    from aiohttp.test_utils import TestClient
-
     from exporter.metrics.exposition import Exposition
     from exporter.sampling import SamplingLoop
+    from tests.served_app import AppClient
 
 CONFIG = replace(ServeConfig(), collect_interval=0.1, telemetry_path="/gpu-metrics")
 
 
-async def ready_client(aiohttp_client: object) -> TestClient:
-    client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))  # type: ignore[operator]
+async def ready_client(app_client: Any) -> AppClient:
+    client: AppClient = await app_client(App(CONFIG, SimulatedNvml(default_fleet(2))))
 
     async def ready() -> bool:
         return (await client.get("/-/ready")).status == 200
@@ -38,8 +37,8 @@ async def next_exposition(sampling: SamplingLoop) -> Exposition:
     )
 
 
-async def test_metrics_on_the_configured_path(aiohttp_client: object) -> None:
-    client = await ready_client(aiohttp_client)
+async def test_metrics_on_the_configured_path(app_client: Any) -> None:
+    client = await ready_client(app_client)
     response = await client.get("/gpu-metrics")
     assert response.status == 200
     assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -48,8 +47,8 @@ async def test_metrics_on_the_configured_path(aiohttp_client: object) -> None:
     assert (await client.get("/metrics")).status == 404
 
 
-async def test_openmetrics_and_gzip(aiohttp_client: object) -> None:
-    client = await ready_client(aiohttp_client)
+async def test_openmetrics_and_gzip(app_client: Any) -> None:
+    client = await ready_client(app_client)
     response = await client.get(
         "/gpu-metrics",
         headers={"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"},
@@ -60,9 +59,9 @@ async def test_openmetrics_and_gzip(aiohttp_client: object) -> None:
     assert gzip.decompress(await response.read()).endswith(b"# EOF\n")
 
 
-async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(aiohttp_client: object) -> None:
-    client = await ready_client(aiohttp_client)
-    sampling = client.app[SAMPLING]
+async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(app_client: Any) -> None:
+    client = await ready_client(app_client)
+    sampling = client.app.sampling
     await loop_cycles_pass(sampling, 2)  # cycles nobody scraped
     idle = sampling.exposition
     assert idle is not None
@@ -78,20 +77,26 @@ async def test_snapshots_render_eagerly_only_while_scrapes_keep_up(aiohttp_clien
         assert (await client.get("/gpu-metrics")).status == 200
 
 
-async def test_health_ready_and_landing(aiohttp_client: object) -> None:
-    client = await ready_client(aiohttp_client)
+async def test_health_ready_and_landing(app_client: Any) -> None:
+    client = await ready_client(app_client)
     assert (await client.get("/-/healthy")).status == 200
     assert (await client.get("/-/ready")).status == 200
     landing = await client.get("/")
     assert landing.status == 200
     assert 'href="/gpu-metrics"' in await landing.text()
-    head = await client.head("/gpu-metrics")
+    get, head = await client.get("/gpu-metrics"), await client.head("/gpu-metrics")
     assert head.status == 200
+    assert await head.read() == b""
+    assert head.headers["Content-Type"] == get.headers["Content-Type"]
+    assert int(head.headers["Content-Length"]) > 0
+    post = await client.request("POST", "/gpu-metrics", data=b"x")
+    assert (post.status, post.headers["Allow"]) == (405, "GET, HEAD")
+    assert (await client.request("POST", "/nowhere")).status == 404
 
 
-async def test_not_ready_before_the_first_sample(aiohttp_client: object) -> None:
-    client = await ready_client(aiohttp_client)
-    client.app[SAMPLING].exposition = None
+async def test_not_ready_before_the_first_sample(app_client: Any) -> None:
+    client = await ready_client(app_client)
+    client.app.sampling.exposition = None
     assert (await client.get("/-/ready")).status == 503
     assert (await client.get("/gpu-metrics")).status == 503
     assert (await client.get("/-/healthy")).status == 200

@@ -13,7 +13,6 @@ from exporter.metrics.exposition import (
     OPENMETRICS,
     TEXT,
     Exposition,
-    accepts_gzip,
     negotiate,
 )
 from tests.golden_fleet import render_families
@@ -46,22 +45,6 @@ PROMETHEUS_2_ACCEPT = (
 )
 def test_negotiation(accept: str, chosen: str) -> None:
     assert negotiate(accept) == chosen
-
-
-@pytest.mark.parametrize(
-    ("header", "gzip_ok"),
-    [
-        ("", False),
-        ("gzip", True),
-        ("deflate, gzip", True),
-        ("gzip;q=0", False),
-        ("br", False),
-        ("*", True),
-        ("gzip;q=0.5", True),
-    ],
-)
-def test_gzip_negotiation(header: str, gzip_ok: bool) -> None:
-    assert accepts_gzip(header) is gzip_ok
 
 
 def test_formats_render_once_and_gzip_matches() -> None:

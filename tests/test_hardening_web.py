@@ -199,7 +199,7 @@ def test_malformed_requests_never_write_their_bytes_to_the_log(tmp_path: Path) -
     config = basic_auth_config(tmp_path)
     with serving(f"--web.config.file={config}", "--log.level=debug") as run:
         for name, data in MALFORMED.items():
-            assert exchange(run.port, data).startswith(b"HTTP/1.0 400 "), name
+            assert exchange(run.port, data).startswith(b"HTTP/1.1 400 "), name
         time.sleep(0.5)  # for the log to be read
         assert_no_credentials(run.output())
         eventually(lambda: bad_requests(run, CREDENTIALS) >= len(MALFORMED), 10, "the count")

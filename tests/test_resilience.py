@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.app import SAMPLING, WEB_WATCH, init_app
+from exporter.app import App
 from exporter.config import ServeConfig
 from exporter.metrics.families import BuildInfo
 from exporter.nvml.sampler import NvmlSampler
@@ -45,9 +45,8 @@ from tests.helpers import (
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from aiohttp.test_utils import TestClient
-
     from tests.helpers import Daemon
+    from tests.served_app import AppClient
 
 STORM_SECONDS = float(os.environ.get("GPUSCOPE_TEST_STORM_SECONDS", "60"))
 """How long the scrape storm lasts: a minute by default (the README's soak runs ten)."""
@@ -343,8 +342,8 @@ def test_a_stuck_worker_holds_one_thread_and_takes_no_more_work() -> None:
 CONFIG = replace(ServeConfig(), collect_interval=0.05)
 
 
-async def _client(aiohttp_client: Any) -> TestClient:
-    client: TestClient = await aiohttp_client(init_app(CONFIG, SimulatedNvml(default_fleet(2))))
+async def _client(app_client: Any) -> AppClient:
+    client: AppClient = await app_client(App(CONFIG, SimulatedNvml(default_fleet(2))))
 
     async def ready() -> bool:
         return (await client.get("/-/ready")).status == 200
@@ -353,9 +352,9 @@ async def _client(aiohttp_client: Any) -> TestClient:
     return client
 
 
-async def test_a_wedged_sampling_loop_fails_ready_then_healthy(aiohttp_client: Any) -> None:
-    client = await _client(aiohttp_client)
-    sampling = client.app[SAMPLING]
+async def test_a_wedged_sampling_loop_fails_ready_then_healthy(app_client: Any) -> None:
+    client = await _client(app_client)
+    sampling = client.app.sampling
     sampling.bounds = HealthBounds(ready_seconds=0.3, alive_seconds=0.8)
     release = threading.Event()
     real_cycle = sampling.cycle
@@ -418,9 +417,9 @@ def test_a_driver_wedged_as_a_whole_fails_the_probes_and_still_stops(tmp_path: P
     assert log_lines(daemon, "stuck in a driver call")
 
 
-async def test_a_dead_sampling_loop_fails_healthy(aiohttp_client: Any) -> None:
-    client = await _client(aiohttp_client)
-    sampling = client.app[SAMPLING]
+async def test_a_dead_sampling_loop_fails_healthy(app_client: Any) -> None:
+    client = await _client(app_client)
+    sampling = client.app.sampling
     task = sampling.task
     assert task is not None
     task.cancel()
@@ -477,12 +476,12 @@ async def test_a_crashing_task_is_restarted_and_reported() -> None:
         await task
 
 
-async def test_background_tasks_show_as_collectors(aiohttp_client: Any, tmp_path: Path) -> None:
+async def test_background_tasks_show_as_collectors(app_client: Any, tmp_path: Path) -> None:
     web_config = tmp_path / "web.yml"
     web_config.write_text("http_server_config: {headers: {X-Test: yes}}\n")
     config = replace(CONFIG, web_config_file=web_config)
-    client: TestClient = await aiohttp_client(init_app(config, SimulatedNvml(default_fleet(1))))
-    client.app[WEB_WATCH].healthy = False
+    client: AppClient = await app_client(App(config, SimulatedNvml(default_fleet(1))))
+    client.app.web_watch.healthy = False
 
     async def reported() -> str | None:
         response = await client.get("/metrics")

@@ -17,17 +17,18 @@ from typing import TYPE_CHECKING
 import bcrypt
 import pytest
 import trustme
-from aiohttp import web
 
-from exporter.app import init_app
+from exporter.app import App
 from exporter.config import ServeConfig
 from exporter.simulator import SimulatedNvml, default_fleet
+from exporter.web.http import Request, Response
 from exporter.web.security import AUTH_RETRY_SECONDS, WebSecurity
-from exporter.web.server import RUNNER_LIMITS, Connections, GuardedSite
+from exporter.web.server import Connections
 from tests.helpers import daemon_command, running_daemon
+from tests.served_app import AppClient
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
     from pathlib import Path
 
 CONFIG = replace(ServeConfig(), collect_interval=0.1)
@@ -43,9 +44,8 @@ def basic(user: str, password: str) -> dict[str, str]:
 class Server:
     """The daemon's app and listener on a loopback port, for one test."""
 
-    def __init__(self, security: WebSecurity, runner: web.AppRunner, port: int) -> None:
+    def __init__(self, security: WebSecurity, port: int) -> None:
         self.security = security
-        self.runner = runner
         self.port = port
 
     async def request(
@@ -83,35 +83,25 @@ class Server:
 
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
-    runners: list[web.AppRunner] = []
+    started: list[AppClient] = []
 
     async def start(
         web_config: str | None,
         *,
         max_requests: int = 40,
         connections: Connections | None = None,
-        extra_routes: dict[str, Callable[[web.Request], object]] | None = None,
+        extra_routes: dict[str, Callable[[Request], Awaitable[Response]]] | None = None,
     ) -> Server:
         path = None
         if web_config is not None:
             path = tmp_path / "web-config.yml"
             path.write_text(web_config)
         security = WebSecurity.load(path, max_requests=max_requests, connections=connections)
-        app = init_app(CONFIG, SimulatedNvml(default_fleet(1)), security=security)
-        for route, handler in (extra_routes or {}).items():
-            app.router.add_get(route, handler)  # type: ignore[arg-type]
-        runner = web.AppRunner(app, **RUNNER_LIMITS)
-        await runner.setup()
-        runners.append(runner)
-        site = GuardedSite(
-            runner,
-            "127.0.0.1",
-            0,
-            connections=security.connections,
-            ssl_context=security.ssl_context,
-        )
-        await site.start()
-        server = Server(security, runner, runner.addresses[0][1])
+        app = App(CONFIG, SimulatedNvml(default_fleet(1)), security=security)
+        app.routes.update(extra_routes or {})
+        client = await AppClient(app).start()
+        started.append(client)
+        server = Server(security, client.port)
         for _ in range(200):
             if security.ssl_context is not None or (await server.request("/-/ready"))[0] == 200:
                 break
@@ -119,8 +109,8 @@ async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
         return server
 
     yield start
-    for runner in runners:
-        await runner.cleanup()
+    for client in started:
+        await client.close()
 
 
 async def refused(server: Server, context: ssl.SSLContext) -> bool:
@@ -280,9 +270,9 @@ async def test_headers_and_rate_limit(serve) -> None:  # type: ignore[no-untyped
 async def test_requests_beyond_max_requests_get_503(serve) -> None:  # type: ignore[no-untyped-def]
     gate = asyncio.Event()
 
-    async def slow(_request: web.Request) -> web.Response:
+    async def slow(_request: Request) -> Response:
         await gate.wait()
-        return web.Response(text="done")
+        return Response.text("done")
 
     server = await serve(None, max_requests=2, extra_routes={"/slow": slow})
     held = [asyncio.create_task(server.request("/slow")) for _ in range(2)]

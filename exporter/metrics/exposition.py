@@ -201,15 +201,3 @@ def negotiate(accept: str) -> str:
         if part.split(";", 1)[0].strip() == "application/openmetrics-text":
             return OPENMETRICS
     return TEXT
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    for part in accept_encoding.split(","):
-        coding, _, params = part.strip().partition(";")
-        if coding.strip().lower() in {"gzip", "*"}:
-            quality = params.replace(" ", "").lower().removeprefix("q=")
-            try:
-                return not params or float(quality) > 0
-            except ValueError:
-                return True
-    return False

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -39,7 +40,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -57,17 +57,12 @@ from exporter.settings import ConfigError
 from exporter.supervise import DaemonExecutor, TaskHealth, supervised
 from exporter.web import counters
 from exporter.web.config import WebConfigError
+from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
-from exporter.web.server import (
-    RUNNER_LIMITS,
-    CannotListen,
-    listen,
-    resolve,
-    serve_until_stopped,
-)
+from exporter.web.server import CannotListen, listen, resolve, serve_until_stopped
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
     from exporter.rightsize.report import Report, WorkloadRow
 
@@ -486,134 +481,146 @@ def web_families(counts: counters.WebCounts) -> Iterator[Metric]:
         yield metric
 
 
-REFRESHER: Final = web.AppKey("refresher", Refresher)
-SECURITY: Final = web.AppKey("security", WebSecurity)
-TASKS: Final = web.AppKey("tasks", TaskHealth)
-REGISTRY: Final = web.AppKey("registry", CollectorRegistry)
-BACKGROUND: Final = web.AppKey("background", list[asyncio.Task[None]])
+class App:
+    """The report server: the refresher, the endpoint's security, the server's own registry,
+    and the background tasks (started once it listens, stopped by `stop`)."""
 
-
-def init_app(config: ServeConfig, security: WebSecurity) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024, middlewares=[security.middleware])
-    refresher = Refresher(config)
-    app[REFRESHER] = refresher
-    app[SECURITY] = security
-    app[TASKS] = TaskHealth("refresh")
-    registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(registry=registry)
-    registry.register(_Collect(lambda: [*refresher.families(), *web_families(security.counts())]))
-    app[REGISTRY] = registry
-    app[BACKGROUND] = []
-    app.on_cleanup.append(stop_background)
-    app.router.add_get("/", page)
-    app.router.add_get("/api/v1/report", document)
-    app.router.add_get("/patches.tar.gz", patches)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/-/healthy", healthy)
-    app.router.add_get("/-/ready", ready)
-    return app
-
-
-def start_background(app: web.Application) -> None:
-    """The refresh loop and the web config's watch, each restarted if it crashes: started once
-    the server listens, so that a server that cannot listen never queries Prometheus."""
-    refresher, security, health = app[REFRESHER], app[SECURITY], app[TASKS]
-    app[BACKGROUND].extend(
-        (
-            asyncio.create_task(supervised(health, refresher.run), name="gpuscope-refresh-loop"),
-            asyncio.create_task(
-                supervised(TaskHealth("web_config"), security.watch), name="gpuscope-web-config"
-            ),
+    def __init__(self, config: ServeConfig, security: WebSecurity) -> None:
+        self.refresher = Refresher(config)
+        self.security = security
+        self.tasks = TaskHealth("refresh")
+        refresher = self.refresher
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        self.registry.register(
+            _Collect(lambda: [*refresher.families(), *web_families(security.counts())])
         )
-    )
-
-
-async def stop_background(app: web.Application) -> None:
-    for task in app[BACKGROUND]:
-        task.cancel()
-    for task in app[BACKGROUND]:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    app[REFRESHER].close()
-    app[SECURITY].close()
-
-
-def _not_yet() -> web.Response:
-    return web.Response(
-        status=503,
-        text="the first report is being made; retry in a moment\n",
-        headers={"Retry-After": "10"},
-    )
-
-
-def _served(
-    body: Callable[[Published], bytes],
-    content_type: str,
-    *,
-    headers: Mapping[str, str],
-    compress: bool,
-    charset: str | None = None,
-) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """A handler that sends one of the last refresh's rendered bodies (503 before the first)."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        published = request.app[REFRESHER].published
-        if published is None:
-            return _not_yet()
-        response = web.Response(
-            body=body(published), content_type=content_type, charset=charset, headers=headers
+        self._background: list[asyncio.Task[None]] = []
+        self.handle = security.guard(
+            routed(
+                {
+                    "/": self._served(
+                        lambda published: published.page,
+                        "text/html; charset=utf-8",
+                        headers=_NO_STORE,
+                        compress=True,
+                    ),
+                    "/api/v1/report": self._served(
+                        lambda published: published.document,
+                        "application/json",
+                        headers=_NO_STORE,
+                        compress=True,
+                    ),
+                    "/patches.tar.gz": self._served(
+                        lambda published: published.patches,
+                        "application/gzip",
+                        headers={
+                            "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'
+                        },
+                        compress=False,
+                    ),
+                    "/metrics": self.metrics,
+                    "/-/healthy": self.healthy,
+                    "/-/ready": self.ready,
+                }
+            )
         )
-        if compress:
-            response.enable_compression()
-        return response
 
-    return handler
+    def start_background(self) -> None:
+        """The refresh loop and the web config's watch, each restarted if it crashes: started
+        once the server listens, so that a server that cannot listen never queries Prometheus."""
+        self._background.extend(
+            (
+                asyncio.create_task(
+                    supervised(self.tasks, self.refresher.run), name="gpuscope-refresh-loop"
+                ),
+                asyncio.create_task(
+                    supervised(TaskHealth("web_config"), self.security.watch),
+                    name="gpuscope-web-config",
+                ),
+            )
+        )
+
+    async def stop(self) -> None:
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.refresher.close()
+        self.security.close()
+
+    def _served(
+        self,
+        body: Callable[[Published], bytes],
+        content_type: str,
+        *,
+        headers: Mapping[str, str],
+        compress: bool,
+    ) -> Handler:
+        """A handler that sends one of the last refresh's rendered bodies (503 before the
+        first)."""
+
+        async def handler(request: Request) -> Response:
+            published = self.refresher.published
+            if published is None:
+                return _not_yet()
+            response = Response(body=body(published), content_type=content_type, headers=headers)
+            return await _compressed(request, response) if compress else response
+
+        return handler
+
+    async def metrics(self, request: Request) -> Response:
+        body = generate_latest(self.registry)
+        if self.refresher.published is not None:
+            body += self.refresher.published.recommendations
+        response = Response(
+            body=body, headers={"Content-Type": TEXT_FORMAT, "Cache-Control": "no-store"}
+        )
+        return await _compressed(request, response)
+
+    async def healthy(self, _request: Request) -> Response:
+        ok, reason = self.refresher.alive()
+        ok = ok and self.tasks.healthy
+        return Response.text(f"{reason if ok else 'unhealthy'}\n", 200 if ok else 503)
+
+    async def ready(self, _request: Request) -> Response:
+        if self.refresher.published is None:
+            return Response.text("no report yet\n", 503)
+        return Response.text("ok\n")
 
 
 _NO_STORE: Final = {"Cache-Control": "no-store"}
-page = _served(
-    lambda published: published.page,
-    "text/html",
-    charset="utf-8",
-    headers=_NO_STORE,
-    compress=True,
-)
-document = _served(
-    lambda published: published.document,
-    "application/json",
-    headers=_NO_STORE,
-    compress=True,
-)
-patches = _served(
-    lambda published: published.patches,
-    "application/gzip",
-    headers={"Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'},
-    compress=False,
-)
+COMPRESS_IN_THREAD: Final = 64 * 1024
+"""A body larger than this is compressed off the event loop."""
 
 
-async def metrics(request: web.Request) -> web.StreamResponse:
-    refresher = request.app[REFRESHER]
-    body = generate_latest(request.app[REGISTRY])
-    if refresher.published is not None:
-        body += refresher.published.recommendations
-    response = web.Response(
-        body=body, headers={"Content-Type": TEXT_FORMAT, "Cache-Control": "no-store"}
+@functools.lru_cache(maxsize=8)
+def _gzip(body: bytes) -> bytes:
+    """A body compressed; a published body is the same object until the next refresh, so each
+    is compressed once."""
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+async def _compressed(request: Request, response: Response) -> Response:
+    """`response` gzipped when the client accepts it."""
+    if not accepts_gzip(request.header("accept-encoding")):
+        return response
+    body = response.body
+    response.body = (
+        await asyncio.to_thread(_gzip, body) if len(body) > COMPRESS_IN_THREAD else _gzip(body)
     )
-    response.enable_compression()
+    response.headers["Content-Encoding"] = "gzip"
+    response.headers["Vary"] = "Accept-Encoding"
     return response
 
 
-async def healthy(request: web.Request) -> web.Response:
-    ok, reason = request.app[REFRESHER].alive()
-    ok = ok and request.app[TASKS].healthy
-    return web.Response(status=200 if ok else 503, text=f"{reason if ok else 'unhealthy'}\n")
-
-
-async def ready(request: web.Request) -> web.Response:
-    if request.app[REFRESHER].published is None:
-        return web.Response(status=503, text="no report yet\n")
-    return web.Response(text="ok\n")
+def _not_yet() -> Response:
+    return Response.text(
+        "the first report is being made; retry in a moment\n",
+        503,
+        headers={"Retry-After": "10"},
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -641,18 +648,17 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
         await resolve(address)
     except CannotListen as error:
         return _cannot_listen(error)
-    app = init_app(config, security)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS, **RUNNER_LIMITS)
-    await runner.setup()
+    app = App(config, security)
     try:
-        listening = await listen(runner, address, security)
+        listener = await listen(app.handle, address, security)
     except CannotListen as error:
+        await app.stop()
         return _cannot_listen(error)
-    start_background(app)
+    app.start_background()
     log.info(
         "listening",
         extra={
-            "address": listening,
+            "address": listener.shown(),
             "version": __version__,
             "refresh": format_duration(config.refresh),
             "source": config.run.connection.url,
@@ -660,7 +666,14 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
             **security.describe(),
         },
     )
-    await serve_until_stopped(runner, security, config.web_config_file, log)
+    await serve_until_stopped(
+        listener,
+        security,
+        config.web_config_file,
+        log,
+        shutdown_seconds=SHUTDOWN_SECONDS,
+        then=app.stop,
+    )
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The endpoint's security, as the web config file says, and its limits, as one middleware.
+"""The endpoint's security, as the web config file says, and its limits, around every handler.
 
 `WebSecurity.load(path)` reads the file at start (a bad one raises `WebConfigError`: exit status
 2). The daemon then re-checks it every `CHECK_SECONDS` — the file and every file it names (the
@@ -7,15 +7,15 @@ A changed file is parsed and loaded in full before anything is replaced: a bad o
 one line (once per version of the files) and the previous config stays in force. Switching TLS on
 or off needs a restart (the listening socket is plain or TLS from its start).
 
-Per request, in order: a request that is not HTTP/1.x gets 400; health probes (`/-/healthy`,
-`/-/ready`) pass without any check; then the credentials, before anything a valid client needs
+Per request (the listener has refused what is not HTTP/1.x), in order: health probes
+(`/-/healthy`, `/-/ready`) pass without any check; then the credentials, before anything a valid client needs
 is spent: a client certificate where one is required (403), its allowed SANs (the connection is
 closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and the concurrent
 request limit (503). Credentials cached as valid are answered on the event loop; others wait
 for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once (half of them for user
 names the config does not have) and one per client address, none for `AUTH_RETRY_SECONDS` after
-one of its fails (429 at once otherwise). The
-configured headers go on every response. Nothing secret is logged: not a password, a hash or a
+one of its fails (429 at once otherwise). A request in a slot keeps it until its response is
+written. The configured headers go on every response. Nothing secret is logged: not a password, a hash or a
 key, nor the YAML around them.
 """
 
@@ -30,8 +30,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import HttpVersion10, web
-
 from exporter.web.auth import BasicAuth, credentials
 from exporter.web.config import (
     MAX_BYTES,
@@ -41,19 +39,18 @@ from exporter.web.config import (
     parse_web_config,
 )
 from exporter.web.counters import CLOSES, REFUSALS, WebCounts
+from exporter.web.http import Handler, Request, Response
 from exporter.web.server import Connections
 from exporter.web.tls import LiveTls, server_context
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
     from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 CHECK_SECONDS: Final = 1.0
-WRITE_SECONDS: Final = 30.0
-"""A response must be written within this long: a client that stops reading is cut off."""
 HEALTH_PATHS: Final = frozenset({"/-/healthy", "/-/ready"})
 """Always reachable (over TLS when TLS is on): the kubelet's probes send no credentials."""
 AUTH_QUEUE: Final = 8
@@ -273,27 +270,16 @@ class WebSecurity:
             refused=tuple(dict(self._refused).items()),
         )
 
-    @web.middleware
-    async def middleware(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
-        self.connections.request_started(request.transport)
-        try:
-            return await self._guarded(request, handler)
-        finally:
-            self.connections.request_finished(request.transport)
+    def guard(self, handler: Handler) -> Handler:
+        """`handler` behind the web config's checks and the request limit."""
 
-    async def _guarded(
-        self,
-        request: web.Request,
-        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    ) -> web.StreamResponse:
+        async def guarded(request: Request) -> Response:
+            return await self._guarded(request, handler)
+
+        return guarded
+
+    async def _guarded(self, request: Request, handler: Handler) -> Response:
         active = self._active
-        if request.version < HttpVersion10:
-            self.connections.bad_requests += 1
-            return self._headed(_not_http1(), active)
         if request.path in HEALTH_PATHS:
             return self._headed(await handler(request), active)
         if active.guarded:
@@ -304,65 +290,58 @@ class WebSecurity:
                 return self._headed(refusal, active)
         if active.limiter is not None and not active.limiter.allow():
             self._refused["rate_limited"] += 1
-            return self._headed(web.Response(status=429, text="Too Many Requests\n"), active)
+            return self._headed(Response.text("Too Many Requests\n", 429), active)
         if self._max_requests and self._in_flight >= self._max_requests:
             self._refused["busy"] += 1
             return self._headed(
-                web.Response(
-                    status=503,
-                    text=f"{self._in_flight} requests in flight (--web.max-requests); retry\n",
+                Response.text(
+                    f"{self._in_flight} requests in flight (--web.max-requests); retry\n", 503
                 ),
                 active,
             )
         self._in_flight += 1
         try:
             response = self._headed(await handler(request), active)
-            # Written here, inside the in-flight count and under a deadline, so that a client
-            # that stops reading holds neither a request slot nor its response for long. (A
-            # timer handle, not asyncio.timeout: this is every scrape's path.)
-            transport = request.transport
-            deadline = asyncio.get_running_loop().call_later(WRITE_SECONDS, _abort, transport)
-            try:
-                await response.prepare(request)
-                await response.write_eof()
-            finally:
-                deadline.cancel()
+            # Written here, inside the in-flight count, so that a client that stops reading
+            # holds its slot (and its response) only as long as the listener's write deadline.
+            if request.send is not None:
+                await request.send(response)
             return response
         finally:
             self._in_flight -= 1
 
-    async def _refusal(self, request: web.Request, active: _Active) -> web.Response | None:
+    async def _refusal(self, request: Request, active: _Active) -> Response | None:
         tls = active.config.tls
         if tls is not None and tls.verifies_clients:
             transport = request.transport
             peer = transport.get_extra_info("peercert") if transport is not None else None
             if not peer and tls.requires_client_cert:
                 self._refused["forbidden"] += 1
-                return web.Response(status=403, text="a client certificate is required\n")
+                return Response.text("a client certificate is required\n", 403)
             if peer and tls.client_allowed_sans and not _allowed(peer, tls.client_allowed_sans):
                 self._refused["forbidden"] += 1
                 if transport is not None:
                     transport.abort()  # as the toolkit: end the connection, answer nothing
-                return web.Response(status=403)
+                return Response(403)
         if active.auth is None:
             return None
-        given = credentials(request.headers.get("Authorization"))
+        given = credentials(request.headers.get("authorization"))
         answer = None if given is None else active.auth.cached(*given)
         if given is not None and answer is None:
             answer = await self._check(request.remote or "", active.auth, given)
             if answer is None:
                 self._refused["auth_busy"] += 1
-                return web.Response(
-                    status=429,
-                    text="too many credential checks at once; retry\n",
+                return Response.text(
+                    "too many credential checks at once; retry\n",
+                    429,
                     headers={"Retry-After": "1"},
                 )
         if answer:
             return None
         self._refused["unauthorized"] += 1
-        return web.Response(
-            status=401,
-            text="Unauthorized\n",
+        return Response.text(
+            "Unauthorized\n",
+            401,
             headers={"WWW-Authenticate": 'Basic realm="gpuscope", charset="UTF-8"'},
         )
 
@@ -396,21 +375,10 @@ class WebSecurity:
         return answer
 
     @staticmethod
-    def _headed(response: web.StreamResponse, active: _Active) -> web.StreamResponse:
+    def _headed(response: Response, active: _Active) -> Response:
         for name, value in active.config.headers:
             response.headers[name] = value
         return response
-
-
-def _not_http1() -> web.Response:
-    response = web.Response(status=400, text="HTTP/1.0 or HTTP/1.1 requests only\n")
-    response.force_close()
-    return response
-
-
-def _abort(transport: asyncio.BaseTransport | None) -> None:
-    if isinstance(transport, asyncio.Transport):
-        transport.abort()
 
 
 def _allowed(peer: dict[str, object], sans: tuple[str, ...]) -> bool:

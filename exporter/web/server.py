@@ -1,11 +1,11 @@
-"""The listener: aiohttp's HTTP/1.1 server behind a thin guard that bounds slow and excess clients.
+"""The listener: HTTP/1.1 (`exporter.web.http`) over asyncio's transports, bounding slow and
+excess clients.
 
-aiohttp closes a connection that stays idle between requests for `IDLE_SECONDS`, but a client
-that trickles a request header a byte at a time is not idle, and could hold its connection for as
-long as it likes. The guard gives every request `HEADER_SECONDS` from its first byte to the end
-of its header, after which the connection is closed (a connection that sends nothing at all is
-idle, and closed after `IDLE_SECONDS`); a TLS handshake gets `TLS_HANDSHAKE_SECONDS`; and the
-request line and headers are capped in size (aiohttp answers 400).
+Every request gets `HEADER_SECONDS` from its first byte to the end of its head and body, after
+which the connection is closed; a connection that sends nothing between requests is idle, and
+closed after `IDLE_SECONDS`; a TLS handshake gets `TLS_HANDSHAKE_SECONDS`; a response must be
+written within `WRITE_SECONDS` (a client that stops reading is cut off). One sweep a few times per
+`HEADER_SECONDS` checks the deadlines: a timestamp per request on the scrape path, never a timer.
 
 At most `MAX_CONNECTIONS` are open at once (fewer if the open-file limit cannot be raised to fit
 them). A new connection past the cap is not refused: the open connection that has gone longest
@@ -14,17 +14,22 @@ So a crowd of idle connections can never shut out the kubelet's probes or Promet
 connection whose request is being answered is never closed (and those are bounded by
 `--web.max-requests`, the probes aside).
 
-A request aiohttp refuses as malformed (400) is the client's mistake, not the server's error: it
-is counted, and logged at debug level at most once per `BAD_REQUEST_LOG_SECONDS`, by the kind of
-mistake only. aiohttp's own message quotes the request's bytes, an `Authorization` header
-included, and is never logged.
-The response's own write is bounded in `exporter.web.security`.
+A request refused as malformed is the client's mistake, not the server's error: it is counted,
+and logged at debug level at most once per `BAD_REQUEST_LOG_SECONDS`, by the kind of mistake
+only — never its bytes, which may hold an `Authorization` header. The connection is then closed
+after the answer, reading (and dropping) what the client still sends for up to `LINGER_SECONDS`
+so that the answer is not lost to a reset.
+
+Requests on one connection are answered in order, one at a time (pipelined ones wait in the
+buffer, which stops being read past `MAX_PIPELINED` bytes). A handler's exception is logged and
+answered 500; the connection and the server go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -32,14 +37,25 @@ import resource
 import signal
 import socket
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Final
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Final
 
-from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from yarl import URL
+from exporter.web.http import (
+    MAX_BODY,
+    MAX_HEAD,
+    BadRequest,
+    Handler,
+    Request,
+    Response,
+    encode_head,
+    expects_continue,
+    head_end,
+    parse_head,
+)
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
     from exporter.settings import ListenAddress
@@ -50,6 +66,8 @@ log = logging.getLogger(__name__)
 HEADER_SECONDS: Final = 10.0
 IDLE_SECONDS: Final = 75.0
 TLS_HANDSHAKE_SECONDS: Final = 10.0
+WRITE_SECONDS: Final = 30.0
+LINGER_SECONDS: Final = 2.0
 MAX_CONNECTIONS: Final = 4096
 BACKLOG: Final = 1024
 """Connections the kernel holds for the listener to accept: a burst of new connections past it
@@ -57,90 +75,125 @@ costs the next one (a probe's, say) a SYN retransmitted a second later. asyncio'
 SPARE_FILES: Final = 256
 """Open files kept for everything but client connections (files, the API server, NVML)."""
 BAD_REQUEST_LOG_SECONDS: Final = 60.0
-RUNNER_LIMITS: Final[dict[str, Any]] = {
-    "keepalive_timeout": IDLE_SECONDS,
-    "max_line_size": 4096,
-    "max_field_size": 4096,
-    "max_headers": 64,
-    "lingering_time": 2.0,
-}
-"""aiohttp's own limits, passed to `web.AppRunner`."""
+CHUNK: Final = 64 * 1024
+"""A response is written this much at a time, each after the last has drained: a slow reader
+holds one chunk in the transport's buffer, never a copy of the whole body."""
+MAX_PIPELINED: Final = MAX_HEAD + MAX_BODY
+"""Bytes of later requests buffered while one is answered; past it the socket is not read."""
 
 
 class Connections:
-    """The open connections' guards, found by transport (the request handler knows only that),
-    least recently answered first; the sweep that closes those whose request header is overdue;
-    and the listener's counts. Event loop only, but for the counts, which the sampler thread
-    reads (each an int, replaced whole)."""
+    """The open connections, found by transport, least recently answered first; the sweep that
+    closes those whose request is overdue or whose idleness ran out; and the listener's counts.
+    Event loop only, but for the counts, which the sampler thread reads (each an int, replaced
+    whole)."""
 
     def __init__(self, *, header_seconds: float = HEADER_SECONDS, limit: int = MAX_CONNECTIONS):
         self.header_seconds = header_seconds
+        self.idle_seconds = IDLE_SECONDS
         self.limit = limit
-        self._open: OrderedDict[asyncio.BaseTransport, _Guard] = OrderedDict()
-        self._closing: set[asyncio.BaseTransport] = set()
+        self._open: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
+        self._closing: dict[asyncio.Transport, _Connection] = {}
+        self.stopping = False
+        """The listener is stopping: every response closes its connection."""
+        self._quiet = asyncio.Event()
+        """Set, while stopping, once no request is being answered."""
         self.closed_slow = 0
-        """Connections closed for taking too long to send a request header."""
+        """Connections closed for taking too long to send a request."""
         self.evicted = 0
         """Connections closed to make room for a new one when `limit` were open."""
         self.refused = 0
         """Connections closed on arrival: `limit` were open, each with a request being answered."""
         self.bad_requests = 0
-        """Requests refused as malformed (400)."""
-        self.request_log = RequestLog(self)
+        """Requests refused as malformed (400 and the like)."""
+        self._logged_at = -math.inf
+        self._unlogged = 0
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def request_started(self, transport: asyncio.BaseTransport | None) -> None:
-        guard = self._open.get(transport) if transport is not None else None
-        if guard is not None:
-            guard.header_since = None
-            guard.in_request = True
+    def bad_request(self, kind: str) -> None:
+        """Count a malformed request; log the count at debug level at most once per
+        `BAD_REQUEST_LOG_SECONDS`, with the kind of the last one (never its bytes)."""
+        self.bad_requests += 1
+        self._unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._logged_at >= BAD_REQUEST_LOG_SECONDS:
+            log.debug(
+                "malformed requests refused (400)",
+                extra={"requests": self._unlogged, "last": kind},
+            )
+            self._logged_at, self._unlogged = now, 0
 
-    def request_finished(self, transport: asyncio.BaseTransport | None) -> None:
-        guard = self._open.get(transport) if transport is not None else None
-        if transport is not None and guard is not None:
-            guard.in_request = False  # the next request's header is timed from its first byte
+    def request_finished(self, transport: asyncio.Transport) -> None:
+        if transport in self._open:
             self._open.move_to_end(transport)  # the last to make room for a new connection
+        self._check_quiet()
+
+    def _check_quiet(self) -> None:
+        if self.stopping and not self._answering():
+            self._quiet.set()
 
     async def sweep(self) -> None:
-        """Close connections whose header is overdue, a few times per `header_seconds`: one
-        timestamp per request instead of a timer per request on the scrape path."""
+        """Close connections whose request is overdue, or idle for too long, a few times per
+        `header_seconds`."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.header_seconds / 4)
-            overdue = loop.time() - self.header_seconds
-            for transport, guard in list(self._open.items()):
-                since = guard.header_since
-                if since is not None and since < overdue and not guard.in_request:
-                    self.closed_slow += 1
+            await asyncio.sleep(min(self.header_seconds, self.idle_seconds) / 4)
+            now = loop.time()
+            for transport, connection in list(self._open.items()):
+                if connection.in_request:
+                    continue
+                since = connection.header_since
+                if since is not None:
+                    if since < now - self.header_seconds:
+                        self.closed_slow += 1
+                        self._close(transport)
+                elif connection.idle_since < now - self.idle_seconds:
                     self._close(transport)
 
-    def _add(self, transport: asyncio.BaseTransport, guard: _Guard) -> bool:
+    def _add(self, transport: asyncio.Transport, connection: _Connection) -> bool:
         if len(self._open) >= self.limit:
-            victim = next((t for t, g in self._open.items() if not g.in_request), None)
+            victim = next((t for t, c in self._open.items() if not c.in_request), None)
             if victim is None:
                 self.refused += 1
                 return False
             self.evicted += 1
             self._close(victim)
-        self._open[transport] = guard
+        self._open[transport] = connection
         return True
 
-    def _close(self, transport: asyncio.BaseTransport) -> None:
+    def _close(self, transport: asyncio.Transport) -> None:
         """Close now; it stops counting against the cap at once, not when the loop gets to
         `connection_lost`."""
-        del self._open[transport]
-        self._closing.add(transport)
+        self._closing[transport] = self._open.pop(transport)
         transport.close()
 
-    def _remove(self, transport: asyncio.BaseTransport) -> bool:
-        if self._open.pop(transport, None) is not None:
-            return True
-        if transport in self._closing:
-            self._closing.discard(transport)
-            return True
-        return False
+    def _release(self, transport: asyncio.Transport) -> None:
+        """A connection that is closing by itself (lingering) stops counting against the cap."""
+        connection = self._open.pop(transport, None)
+        if connection is not None:
+            self._closing[transport] = connection
+
+    def _remove(self, transport: asyncio.Transport) -> None:
+        self._open.pop(transport, None)
+        self._closing.pop(transport, None)
+        self._check_quiet()
+
+    def _answering(self) -> int:
+        return sum(connection.in_request for connection in self._open.values())
+
+    def _close_idle(self) -> None:
+        for transport, connection in list(self._open.items()):
+            if not connection.in_request:
+                self._close(transport)
+
+    def _abort_all(self) -> None:
+        for transport, connection in [*self._open.items(), *self._closing.items()]:
+            connection.cancel()
+            transport.abort()
+        self._open.clear()
+        self._closing.clear()
 
     def fit_open_files(self) -> None:
         """Raise the open-file limit to what `limit` connections need if the hard limit allows;
@@ -162,135 +215,308 @@ class Connections:
             )
 
 
-class RequestLog(logging.Logger):
-    """aiohttp's server logger for one listener (its request handler's `logger`): requests it
-    refuses as malformed are counted, and logged at debug level at most once per
-    `BAD_REQUEST_LOG_SECONDS` by the kind of mistake only; everything else goes on to aiohttp's
-    own logger, at its level."""
+class _Connection(asyncio.Protocol):
+    """One client connection: its requests parsed as they arrive, each answered by the handler
+    in a task of its own, one at a time, the response written under flow control."""
 
-    def __init__(self, connections: Connections) -> None:
-        super().__init__("aiohttp.server")
-        self.parent = logging.getLogger("aiohttp.server")
-        self._connections = connections
-        self._logged_at = -math.inf
-        self._unlogged = 0
+    __slots__ = (
+        "_buffer",
+        "_close_after",
+        "_connections",
+        "_eof",
+        "_handler",
+        "_loop",
+        "_paused_reading",
+        "_paused_writing",
+        "_request",
+        "_task",
+        "_transport",
+        "_writable",
+        "header_since",
+        "idle_since",
+        "in_request",
+        "lingering",
+    )
 
-    def isEnabledFor(self, level: int) -> bool:  # noqa: ARG002, N802 - logging's name
-        """Every record reaches `handle`, which counts refusals whatever the log level."""
-        return True
-
-    def handle(self, record: logging.LogRecord) -> None:
-        error = record.exc_info[1] if record.exc_info else None
-        if isinstance(error, HttpProcessingError):
-            self._bad_request(error)
-        elif record.levelno >= self.getEffectiveLevel():
-            super().handle(record)
-
-    def _bad_request(self, error: HttpProcessingError) -> None:
-        self._connections.bad_requests += 1
-        self._unlogged += 1
-        now = asyncio.get_running_loop().time()
-        if now - self._logged_at >= BAD_REQUEST_LOG_SECONDS:
-            log.debug(
-                "malformed requests refused (400)",
-                extra={"requests": self._unlogged, "last": type(error).__name__},
-            )
-            self._logged_at, self._unlogged = now, 0
-
-
-class _Guard(asyncio.Protocol):
-    """Stands between the transport and aiohttp's request handler, passing every call through,
-    and notes when a request's first byte arrived."""
-
-    __slots__ = ("_connections", "_inner", "_loop", "_transport", "header_since", "in_request")
-
-    def __init__(self, inner: asyncio.Protocol, connections: Connections) -> None:
-        self._inner = inner
+    def __init__(self, handler: Handler, connections: Connections) -> None:
+        self._handler = handler
         self._connections = connections
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.BaseTransport | None = None
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._request: Request | None = None
+        """A request whose body is still being read."""
+        self._task: asyncio.Task[None] | None = None
+        self._writable: asyncio.Future[None] | None = None
+        self._paused_writing = False
+        self._paused_reading = False
+        self._close_after = False
+        self._eof = False
         self.header_since: float | None = None
+        """When the first byte of the request being read arrived; None between requests."""
+        self.idle_since = self._loop.time()
         self.in_request = False
+        """A request is being answered: the connection is neither overdue nor evictable."""
+        self.lingering = False
+
+    # -- asyncio's calls ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         self._transport = transport
         if not self._connections._add(transport, self):
             transport.close()
-            return
-        self._inner.connection_made(transport)  # idle until the first byte: aiohttp's timeout
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering or self._transport is None:
+            return
         if self.header_since is None and not self.in_request:
             self.header_since = self._loop.time()
-        self._inner.data_received(data)
+        self._buffer += data
+        if self.in_request:
+            if len(self._buffer) > MAX_PIPELINED and not self._paused_reading:
+                self._paused_reading = True
+                self._transport.pause_reading()
+            return
+        self._advance()
 
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
+    def eof_received(self) -> bool:
+        """The client sent all it will: the requests it sent whole are still answered, then the
+        connection closes. (A TLS connection cannot stay half-open: asyncio closes it.)"""
+        self._eof = True
+        if self._transport is None or self._transport.get_extra_info("sslcontext") is not None:
+            return False
+        # Everything whole was parsed as it arrived: what is left unanswered is being answered.
+        return self.in_request and not self.lingering
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._transport is not None and self._connections._remove(self._transport):
-            self._inner.connection_lost(exc)
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - asyncio's signature
+        if self._transport is not None:
+            self._connections._remove(self._transport)
+        self._wake_writer()
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        self._paused_writing = True
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        self._paused_writing = False
+        self._wake_writer()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop answering (the listener is stopping)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    def _advance(self) -> None:
+        """Parse what the buffer holds; answer the first whole request."""
+        transport = self._transport
+        buffer = self._buffer
+        if transport is None or transport.is_closing():
+            return
+        request = self._request
+        try:
+            if request is None:
+                while buffer[:2] == b"\r\n":  # blank lines before a request are ignored
+                    del buffer[:2]
+                if not buffer:
+                    self.header_since = None
+                    return
+                end = head_end(buffer)
+                if end < 0:
+                    return
+                request = parse_head(bytes(buffer[: end - 4]))
+                del buffer[:end]
+                if expects_continue(request):
+                    transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._request = request
+            if request.body is not None and not request.body.consume(buffer):
+                return
+        except BadRequest as error:
+            self._refuse(error, request)
+            return
+        self._request = None
+        self._answer(request)
+
+    def _refuse(self, error: BadRequest, request: Request | None) -> None:
+        """Answer a malformed request and close the connection."""
+        self._connections.bad_request(error.kind)
+        status = HTTPStatus(error.status)
+        text = (
+            "HTTP/1.0 or HTTP/1.1 requests only\n"
+            if status == HTTPStatus.HTTP_VERSION_NOT_SUPPORTED
+            else f"{status.value} {status.phrase}\n"
+        )
+        response = Response.text(text, status)
+        assert self._transport is not None
+        self._transport.write(encode_head(response, request, close=True) + response.body)
+        self._linger()
+
+    def _answer(self, request: Request) -> None:
+        transport = self._transport
+        assert transport is not None
+        self.in_request = True
+        self.header_since = None
+        peer = transport.get_extra_info("peername")
+        request.transport = transport
+        request.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        request.send = functools.partial(self._send, request)
+        self._task = self._loop.create_task(self._respond(request))
+
+    async def _respond(self, request: Request) -> None:
+        try:
+            response = await self._handler(request)
+        except Exception:
+            log.exception("a request handler failed", extra={"path": request.path})
+            response = Response.text(
+                "500 Internal Server Error\n", HTTPStatus.INTERNAL_SERVER_ERROR
+            )
+        await self._send(request, response)
+        self._finished()
+
+    async def _send(self, request: Request, response: Response) -> None:
+        """Write `response` (once: later calls return at once), within `WRITE_SECONDS`."""
+        transport = self._transport
+        if response.sent or transport is None:
+            return
+        response.sent = True
+        self._close_after = (
+            self._close_after
+            or response.close
+            or not request.keep_alive
+            or self._connections.stopping
+        )
+        if transport.is_closing():
+            return
+        head = encode_head(response, request, close=self._close_after)
+        body = b"" if request.method == "HEAD" else response.body
+        deadline = self._loop.call_later(WRITE_SECONDS, transport.abort)
+        try:
+            if len(body) <= CHUNK:
+                transport.write(head + body)
+            else:
+                transport.write(head)
+                view = memoryview(body)
+                for start in range(0, len(body), CHUNK):
+                    await self._drained()
+                    if transport.is_closing():
+                        return
+                    transport.write(view[start : start + CHUNK])
+            await self._drained()
+        finally:
+            deadline.cancel()
+
+    def _finished(self) -> None:
+        """The response is written: close, or read the next request."""
+        transport = self._transport
+        self._task = None
+        self.in_request = False
+        self.idle_since = self._loop.time()
+        if transport is None or transport.is_closing():
+            return
+        self._connections.request_finished(transport)
+        if self._close_after:
+            self._linger()
+            return
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        if self._buffer:
+            self.header_since = self.idle_since
+            self._advance()
+        if self._eof and not self.in_request and not self.lingering:
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after what was written: half-close, and drop what the client still sends until
+        it closes too or `LINGER_SECONDS` pass, so that the answer is not lost to a reset."""
+        transport = self._transport
+        assert transport is not None
+        self.lingering = True
+        self._buffer.clear()
+        self._connections._release(transport)
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._loop.call_later(LINGER_SECONDS, transport.close)
+        else:
+            transport.close()
+
+    async def _drained(self) -> None:
+        while self._paused_writing and self._transport is not None:
+            if self._transport.is_closing():
+                return
+            self._writable = self._loop.create_future()
+            await self._writable
+
+    def _wake_writer(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
 
 
-class GuardedSite(web.BaseSite):
-    """`web.TCPSite`, with every connection behind a `_Guard` and a bounded TLS handshake."""
-
-    __slots__ = ("_connections", "_host", "_port", "_sweep")
+class Listener:
+    """The listening sockets, their connections and the sweep."""
 
     def __init__(
         self,
-        runner: web.BaseRunner,
-        host: str | None,
-        port: int,
-        *,
+        handler: Handler,
         connections: Connections,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(runner, ssl_context=ssl_context)
-        self._host = host
-        self._port = port
-        self._connections = connections
+        self._handler = handler
+        self.connections = connections
+        self._ssl_context = ssl_context
+        self._server: asyncio.Server | None = None
         self._sweep: asyncio.Task[None] | None = None
 
-    @property
-    def name(self) -> str:
-        scheme = "https" if self._ssl_context else "http"
-        return str(URL.build(scheme=scheme, host=self._host or "0.0.0.0", port=self._port))  # noqa: S104 - a name, not a bind
-
-    async def start(self) -> None:
-        await super().start()
-        server = self._runner.server
-        assert server is not None
-        connections = self._connections
+    async def start(self, host: str | None, port: int) -> None:
+        """Listen; raises OSError when the address cannot be bound."""
+        connections = self.connections
         connections.fit_open_files()
-
-        def guarded() -> _Guard:
-            handler = server()
-            handler.logger = connections.request_log
-            return _Guard(handler, connections)
-
         self._server = await asyncio.get_running_loop().create_server(
-            guarded,
-            self._host,
-            self._port,
+            lambda: _Connection(self._handler, connections),
+            host,
+            port,
             ssl=self._ssl_context,
             ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if self._ssl_context else None,
             reuse_address=True,
             backlog=BACKLOG,
         )
-        self._sweep = asyncio.create_task(connections.sweep(), name="gpuscope-header-sweep")
+        self._sweep = asyncio.create_task(connections.sweep(), name="gpuscope-connection-sweep")
 
-    async def stop(self) -> None:
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where it listens: (host, port) per socket."""
+        if self._server is None:
+            return []
+        return [socket.getsockname()[:2] for socket in self._server.sockets]
+
+    def shown(self) -> str:
+        """The addresses as one string for the log."""
+        return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.addresses)
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting; close idle connections; give requests being answered `grace`
+        seconds to finish; then close the rest."""
+        if self._server is None:
+            return
+        connections = self.connections
+        connections.stopping = True
+        self._server.close()
+        connections._close_idle()
+        connections._check_quiet()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await connections._quiet.wait()
+        connections._abort_all()
         if self._sweep is not None:
             self._sweep.cancel()
-            self._sweep = None
-        await super().stop()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweep
+        await self._server.wait_closed()
+        self._server = None
 
 
 class CannotListen(Exception):
@@ -319,31 +545,27 @@ async def resolve(address: ListenAddress) -> None:
         raise CannotListen(address, error) from error
 
 
-async def listen(runner: web.AppRunner, address: ListenAddress, security: WebSecurity) -> str:
-    """Start the guarded site of a set-up runner; the addresses it listens on, as one string.
-    Raises `CannotListen` (the runner cleaned up)."""
-    site = GuardedSite(
-        runner,
-        address.host,
-        address.port,
-        connections=security.connections,
-        ssl_context=security.ssl_context,
-    )
+async def listen(handler: Handler, address: ListenAddress, security: WebSecurity) -> Listener:
+    """Listen at `address` with `security`'s connections and TLS. Raises `CannotListen`."""
+    listener = Listener(handler, security.connections, security.ssl_context)
     try:
-        await site.start()
+        await listener.start(address.host, address.port)
     except OSError as error:
-        await runner.cleanup()
         raise CannotListen(address, error) from error
-    return ", ".join(_shown(bound) for bound in runner.addresses)
+    return listener
 
 
 async def serve_until_stopped(
-    runner: web.AppRunner,
+    listener: Listener,
     security: WebSecurity,
     web_config_file: Path | None,
     logger: logging.Logger,
+    *,
+    shutdown_seconds: float,
+    then: Callable[[], Awaitable[None]],
 ) -> None:
-    """Serve until SIGTERM or SIGINT, reloading the web config file on SIGHUP; then stop."""
+    """Serve until SIGTERM or SIGINT, reloading the web config file on SIGHUP; then stop the
+    listener (requests being answered get `shutdown_seconds`) and run `then`."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -361,12 +583,6 @@ async def serve_until_stopped(
     loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     logger.info("stopping")
-    await runner.cleanup()
+    await listener.stop(shutdown_seconds)
+    await then()
     logger.info("stopped")
-
-
-def _shown(bound: object) -> str:
-    if isinstance(bound, tuple) and len(bound) >= 2:  # (host, port, ...)
-        host, port = bound[0], bound[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(bound)
