@@ -3,7 +3,8 @@ what idle allocations cost, and hardware health. A node links to its node dashbo
 
 Its panels read the fleet rollups (deploy/prometheus/gpuscope.rules.yaml: a series per node and
 GPU model, per node and namespace), never a series per GPU or allocation over a range, so a day
-on 1,000 nodes stays fast. Instant tables list allocations and XIDs, which are few at a time."""
+on 1,000 nodes stays fast. Instant tables list XIDs, which are few at a time, and idle
+allocations, bounded to the costliest (panels.FLEET_ROWS)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from dashboards.layout import Layout, alerts_annotation, dashboard, query_variab
 from dashboards.panels import (
     BAD_FROM_ONE,
     FLEET_POINTS,
+    FLEET_ROWS,
     GPU_HOURS,
     Column,
+    LabelColumn,
     Query,
     bargauge,
     stat,
@@ -22,7 +25,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import THROTTLE_REASONS, range_hours, sel
+from dashboards.queries import ALLOCATION, THROTTLE_REASONS, flagged, range_hours, sel
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
@@ -35,9 +38,6 @@ NODE_DASHBOARD_LINK: Final = (
 
 def make() -> Json:
     scope = 'node=~"$node", model=~"$model"'
-    idle = (
-        "and on (namespace, pod, container, uuid) (allocation:gpu_pod_busy_seconds:rate5m < 0.01)"
-    )
     throttled = sel(scope, f'reason=~"{THROTTLE_REASONS}"')
     busy = f"node_model:gpu_busy_seconds:sum_rate5m{{{scope}}}"
     counted = f"node_model:gpu_busy_seconds:count_rate5m{{{scope}}}"
@@ -179,22 +179,32 @@ def make() -> Json:
     )
 
     layout.row("Waste and cost")
+    # What each allocation kept under 1% busy costs per hour; -1 (shown "no price") on a GPU the
+    # catalog has no price for, so that every idle allocation has a row.
+    idle_cost = (
+        f"(allocation:gpu_price_usd_per_hour:share{{{scope}}}"
+        f" or on ({ALLOCATION}) (allocation:gpu_allocation:share{{{scope}}} * 0 - 1))"
+        f" and on ({ALLOCATION}) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01)"
+    )
     layout.add(
         12,
         8,
         table(
             "Idle allocations",
-            "Allocated devices their holder kept busy under 1% of the last 5 minutes, and what each costs per hour. Held idle for 4 hours, they raise GpuAllocatedButIdle.",
+            f"Allocated devices their holder kept busy under 1% of the last 5 minutes, the {FLEET_ROWS} that cost the most per hour when there are more (narrow the node or model to list all of theirs), and whether a process of the holder runs there at all. Held idle for 4 hours, they raise GpuAllocatedButIdle.",
             ("node", "namespace", "workload", "pod", "container", "model", "gpu"),
             Column(
-                "Busy (5 min)",
-                f"allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01",
-                unit="percentunit",
-            ),
-            Column(
                 "Cost / hour",
-                f"allocation:gpu_price_usd_per_hour:share{{{scope}}} {idle}",
+                flagged(
+                    f"topk({FLEET_ROWS}, {idle_cost})",
+                    f"gpu_allocation_in_use{{{scope}}}",
+                    "in_use",
+                ),
                 unit="currencyUSD",
+                mappings=((-1, "no price", "text"),),
+            ),
+            label_columns=(
+                LabelColumn("in_use", "In use", (("1", "yes", "orange"), ("0", "no", "red"))),
             ),
             sort_by="Cost / hour",
         ),

@@ -72,12 +72,19 @@ def datasource_variable() -> Json:
 
 
 def query_variable(
-    name: str, label: str, selector: str, label_name: str, *, numeric: bool = False
+    name: str,
+    label: str,
+    selector: str,
+    label_name: str,
+    *,
+    numeric: bool = False,
+    description: str = "",
 ) -> Json:
     """A multi-value variable over a label's values, "All" matching everything (`.*`), sorted
-    alphabetically or, for numbers such as GPU indexes, numerically."""
+    alphabetically or, for numbers such as GPU indexes, numerically; `description` is its
+    tooltip, for a variable whose values are not simply every value of the label."""
     query = f"label_values({selector}, {label_name})"
-    return {
+    variable: Json = {
         "type": "query",
         "name": name,
         "label": label,
@@ -92,6 +99,9 @@ def query_variable(
         "regex": "",
         "sort": 3 if numeric else 1,
     }
+    if description:
+        variable["description"] = description
+    return variable
 
 
 def alerts_annotation(matchers: str) -> Json:

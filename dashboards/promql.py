@@ -172,3 +172,70 @@ def metric_names(expr: str) -> set[str]:
         for match in _IDENTIFIER.finditer(text)
         if match[2] is None and match[1] not in _KEYWORDS
     }
+
+
+_SORT: Final = re.compile(r"\s*(?:sort|sort_desc)\s*\(")
+_BOUNDED: Final = re.compile(r"\s*(topk|bottomk)\s*\(\s*(\d+)\s*,")
+_KEEPS_LEFT: Final = re.compile(
+    r"\s*(?:[*/]\s*on\s*\([^)]*\)\s*group_left\s*\([^)]*\)|(?:and|unless)\b(?:\s*on\s*\([^)]*\))?)"
+)
+"""Operators whose result has at most one series per series of their left operand: a many-to-one
+join (its right side unique per key, else the query fails) and the set filters."""
+_OPERAND_HEAD: Final = re.compile(
+    r"\s*(?:[A-Za-z_:][\w:]*)?\s*(?:\{[^}]*\})?\s*(?:(?:by|without)\s*\([^)]*\))?\s*"
+)
+
+
+def _closing(text: str, opening: int) -> int:
+    """The index of the parenthesis closing the one at `opening`, skipping quoted strings."""
+    depth = 0
+    index = opening
+    while index < len(text):
+        string = _STRING.match(text, index)
+        if string:
+            index = string.end()
+            continue
+        if text[index] == "(":
+            depth += 1
+        elif text[index] == ")":
+            depth -= 1
+            if depth == 0:
+                return index
+        index += 1
+    raise ValueError(f"unbalanced parentheses in {text!r}")
+
+
+def _operand_end(text: str, start: int) -> int | None:
+    """Where the operand starting at `start` ends: a selector, or a call or aggregation with
+    its parenthesized argument; None if none starts there."""
+    head = _OPERAND_HEAD.match(text, start)
+    end = head.end() if head else start
+    if end < len(text) and text[end] == "(":
+        end = _closing(text, end) + 1
+        tail = re.compile(r"\s*(?:(?:by|without)\s*\([^)]*\))?").match(text, end)
+        end = tail.end() if tail else end
+    return end if text[start:end].strip() else None
+
+
+def bound(expr: str) -> tuple[int, str] | None:
+    """(k, key) when an instant query returns at most k series: it is `topk(k, key)` or
+    `bottomk(k, key)`, maybe sorted, followed only by operators that keep at most one series per
+    series on their left (many-to-one joins, `and`, `unless`); else None."""
+    text = expr.strip()
+    while (sort := _SORT.match(text)) and _closing(text, sort.end() - 1) == len(text) - 1:
+        text = text[sort.end() : -1].strip()
+    top = _BOUNDED.match(text)
+    if top is None:
+        return None
+    close = _closing(text, text.index("(", top.start(1)))
+    key = text[top.end() : close].strip()
+    index = close + 1
+    while text[index:].strip():
+        keeps = _KEEPS_LEFT.match(text, index)
+        if keeps is None:
+            return None
+        end = _operand_end(text, keeps.end())
+        if end is None:
+            return None
+        index = end
+    return int(top[2]), key

@@ -3,8 +3,10 @@ GPU-hours and cost, and how close each comes to the calibrated ceilings.
 
 Everything drawn over the time range reads the per-workload rollups of
 deploy/prometheus/gpuscope.rules.yaml (namespace_workload_model:*), so the summary, workload
-and ceiling panels follow the namespace and workload variables; the pods row, which the pod
-variable narrows too, shows the allocations as they are now and each pod's last hour."""
+and ceiling panels follow the namespace and workload variables; the pods row shows the
+allocations as they are now (the allocations table, which the pod variable narrows too, bounded
+to panels.FLEET_ROWS rows) and each workload's memory peak over the last hour. The pod variable
+lists the pods of the selected workloads only."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from typing import TYPE_CHECKING
 from dashboards.layout import Layout, dashboard, query_variable
 from dashboards.panels import (
     FLEET_POINTS,
+    FLEET_ROWS,
     GPU_HOURS,
     Column,
+    LabelColumn,
     Query,
     bargauge,
     piechart,
@@ -23,7 +27,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import range_hours
+from dashboards.queries import ALLOCATION, flagged, range_hours, selected_only
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
@@ -205,11 +209,10 @@ def make() -> Json:
         8,
         bargauge(
             "Memory peak vs GPU memory",
-            "The 20 selected pods whose peak GPU memory over the last hour (recording rule) comes nearest the device's memory, as a share of it. Low peaks fit a smaller MIG profile or GPU; the workloads table has each workload's peak over a day.",
+            "The 20 selected workloads whose container's peak GPU memory over the last hour comes nearest its device's memory, as a share of it (recording rule). Low peaks fit a smaller MIG profile or GPU; the workloads table has each workload's peak over a day.",
             Query(
-                f"sort_desc(topk(20, max by (namespace, pod, container, gpu, uuid) (pod_gpu:gpu_pod_memory_used_bytes:max1h{{{scope}}}) "
-                "/ on (uuid) group_left () max by (uuid) (gpu_memory_total_bytes)))",
-                "{{namespace}}/{{pod}} GPU {{gpu}}",
+                f"sort_desc(topk(20, namespace_workload_model:gpu_pod_memory_used_ratio:max1h{{{workload_scope}}}))",
+                "{{namespace}}/{{workload}} ({{model}})",
             ),
             unit="percentunit",
             maximum=1,
@@ -221,32 +224,46 @@ def make() -> Json:
         8,
         piechart(
             "Shared vs exclusive allocations",
-            "Allocations of a device shared with other containers (time-slicing, MPS) vs a device of their own.",
-            Query(f"count(gpu_allocation_shared{{{scope}}} == 1) or vector(0)", "shared"),
-            Query(f"count(gpu_allocation_shared{{{scope}}} == 0) or vector(0)", "exclusive"),
+            "The selected workloads' allocations of a device shared with other containers (time-slicing, MPS) vs a device of their own (recorded per workload: the pod variable does not narrow it).",
+            Query(
+                f"sum(namespace_workload_model:gpu_allocation_shared:count{{{workload_scope}}}) or vector(0)",
+                "shared",
+            ),
+            Query(
+                f"sum(namespace_workload_model:gpu_allocation_exclusive:count{{{workload_scope}}}) or vector(0)",
+                "exclusive",
+            ),
         ),
+    )
+    # How busy each allocation's holder keeps it; -1 (shown "unknown") where the holder runs but
+    # NVML cannot split the device's time (MIG instances), so that every allocation has a row.
+    busy = (
+        f"allocation:gpu_pod_busy_seconds:rate5m{{{scope}}}"
+        f" or on ({ALLOCATION}) (gpu_allocation_in_use{{{scope}}} * 0 - 1)"
+    )
+    allocations = flagged(
+        flagged(f"topk({FLEET_ROWS}, {busy})", f"gpu_allocation_shared{{{scope}}}", "shared"),
+        f"gpu_allocation_in_use{{{scope}}}",
+        "in_use",
     )
     layout.add(
         16,
         8,
         table(
             "Allocations",
-            "Every device allocated to the selected pods: shared or not, whether a process of the holder runs there, and how busy the holder keeps it.",
+            f"The devices allocated to the selected pods, the {FLEET_ROWS} busiest when there are more (with every variable at All, a fleet has tens of thousands: narrow the namespace, workload or pod to list all of theirs): shared or not, whether a process of the holder runs there, and how busy the holder keeps it (unknown on a MIG instance, whose time NVML does not split per process).",
             ("namespace", "pod", "container", "resource", "node", "model", "gpu", "mig_profile"),
             Column(
-                "Sharing",
-                f"gpu_allocation_shared{{{scope}}}",
-                mappings=((0, "exclusive", "text"), (1, "shared", "blue")),
-            ),
-            Column(
-                "In use",
-                f"gpu_allocation_in_use{{{scope}}}",
-                mappings=((1, "yes", "green"), (0, "no", "orange")),
-            ),
-            Column(
                 "Busy (5 min)",
-                f"allocation:gpu_pod_busy_seconds:rate5m{{{scope}}}",
+                allocations,
                 unit="percentunit",
+                mappings=((-1, "unknown", "text"),),
+            ),
+            label_columns=(
+                LabelColumn(
+                    "shared", "Sharing", (("0", "exclusive", "text"), ("1", "shared", "blue"))
+                ),
+                LabelColumn("in_use", "In use", (("1", "yes", "green"), ("0", "no", "orange"))),
             ),
             sort_by="Busy (5 min)",
         ),
@@ -302,8 +319,9 @@ def make() -> Json:
             query_variable(
                 "pod",
                 "Pod",
-                'gpu_allocation_info{namespace=~"$namespace", workload=~"$workload"}',
+                f'gpu_allocation_info{{namespace=~"$namespace", workload=~"$workload", {selected_only("workload")}}}',
                 "pod",
+                description="The pods of the selected workloads: pick a workload first (at All the list stays empty rather than list every pod of the fleet).",
             ),
         ],
         layout,

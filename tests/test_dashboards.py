@@ -15,8 +15,8 @@ import yaml
 
 from dashboards import build, promql
 from dashboards.layout import datasource_variable
-from dashboards.panels import DATASOURCE
-from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS
+from dashboards.panels import DATASOURCE, FLEET_ROWS
+from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS, selected_only
 from exporter.metrics.process import own_families
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
@@ -238,8 +238,21 @@ SPARSE_SERIES = {
     "ALERTS": "only pending and firing alerts have one",
 }
 """Raw series a fleet dashboard may read over a range: few at any fleet size."""
-LISTED_PER_POD = {"pod": "lists pods, narrowed by the namespace and workload variables"}
+LISTED_PER_POD = {"pod": "lists the pods of the selected workloads, none at All"}
 """Variables whose values are per allocation, so they read the allocation series."""
+PER_ALLOCATION_LEVELS = {"allocation", "pod_gpu", "pod", "pod_model", "pod_revision"}
+"""Recorded series with a series per allocation, container or pod: 64,000 and more at 1,000 nodes."""
+PER_ALLOCATION_FAMILIES = ("gpu_allocation_", "gpu_pod_", "gpu_process_")
+"""Raw families with a series per allocation, container or process."""
+
+
+def per_allocation(names: set[str]) -> set[str]:
+    return {
+        name
+        for name in names
+        if (":" in name and name.split(":")[0] in PER_ALLOCATION_LEVELS)
+        or name.startswith(PER_ALLOCATION_FAMILIES)
+    }
 
 
 @pytest.mark.parametrize("name", FLEET_DASHBOARDS)
@@ -259,6 +272,71 @@ def test_fleet_dashboards_read_rollups_over_ranges(name: str) -> None:
         selector, _ = promql.label_values(variable["query"])
         names = promql.metric_names(promql.substitute(selector, values))
         assert names <= rollups, f"${variable['name']} lists {sorted(names - rollups)}"
+
+
+@pytest.mark.parametrize("name", FLEET_DASHBOARDS)
+def test_fleet_dashboards_list_a_bounded_number_of_allocations(name: str) -> None:
+    """With every variable at All a fleet has tens of thousands of allocations: a query reading a
+    series per allocation, container or pod is instant and returns at most FLEET_ROWS series
+    (topk or bottomk, then only operators keeping at most one series per series on their left);
+    a per-pod variable lists nothing until a workload is selected."""
+    dashboard = load(DASHBOARDS / name)
+    values = grafana_values(dashboard)
+    bounded = 0
+    for query in promql.queries(dashboard):
+        names = promql.metric_names(promql.substitute(query.expr, values))
+        if not per_allocation(names):
+            continue
+        assert query.instant, f"{query.name} reads {sorted(per_allocation(names))} over a range"
+        limit = promql.bound(query.expr)
+        assert limit is not None, f"{query.name} is not bounded: {query.expr}"
+        assert limit[0] <= FLEET_ROWS, f"{query.name} returns up to {limit[0]} series"
+        bounded += 1
+    assert bounded, f"{name} lists no allocation: is the test still looking at the right names?"
+    for variable in promql.variables(dashboard)[1:]:
+        selector, _ = promql.label_values(variable["query"])
+        if per_allocation(promql.metric_names(promql.substitute(selector, values))):
+            assert variable["name"] in LISTED_PER_POD, f"${variable['name']} lists allocations"
+            assert selected_only("workload") in selector, f"${variable['name']} lists all at All"
+            assert variable["description"], f"${variable['name']} says why its list may be empty"
+
+
+@pytest.mark.parametrize("name", FLEET_DASHBOARDS)
+def test_a_bounded_tables_columns_come_from_the_same_rows(name: str) -> None:
+    """Every column of a table of allocations has the same bound (the same topk of the same
+    key), so that the columns merged on their labels describe the same allocations."""
+    for panel in promql.panels(load(DASHBOARDS / name)):
+        if panel["type"] != "table":
+            continue
+        limits = {promql.bound(target["expr"]) for target in panel["targets"]}
+        if limits != {None}:
+            assert len(limits) == 1, f"{panel['title']}: its columns have other bounds {limits}"
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("topk(5, x)", (5, "x")),
+        ('sort_desc(bottomk(3, x{a="("}))', (3, 'x{a="("}')),
+        (
+            (
+                "topk(2, x) * on (a, b) group_left (c) max by (a, b, c) (label_replace(y == 1, "
+                '"c", "yes", "", "")) / on (a) group_left () z and w unless on (a) (v > 1)'
+            ),
+            (2, "x"),
+        ),
+        ("x", None),
+        ("sum(topk(5, x))", None),
+        ("topk(5, x) or y", None),
+        ("topk(5, x) * y", None),
+        ("topk(5, x) * on (a) group_right () y", None),
+        ("sort_desc(topk(5, x)) + sort_desc(y)", None),
+    ],
+)
+def test_bound_reads_how_many_series_a_query_returns_at_most(
+    expr: str, expected: tuple[int, str] | None
+) -> None:
+    assert promql.bound(expr) == expected
 
 
 def test_hours_over_a_range_are_measured_in_the_evaluations_of_the_groups_summed() -> None:

@@ -13,6 +13,7 @@ reason to fire must be pending or firing, and no other alert may be.
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -20,7 +21,8 @@ import pytest
 
 from dashboards import promql
 from dashboards.live import LiveStack, Prometheus
-from dashboards.queries import EVALUATION_INTERVAL, range_hours
+from dashboards.panels import FLEET_ROWS
+from dashboards.queries import EVALUATION_INTERVAL, range_hours, selected_only
 from dashboards.render import UNIT_PX, render_all
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values, rules
 from tests.demo_node import DEMO_NODES
@@ -126,13 +128,92 @@ def test_variable_query_finds_values(
     prometheus: Prometheus, dashboard: dict[str, Any], variable: dict[str, Any]
 ) -> None:
     selector, label = promql.label_values(variable["query"])
-    selector = promql.substitute(selector, grafana_values(dashboard))
+    values = grafana_values(dashboard)
     now = time.time()
-    answer = prometheus.series(selector, start=now - RANGE_SECONDS, end=now)
-    assert answer["status"] == "success", answer.get("error")
-    assert {series.get(label) for series in answer["data"]} - {None}, (
-        f"no values of {label} in {selector}"
-    )
+
+    def found(values: dict[str, str]) -> set[str]:
+        expr = promql.substitute(selector, values)
+        answer = prometheus.series(expr, start=now - RANGE_SECONDS, end=now)
+        assert answer["status"] == "success", answer.get("error")
+        return {series.get(label) for series in answer["data"]} - {None}
+
+    if selected_only("workload") in selector:
+        # every pod of the fleet at All would be tens of thousands: none until a workload is picked
+        assert not found(values), f"{selector} lists {label} with every workload at All"
+        workloads = sorted(workload_names(prometheus, now))
+        picked = {**values, "workload": grafana_regex(workloads[:2])}
+        expected = pods_of(prometheus, now, workloads[:2])
+        assert found(picked) == expected, f"{selector} for {workloads[:2]}"
+    else:
+        assert found(values), f"no values of {label} in {selector}"
+
+
+def grafana_regex(names: list[str]) -> str:
+    """What Grafana substitutes for a multi-value variable with these values selected."""
+    escaped = [re.sub(r"([\\^$*+?.()|{}\[\]])", r"\\\1", name) for name in names]
+    return escaped[0] if len(escaped) == 1 else f"({'|'.join(escaped)})"
+
+
+def workload_names(prometheus: Prometheus, at: float) -> set[str]:
+    answer = prometheus.query("namespace_workload_model:gpu_allocation:share_sum", at=at)
+    return {row["metric"]["workload"] for row in answer["data"]["result"]}
+
+
+def pods_of(prometheus: Prometheus, at: float, workloads: list[str]) -> set[str]:
+    rows = prometheus.query("gpu_allocation_info", at=at)["data"]["result"]
+    return {row["metric"]["pod"] for row in rows if row["metric"]["workload"] in workloads}
+
+
+BOUNDED_TABLES: Final = {
+    "Allocations": "count(gpu_allocation_in_use)",
+    "Idle allocations": "count(allocation:gpu_pod_busy_seconds:rate5m < 0.01)",
+}
+"""The fleet dashboards' tables of allocations, each one bounded query, and how many
+allocations are in scope with every variable at All."""
+
+
+def bounded_tables() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [
+        (dashboard, panel)
+        for dashboard in dashboards()
+        for panel in promql.panels(dashboard)
+        if panel["type"] == "table"
+        and any(promql.bound(target["expr"]) for target in panel.get("targets", []))
+    ]
+
+
+def test_the_bounded_tables_are_the_allocations_tables() -> None:
+    assert sorted(panel["title"] for _, panel in bounded_tables()) == sorted(BOUNDED_TABLES)
+
+
+@pytest.mark.parametrize(
+    ("dashboard", "panel"), bounded_tables(), ids=[p["title"] for _, p in bounded_tables()]
+)
+def test_a_bounded_table_lists_everything_in_scope_or_its_bound_each_row_whole(
+    prometheus: Prometheus, dashboard: dict[str, Any], panel: dict[str, Any]
+) -> None:
+    """Narrowed to FLEET_ROWS allocations or fewer (the demo fleet has fewer at All), the table
+    lists every one; with more (the same query bounded to one row fewer) it lists its bound. Either way
+    every row carries every column: the label columns come with the value, from one query."""
+    (target,) = panel["targets"]
+    label_columns = [
+        name
+        for name in panel["transformations"][2]["options"]["renameByName"]
+        if not name.startswith("Value")
+    ]
+    assert label_columns, panel["title"]
+    expr = promql.substitute(target["expr"], grafana_values(dashboard))
+    now = time.time()
+    in_scope = prometheus.query(BOUNDED_TABLES[panel["title"]], at=now)["data"]["result"]
+    total = int(float(in_scope[0]["value"][1]))
+    assert 1 < total <= FLEET_ROWS, "the demo fleet no longer tells a bound from everything"
+    for limit, expected in ((FLEET_ROWS, total), (total - 1, total - 1)):
+        bounded = expr.replace(f"topk({FLEET_ROWS},", f"topk({limit},", 1)
+        assert bounded != expr or limit == FLEET_ROWS
+        rows = prometheus.query(bounded, at=now)["data"]["result"]
+        assert len(rows) == expected, f"{limit}: {len(rows)} rows of {total}"
+        for row in rows:
+            assert set(label_columns) <= row["metric"].keys(), row["metric"]
 
 
 def test_the_fleets_alerts_are_active_and_no_others(prometheus: Prometheus) -> None:

@@ -20,6 +20,8 @@ import pytest
 
 from dashboards import promql
 from dashboards.live import Prometheus
+from dashboards.panels import FLEET_ROWS
+from dashboards.queries import selected_only
 from dashboards.victoria import Vmalert, replay
 from tests.dashboard_queries import recorded_names
 from tests.dashboard_queries import rules as every_rule
@@ -192,6 +194,65 @@ def test_variable_values_are_the_same(
         assert answer["status"] == "success", answer.get("error")
         found.append({series.get(label) for series in answer["data"]} - {None})
     assert found[0] == found[1], selector
+
+
+def test_a_variable_listed_once_a_workload_is_selected_lists_the_same_values(
+    demo: Stores,
+) -> None:
+    """The pod variable lists nothing at All (compared above) and, with two workloads selected,
+    the same pods in both stores."""
+    guarded = [(d, v) for d, v in VARIABLES if selected_only("workload") in v["query"]]
+    assert guarded
+    for dashboard, variable in guarded:
+        selector, label = promql.label_values(variable["query"])
+        held = demo.prometheus.query(
+            "namespace_workload_model:gpu_allocation:share_sum", at=demo.at
+        )["data"]["result"]
+        workloads = sorted({row["metric"]["workload"] for row in held})[:2]
+        picked = {**_values(dashboard), "workload": f"({'|'.join(workloads)})"}
+        found = []
+        for store in demo.both():
+            answer = store.series(
+                promql.substitute(selector, picked), start=demo.at - RANGE_SECONDS, end=demo.at
+            )
+            assert answer["status"] == "success", answer.get("error")
+            found.append({series.get(label) for series in answer["data"]} - {None})
+        assert found[0], f"no {label} of {workloads}"
+        assert found[0] == found[1], selector
+
+
+def _bounded_tables() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [
+        (dashboard, panel)
+        for dashboard in _dashboards()
+        for panel in promql.panels(dashboard)
+        if panel["type"] == "table"
+        and any(promql.bound(target["expr"]) for target in panel.get("targets", []))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("dashboard", "panel"), _bounded_tables(), ids=[p["title"] for _, p in _bounded_tables()]
+)
+def test_a_bounded_table_holds_its_bound_and_whole_rows(
+    demo: Stores, dashboard: dict[str, Any], panel: dict[str, Any]
+) -> None:
+    """Bounded to 1 row (the demo has more allocations), each store lists 1, with its label
+    columns (its one query carries them); which one may differ where values tie."""
+    (target,) = panel["targets"]
+    labels = [
+        name
+        for name in panel["transformations"][2]["options"]["renameByName"]
+        if not name.startswith("Value")
+    ]
+    expr = promql.substitute(target["expr"], _values(dashboard))
+    bounded = expr.replace(f"topk({FLEET_ROWS},", "topk(1,", 1)
+    assert bounded != expr
+    for store in demo.both():
+        rows = store.query(bounded, at=demo.at)["data"]["result"]
+        assert len(rows) == 1, rows
+        for row in rows:
+            assert set(labels) <= row["metric"].keys(), row["metric"]
 
 
 def test_vmalert_evaluates_every_rule_live_without_error(demo: Stores, tmp_path: Path) -> None:
