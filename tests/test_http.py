@@ -379,3 +379,17 @@ async def test_gzipped_bodies_are_what_the_handler_gave(listen) -> None:  # type
     _, port = await listen({"/": zipped})
     answer = await exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert gzip.decompress(answer.partition(b"\r\n\r\n")[2]) == b"metrics\n"
+
+
+async def test_a_response_that_cannot_be_written_ends_only_its_connection(  # type: ignore[no-untyped-def]
+    listen, caplog
+) -> None:
+    async def unencodable(_request: Request) -> Response:
+        return Response.text("x", headers={"X-Name": "\u2603"})  # not Latin-1
+
+    _, port = await listen({"/bad": unencodable, "/": _ok})
+    with caplog.at_level(logging.ERROR, logger="exporter.web.server"):
+        answer = await exchange(port, b"GET /bad HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer == b"", "aborted without an answer"
+    assert "a response could not be written" in caplog.text
+    assert statuses(await exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")) == [200]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import io
 import json
 import re
@@ -160,6 +161,11 @@ def test_page_patches_probes(stack: Stack) -> None:
     assert server.get("/-/healthy") == (200, b"ok\n")
     assert server.get("/-/ready") == (200, b"ok\n")
     assert server.get("/nothing")[0] == 404
+    for path in ("/", "/api/v1/report", "/metrics"):
+        status, zipped = server.get(path, {"Accept-Encoding": "gzip"})
+        assert status == 200
+        assert gzip.decompress(zipped).startswith(server.get(path)[1][:64]), path
+    assert server.get("/patches.tar.gz", {"Accept-Encoding": "gzip"})[1] == tarball
 
 
 def _samples(exposition: str, name: str) -> dict[str, float]:

@@ -566,7 +566,7 @@ class App:
             if published is None:
                 return _not_yet()
             response = Response(body=body(published), content_type=content_type, headers=headers)
-            return await _compressed(request, response) if compress else response
+            return await _compressed(request, response, cached=True) if compress else response
 
         return handler
 
@@ -577,7 +577,7 @@ class App:
         response = Response(
             body=body, headers={"Content-Type": TEXT_FORMAT, "Cache-Control": "no-store"}
         )
-        return await _compressed(request, response)
+        return await _compressed(request, response, cached=False)
 
     async def healthy(self, _request: Request) -> Response:
         ok, reason = self.refresher.alive()
@@ -595,20 +595,25 @@ COMPRESS_IN_THREAD: Final = 64 * 1024
 """A body larger than this is compressed off the event loop."""
 
 
-@functools.lru_cache(maxsize=8)
 def _gzip(body: bytes) -> bytes:
-    """A body compressed; a published body is the same object until the next refresh, so each
-    is compressed once."""
     return gzip.compress(body, compresslevel=6, mtime=0)
 
 
-async def _compressed(request: Request, response: Response) -> Response:
-    """`response` gzipped when the client accepts it."""
+_gzip_published = functools.lru_cache(maxsize=8)(_gzip)
+"""A published body compressed: it is the same object until the next refresh, so each is
+compressed once (and its hash, which the cache needs, computed once)."""
+
+
+async def _compressed(request: Request, response: Response, *, cached: bool) -> Response:
+    """`response` gzipped when the client accepts it; `cached` for a published body."""
     if not accepts_gzip(request.header("accept-encoding")):
         return response
+    compress = _gzip_published if cached else _gzip
     body = response.body
     response.body = (
-        await asyncio.to_thread(_gzip, body) if len(body) > COMPRESS_IN_THREAD else _gzip(body)
+        await asyncio.to_thread(compress, body)
+        if len(body) > COMPRESS_IN_THREAD
+        else compress(body)
     )
     response.headers["Content-Encoding"] = "gzip"
     response.headers["Vary"] = "Accept-Encoding"

@@ -1,7 +1,7 @@
 """What the endpoint turned away, as the daemon's own families: connections closed by the guard,
 malformed requests, and requests refused by the web config's checks and the request limit.
 
-The listener and the middleware count on the event loop; the sampling cycle reads a `WebCounts`
+The listener and the security checks count on the event loop; the sampling cycle reads a `WebCounts`
 (`WebSecurity.counts()`) in its worker thread and `exporter.app` writes the families below.
 """
 

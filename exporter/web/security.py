@@ -139,7 +139,7 @@ def _signature(paths: tuple[Path, ...]) -> _Signature:
 
 
 class WebSecurity:
-    """The web config in force, the TLS it serves, and the middleware that applies both."""
+    """The web config in force, the TLS it serves, and the checks (`guard`) that apply both."""
 
     def __init__(
         self,

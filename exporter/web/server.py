@@ -140,17 +140,22 @@ class Connections:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self.header_seconds, self.idle_seconds) / 4)
-            now = loop.time()
-            for transport, connection in list(self._open.items()):
-                if connection.in_request:
-                    continue
-                since = connection.header_since
-                if since is not None:
-                    if since < now - self.header_seconds:
-                        self.closed_slow += 1
-                        self._close(transport)
-                elif connection.idle_since < now - self.idle_seconds:
+            try:
+                self._sweep_once(loop.time())
+            except Exception:  # a bug here must not end the deadlines for good
+                log.exception("the connection sweep failed; it goes on")
+
+    def _sweep_once(self, now: float) -> None:
+        for transport, connection in list(self._open.items()):
+            if connection.in_request or transport not in self._open:
+                continue
+            since = connection.header_since
+            if since is not None:
+                if since < now - self.header_seconds:
+                    self.closed_slow += 1
                     self._close(transport)
+            elif connection.idle_since < now - self.idle_seconds:
+                self._close(transport)
 
     def _add(self, transport: asyncio.Transport, connection: _Connection) -> bool:
         if len(self._open) >= self.limit:
@@ -365,13 +370,18 @@ class _Connection(asyncio.Protocol):
 
     async def _respond(self, request: Request) -> None:
         try:
-            response = await self._handler(request)
+            try:
+                response = await self._handler(request)
+            except Exception:
+                log.exception("a request handler failed", extra={"path": request.path})
+                response = Response.text(
+                    "500 Internal Server Error\n", HTTPStatus.INTERNAL_SERVER_ERROR
+                )
+            await self._send(request, response)
         except Exception:
-            log.exception("a request handler failed", extra={"path": request.path})
-            response = Response.text(
-                "500 Internal Server Error\n", HTTPStatus.INTERNAL_SERVER_ERROR
-            )
-        await self._send(request, response)
+            log.exception("a response could not be written", extra={"path": request.path})
+            if self._transport is not None:
+                self._transport.abort()
         self._finished()
 
     async def _send(self, request: Request, response: Response) -> None:
