@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gzip
 import logging
+import random
 import re
 from typing import TYPE_CHECKING
 
@@ -155,6 +156,37 @@ def test_an_incomplete_head_waits_and_a_hopeless_one_is_refused_early() -> None:
         head_end(bytearray(b"GET / HTTP/1.1\r\nX: " + b"a" * 5000))  # no end in sight
     with pytest.raises(BadRequest):
         head_end(bytearray(b"GET / HTTP/1.1\nHost"))
+
+
+def _trickled(data: bytes, sizes: random.Random) -> tuple[int, str]:
+    """`head_end` over `data` arriving in pieces of random sizes, as the listener calls it:
+    where the head ends, or the mistake."""
+    buffer = bytearray()
+    checked = 0
+    while data:
+        size = sizes.randint(1, 7)
+        buffer += data[:size]
+        data = data[size:]
+        try:
+            end = head_end(buffer, checked)
+        except BadRequest as error:
+            return -2, error.kind
+        if end >= 0:
+            return end, ""
+        checked = len(buffer)
+    return -1, ""
+
+
+@pytest.mark.parametrize("name", [*MALFORMED, "whole"])
+def test_a_head_checked_piece_by_piece_is_judged_as_a_whole(name: str) -> None:
+    data = MALFORMED[name][0] if name in MALFORMED else b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        whole = (head_end(bytearray(data)), "")
+    except BadRequest as error:
+        whole = (-2, error.kind)
+    sizes = random.Random(name)
+    for _ in range(20):
+        assert _trickled(data, sizes) == whole
 
 
 def test_bodies_are_dropped_as_they_arrive() -> None:

@@ -236,19 +236,30 @@ def _line(buffer: bytearray) -> bytes | None:
     return line
 
 
-def head_end(buffer: bytearray) -> int:
+def head_end(buffer: bytearray, checked: int = 0) -> int:
     """Where the request head at the front of `buffer` ends (the index past its blank line), or
     -1 while it is incomplete. Refuses, as soon as the bytes show it, a head no more bytes can
-    mend: a bare LF, a line over `MAX_LINE`, a head over `MAX_HEAD`."""
-    end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-    scanned = len(buffer) if end < 0 else end + 4
-    if scanned > MAX_HEAD + 4:
+    mend: a bare LF, a line over `MAX_LINE`, a head over `MAX_HEAD`. `checked`: how much of the
+    buffer an earlier call already checked (the new bytes only are scanned, so a head trickled a
+    byte at a time costs its length, not its length squared)."""
+    end = buffer.find(b"\r\n\r\n", max(checked - 3, 0), MAX_HEAD + 4)
+    limit = len(buffer) if end < 0 else end + 4
+    if limit > MAX_HEAD + 4:
         raise BadRequest("a request head over 32 KiB")
-    if buffer.count(b"\n", 0, scanned) != buffer.count(b"\r\n", 0, scanned):
-        raise BadRequest("a line ended by a bare LF")
-    if any(len(line) > MAX_LINE for line in bytes(buffer[:scanned]).split(b"\r\n")):
+    previous = buffer.rfind(b"\n", 0, checked)
+    found = buffer.find(b"\n", checked, limit)
+    while found >= 0:
+        if found == 0 or buffer[found - 1] != 0x0D:
+            raise BadRequest("a line ended by a bare LF")
+        if found - 1 - (previous + 1) > MAX_LINE:
+            raise BadRequest("a line over 4 KiB")
+        previous = found
+        found = buffer.find(b"\n", found + 1, limit)
+    if end >= 0:
+        return end + 4
+    if limit - (previous + 1) > MAX_LINE:
         raise BadRequest("a line over 4 KiB")
-    return end + 4 if end >= 0 else -1
+    return -1
 
 
 def parse_head(head: bytes) -> Request:

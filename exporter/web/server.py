@@ -226,6 +226,7 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
+        "_checked",
         "_close_after",
         "_connections",
         "_eof",
@@ -249,6 +250,8 @@ class _Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._checked = 0
+        """How much of an incomplete request head in the buffer `head_end` already checked."""
         self._request: Request | None = None
         """A request whose body is still being read."""
         self._task: asyncio.Task[None] | None = None
@@ -324,12 +327,15 @@ class _Connection(asyncio.Protocol):
             if request is None:
                 while buffer[:2] == b"\r\n":  # blank lines before a request are ignored
                     del buffer[:2]
+                    self._checked = 0
                 if not buffer:
                     self.header_since = None
                     return
-                end = head_end(buffer)
+                end = head_end(buffer, self._checked)
                 if end < 0:
+                    self._checked = len(buffer)
                     return
+                self._checked = 0
                 request = parse_head(bytes(buffer[: end - 4]))
                 del buffer[:end]
                 if expects_continue(request):
