@@ -25,7 +25,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import ALLOCATION, THROTTLE_REASONS, flagged, range_hours, sel
+from dashboards.queries import THROTTLE_REASONS, range_hours, sel
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
@@ -179,13 +179,6 @@ def make() -> Json:
     )
 
     layout.row("Waste and cost")
-    # What each allocation kept under 1% busy costs per hour; -1 (shown "no price") on a GPU the
-    # catalog has no price for, so that every idle allocation has a row.
-    idle_cost = (
-        f"(allocation:gpu_price_usd_per_hour:share{{{scope}}}"
-        f" or on ({ALLOCATION}) (allocation:gpu_allocation:share{{{scope}}} * 0 - 1))"
-        f" and on ({ALLOCATION}) (allocation:gpu_pod_busy_seconds:rate5m{{{scope}}} < 0.01)"
-    )
     layout.add(
         12,
         8,
@@ -195,11 +188,7 @@ def make() -> Json:
             ("node", "namespace", "workload", "pod", "container", "model", "gpu"),
             Column(
                 "Cost / hour",
-                flagged(
-                    f"topk({FLEET_ROWS}, {idle_cost})",
-                    f"gpu_allocation_in_use{{{scope}}}",
-                    "in_use",
-                ),
+                f"topk({FLEET_ROWS}, allocation_in_use:gpu_price_usd_per_hour:share_idle{{{scope}}})",
                 unit="currencyUSD",
                 mappings=((-1, "no price", "text"),),
             ),

@@ -53,8 +53,9 @@ rates the rollups record; ranges up to 2.5 hours keep Grafana's own step."""
 FLEET_ROWS: Final = 100
 """Rows at most of a fleet dashboard's table of allocations: with the variables at All on 1,000
 nodes there are 64,000, which no one reads and which took the stores seconds to list. Each such
-table is one query bounded by topk (the rows its description names, e.g. the busiest or the
-costliest); narrowed by the variables to this many or fewer, it lists every allocation in scope."""
+table is one query, topk of a series recorded for it with its other columns as labels (the
+rows its description names, e.g. the busiest or the costliest); narrowed by the variables to
+this many or fewer, it lists every allocation in scope."""
 
 
 def _targets(

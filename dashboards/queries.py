@@ -40,21 +40,6 @@ def range_hours(selector: str, by: str = "") -> str:
     return f"sum{grouping} (sum_over_time({selector}[$__range])) * {EVALUATION_INTERVAL} / 3600"
 
 
-ALLOCATION: Final = "namespace, pod, container, uuid"
-"""The labels that name one allocation (a container's hold on one device), as the rules join."""
-
-
-def flagged(expr: str, flag: str, label: str) -> str:
-    """`expr`, a vector of allocations, with `label` set to the value ("0" or "1") of each
-    allocation's 0/1 series `flag`: a yes/no column carried by the rows of one query, so that a
-    bounded table's columns cannot come from different rows. One pass over `flag`
-    (count_values), clamped so that an allocation's two series of one value count once."""
-    return (
-        f"{expr} * on ({ALLOCATION}) group_left ({label}) "
-        f'clamp_max(count_values by ({ALLOCATION}) ("{label}", {flag}), 1)'
-    )
-
-
 def selected_only(variable: str) -> str:
     """A matcher that keeps every series while `$variable` holds a selection and none while it is
     at All (`.*`): a GPU uuid (`GPU-…`, `MIG-…`) never fully matches a selection of Kubernetes

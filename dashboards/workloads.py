@@ -27,7 +27,7 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.queries import ALLOCATION, flagged, range_hours, selected_only
+from dashboards.queries import range_hours, selected_only
 
 if TYPE_CHECKING:
     from dashboards.panels import Json
@@ -235,17 +235,6 @@ def make() -> Json:
             ),
         ),
     )
-    # How busy each allocation's holder keeps it; -1 (shown "unknown") where the holder runs but
-    # NVML cannot split the device's time (MIG instances), so that every allocation has a row.
-    busy = (
-        f"allocation:gpu_pod_busy_seconds:rate5m{{{scope}}}"
-        f" or on ({ALLOCATION}) (gpu_allocation_in_use{{{scope}}} * 0 - 1)"
-    )
-    allocations = flagged(
-        flagged(f"topk({FLEET_ROWS}, {busy})", f"gpu_allocation_shared{{{scope}}}", "shared"),
-        f"gpu_allocation_in_use{{{scope}}}",
-        "in_use",
-    )
     layout.add(
         16,
         8,
@@ -255,7 +244,7 @@ def make() -> Json:
             ("namespace", "pod", "container", "resource", "node", "model", "gpu", "mig_profile"),
             Column(
                 "Busy (5 min)",
-                allocations,
+                f"topk({FLEET_ROWS}, allocation_shared_in_use:gpu_pod_busy_seconds:rate5m{{{scope}}})",
                 unit="percentunit",
                 mappings=((-1, "unknown", "text"),),
             ),

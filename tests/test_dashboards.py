@@ -240,7 +240,15 @@ SPARSE_SERIES = {
 """Raw series a fleet dashboard may read over a range: few at any fleet size."""
 LISTED_PER_POD = {"pod": "lists the pods of the selected workloads, none at All"}
 """Variables whose values are per allocation, so they read the allocation series."""
-PER_ALLOCATION_LEVELS = {"allocation", "pod_gpu", "pod", "pod_model", "pod_revision"}
+PER_ALLOCATION_LEVELS = {
+    "allocation",
+    "allocation_shared_in_use",
+    "allocation_in_use",
+    "pod_gpu",
+    "pod",
+    "pod_model",
+    "pod_revision",
+}
 """Recorded series with a series per allocation, container or pod: 64,000 and more at 1,000 nodes."""
 PER_ALLOCATION_FAMILIES = ("gpu_allocation_", "gpu_pod_", "gpu_process_")
 """Raw families with a series per allocation, container or process."""
