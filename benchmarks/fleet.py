@@ -715,7 +715,10 @@ def main() -> int:
                 with (
                     VictoriaMetrics(work / "victoria", scrape=scrape) as vm,
                     Vmalert(
-                        work / "vmalert", datasource=vm.url, interval=args.evaluation_interval
+                        work / "vmalert",
+                        datasource=vm.url,
+                        interval=args.evaluation_interval,
+                        group_intervals=True,
                     ) as vmalert,
                 ):
                     pids = {

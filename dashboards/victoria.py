@@ -37,6 +37,7 @@ from dashboards.live import (
     Prometheus,
     StackError,
     answers,
+    at_one_interval,
     free_port,
     wait_until,
 )
@@ -271,6 +272,9 @@ class Vmalert:
     interval: str = "15s"
     remote_write: str | None = None
     flags: Sequence[str] = ()
+    group_intervals: bool = False
+    """Whether groups keep their own `interval` (as in production: benchmarks/fleet.py), else
+    every group evaluates every `interval` (`at_one_interval`: a test stack)."""
     api: Prometheus = field(init=False)
     process: subprocess.Popen[bytes] = field(init=False)
     _processes: Processes = field(init=False, default_factory=Processes)
@@ -283,7 +287,11 @@ class Vmalert:
             self.process = self._processes.spawn(
                 [
                     binary(VMALERT),
-                    *_rule_flags(self.rule_files),
+                    *_rule_flags(
+                        self.rule_files
+                        if self.group_intervals
+                        else at_one_interval(self.rule_files, self.workdir)
+                    ),
                     f"-datasource.url={self.datasource}",
                     f"-remoteWrite.url={self.remote_write or self.datasource}",
                     f"-evaluationInterval={self.interval}",

@@ -126,3 +126,22 @@ def test_every_recording_rule_is_unit_tested() -> None:
         and not re.search(rf"(?<![\w:]){re.escape(rule['record'])}(?![\w:])", tested)
     ]
     assert not untested, f"recording rules without a promql_expr_test: {untested}"
+
+
+def test_rules_over_a_day_evaluate_less_often_but_never_go_stale() -> None:
+    """A day's window costs a day of samples per evaluation (64,000 allocations' at 1,000 nodes,
+    benchmarks/daily_rules.py): every recording rule with one is in gpuscope-daily.rules, which
+    evaluates every few minutes, under the 5-minute lookback of the queries that read it; no
+    other group sets an interval (the dashboards' hours over a range count on that)."""
+    groups = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    daily = {
+        rule["record"]
+        for group in groups
+        for rule in group["rules"]
+        if "record" in rule and "[1d" in rule["expr"]
+    }
+    (group,) = [group for group in groups if group["name"] == "gpuscope-daily.rules"]
+    assert {rule["record"] for rule in group["rules"]} == daily
+    minutes = int(group["interval"].removesuffix("m"))
+    assert 1 < minutes < 5
+    assert [g["name"] for g in groups if "interval" in g] == ["gpuscope-daily.rules"]
