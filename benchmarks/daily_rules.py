@@ -29,7 +29,6 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fleet import prometheus  # noqa: E402
+from benchmarks.fleet import prometheus, promtool_blocks  # noqa: E402
 from dashboards.live import RULE_FILES, wait_until  # noqa: E402
 from dashboards.victoria import VictoriaMetrics  # noqa: E402
 
@@ -154,24 +153,6 @@ def write_day(path: Path, nodes: int, end: int) -> Json:
     return {"series": series, "samples": samples, "bytes": path.stat().st_size}
 
 
-def blocks_of(text: Path, blocks: Path) -> None:
-    subprocess.run(
-        [
-            shutil.which("promtool") or "/usr/bin/promtool",
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--quiet",
-            "--max-block-duration=24h",
-            str(text),
-            str(blocks),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=7200,
-    )
-
-
 def instant(url: str, expr: str, at: float) -> tuple[float, int]:
     """Seconds an instant query took and the series it gave (raises on an error)."""
     query = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
@@ -237,7 +218,7 @@ def main() -> None:
         report["written"]["write_seconds"] = round(time.monotonic() - began, 1)
         began = time.monotonic()
         blocks = workdir / "blocks"
-        blocks_of(text, blocks)
+        promtool_blocks(text, blocks)
         text.unlink()
         report["written"]["promtool_seconds"] = round(time.monotonic() - began, 1)
         shutil.copytree(blocks, workdir / "data")  # Prometheus opens them at start

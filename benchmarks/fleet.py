@@ -362,6 +362,21 @@ def history(
         out.write("# EOF\n")
     written = time.monotonic() - began
     blocks = workdir / "history-blocks"
+    promtool_blocks(text, blocks)
+    size = text.stat().st_size
+    text.unlink()
+    return blocks, {
+        "series": len(now),
+        "samples": samples,
+        "step_seconds": step,
+        "openmetrics_bytes": size,
+        "write_seconds": round(written, 1),
+        "promtool_seconds": round(time.monotonic() - began - written, 1),
+    }
+
+
+def promtool_blocks(text: Path, blocks: Path) -> None:
+    """TSDB blocks in `blocks` from an OpenMetrics file, by `promtool tsdb create-blocks-from`."""
     subprocess.run(
         [
             shutil.which("promtool") or "/usr/bin/promtool",
@@ -376,18 +391,8 @@ def history(
         ],
         check=True,
         capture_output=True,
-        timeout=3600,
+        timeout=7200,
     )
-    size = text.stat().st_size
-    text.unlink()
-    return blocks, {
-        "series": len(now),
-        "samples": samples,
-        "step_seconds": step,
-        "openmetrics_bytes": size,
-        "write_seconds": round(written, 1),
-        "promtool_seconds": round(time.monotonic() - began - written, 1),
-    }
 
 
 def load_history(prometheus_data: Path, store: Prometheus, blocks: Path, at: float) -> float:
