@@ -337,7 +337,8 @@ def table_rows(panel: Json, source: Source, dashboard: Json) -> tuple[list[str],
     """The merged table: label columns first, then one column per titled query."""
     shown = panel["transformations"][1]["options"]["include"]["names"]
     renames = panel["transformations"][2]["options"]["renameByName"]
-    labels = [name for name in shown if name not in renames]
+    values = {value_field(n, len(panel["targets"])) for n in range(len(panel["targets"]))}
+    labels = [name for name in shown if name not in values]  # some renamed: label columns
     units = {
         o["matcher"]["options"]: next(
             (p["value"] for p in o["properties"] if p["id"] == "unit"), "short"
@@ -360,6 +361,10 @@ def table_rows(panel: Json, source: Source, dashboard: Json) -> tuple[list[str],
                 row = {}
                 rows.append(row)
             row.update(keys)
+            for label, text in keys.items():  # a label column's mapping, as Grafana applies it
+                name = renames.get(label, label)
+                options = [m.get("options", {}).get(text) for m in maps.get(name, [])]
+                row[name] = next((o["text"] for o in options if o is not None), text)
             if column:
                 value = float(result["value"][1])
                 found = mapped(value, maps.get(column, []))
