@@ -8,15 +8,15 @@ one line (once per version of the files) and the previous config stays in force.
 or off needs a restart (the listening socket is plain or TLS from its start).
 
 Per request (the listener has refused what is not HTTP/1.x), in order: health probes
-(`/-/healthy`, `/-/ready`) pass without any check; then the credentials, before anything a valid client needs
-is spent: a client certificate where one is required (403), its allowed SANs (the connection is
-closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and the concurrent
-request limit (503). Credentials cached as valid are answered on the event loop; others wait
-for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once (half of them for user
-names the config does not have) and one per client address, none for `AUTH_RETRY_SECONDS` after
-one of its fails (429 at once otherwise). A request in a slot keeps it until its response is
-written. The configured headers go on every response. Nothing secret is logged: not a password, a hash or a
-key, nor the YAML around them.
+(`/-/healthy`, `/-/ready`) pass without any check; then the credentials, before anything a valid
+client needs is spent: a client certificate where one is required (403), its allowed SANs (the
+connection is closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and
+the concurrent request limit (503). Credentials cached as valid are answered on the event loop;
+others wait for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once (half of
+them for user names the config does not have) and one per client address, none for
+`AUTH_RETRY_SECONDS` after one of its fails (429 at once otherwise). A request in a slot keeps
+it until its response is written. The configured headers go on every response. Nothing secret is
+logged: not a password, a hash or a key, nor the YAML around them.
 """
 
 from __future__ import annotations

@@ -507,7 +507,7 @@ class Listener:
         """Where it listens: (host, port) per socket."""
         if self._server is None:
             return []
-        return [socket.getsockname()[:2] for socket in self._server.sockets]
+        return [bound.getsockname()[:2] for bound in self._server.sockets]
 
     def shown(self) -> str:
         """The addresses as one string for the log."""
