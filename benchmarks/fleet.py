@@ -30,7 +30,7 @@ of a group of `--nodes-per-namespace`), so the rules' joins and rollups see a fl
    billions of samples to write.
 3. Each store's head (active) series, resident memory (VmRSS, and the peak VmHWM), and the
    time each rule group took per evaluation over the warm-up (Prometheus' /api/v1/rules sampled
-   every evaluation; vmalert's vmalert_iteration_duration_seconds).
+   every evaluation, with the costliest rules; vmalert's vmalert_iteration_duration_seconds).
 4. Every panel, annotation and variable query of the cluster overview and workloads dashboards,
    the variables at "All", over a 1 h and a 24 h range with the step Grafana would take for a
    1,000-pixel-wide panel (at least the scrape interval), `--repeats` times on each store: the
@@ -251,6 +251,7 @@ class RuleTimes:
         self.prometheus = prometheus
         self.vmalert = vmalert
         self.seen: dict[str, dict[str, float]] = {}  # group -> lastEvaluation -> seconds
+        self.rules: dict[str, dict[str, float]] = {}  # rule -> lastEvaluation -> seconds
 
     def sample(self) -> None:
         answer = self.prometheus.get("/api/v1/rules")
@@ -259,6 +260,18 @@ class RuleTimes:
             if group.get("lastEvaluation", "").startswith("0001"):
                 continue  # not evaluated yet
             evaluations[group["lastEvaluation"]] = float(group["evaluationTime"])
+            for rule in group.get("rules", []):
+                if not rule.get("lastEvaluation", "").startswith("0001"):
+                    name = f"{group['name']}: {rule['name']}"
+                    times = self.rules.setdefault(name, {})
+                    times[rule["lastEvaluation"]] = float(rule["evaluationTime"])
+
+    def costliest_rules(self, count: int = 12) -> Json:
+        """The rules Prometheus spent longest on, median seconds per evaluation: where a group's
+        time goes."""
+        medians = {name: statistics.median(t.values()) for name, t in self.rules.items() if t}
+        ranked = sorted(medians.items(), key=lambda item: item[1], reverse=True)[:count]
+        return {name: round(seconds, 4) for name, seconds in ranked}
 
     def prometheus_report(self) -> Json:
         return {
@@ -694,6 +707,7 @@ def main() -> int:
                     "rss_mib_peak": mib(rss_peak),
                     **phase,
                     "rule_groups": times.prometheus_report(),
+                    "costliest_rules": times.costliest_rules(),
                 }
                 report["prometheus"] = prom_report
                 if args.history_step > 0:
