@@ -84,6 +84,7 @@ def make() -> Json:
             Query(f"sum({busy}) / sum({counted})"),
             unit="percentunit",
             decimals=1,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -94,6 +95,7 @@ def make() -> Json:
             "Board power of all GPUs.",
             Query(f"sum(node_model:gpu_power_watts:sum{{{scope}}})"),
             unit="watt",
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -108,6 +110,7 @@ def make() -> Json:
             unit="currencyUSD",
             decimals=2,
             thresholds=steps(("green", None), ("orange", 1), ("red", 10)),
+            max_points=FLEET_POINTS,
         ),
     )
 

@@ -198,7 +198,10 @@ def stat(
     thresholds: Json = GOOD,
     decimals: int | None = None,
     sparkline: bool = True,
+    max_points: int | None = None,
 ) -> Json:
+    """A single value; with a sparkline, its range query takes at most `max_points` steps (as
+    timeseries' does)."""
     defaults: Json = {
         "color": {"mode": "thresholds"},
         "mappings": [],
@@ -207,7 +210,7 @@ def stat(
     }
     if decimals is not None:
         defaults["decimals"] = decimals
-    return {
+    panel: Json = {
         "type": "stat",
         "title": title,
         "description": description,
@@ -227,6 +230,9 @@ def stat(
             "wideLayout": True,
         },
     }
+    if sparkline and max_points is not None:
+        panel["maxDataPoints"] = max_points
+    return panel
 
 
 def bargauge(

@@ -51,6 +51,7 @@ def make() -> Json:
             "Devices allocated to the selected workloads (a shared device split between its holders).",
             Query(f"sum({held}) or vector(0)"),
             decimals=1,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(
@@ -61,6 +62,7 @@ def make() -> Json:
             "Kernel time on those devices: 2 GPUs each 50% busy = 1.",
             Query(f"sum({busy}) or vector(0)"),
             decimals=2,
+            max_points=FLEET_POINTS,
         ),
     )
     layout.add(

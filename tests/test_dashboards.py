@@ -15,7 +15,7 @@ import yaml
 
 from dashboards import build, promql
 from dashboards.layout import datasource_variable
-from dashboards.panels import DATASOURCE, FLEET_ROWS
+from dashboards.panels import DATASOURCE, FLEET_POINTS, FLEET_ROWS
 from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS, selected_only
 from exporter.metrics.process import own_families
 from tests.dashboard_queries import grafana_values, recorded_names
@@ -280,6 +280,20 @@ def test_fleet_dashboards_read_rollups_over_ranges(name: str) -> None:
         selector, _ = promql.label_values(variable["query"])
         names = promql.metric_names(promql.substitute(selector, values))
         assert names <= rollups, f"${variable['name']} lists {sorted(names - rollups)}"
+
+
+@pytest.mark.parametrize("name", FLEET_DASHBOARDS)
+def test_fleet_dashboards_take_a_bounded_number_of_steps(name: str) -> None:
+    """Each step of a fleet dashboard's range query reads a rollup series per node or workload:
+    every panel drawn over the range (time series and stat sparklines alike) caps its steps at
+    FLEET_POINTS rather than taking one per pixel of the screen."""
+    dashboard = load(DASHBOARDS / name)
+    stepped = [query for query in promql.queries(dashboard) if not query.instant]
+    panels = [query for query in stepped if not query.panel.startswith("annotation ")]
+    assert panels, f"{name} draws nothing over its range: is the test still looking?"
+    for query in panels:
+        assert query.max_points is not None, f"{query.name} takes a step per pixel"
+        assert query.max_points <= FLEET_POINTS, f"{query.name} takes {query.max_points} steps"
 
 
 @pytest.mark.parametrize("name", FLEET_DASHBOARDS)
