@@ -3,7 +3,7 @@ x 14 days.
 
     .venv/bin/python benchmarks/rightsize.py [--workloads 1000] [--days 14] [--interval 2m]
         [--store prometheus|victoria-metrics|both] [--step 5m[,10m]] [--concurrency 4[,1]]
-        [--no-server] [--keep DIR]
+        [--no-server] [--refresh 5m] [--refreshes 3] [--keep DIR]
 
 1. Writes the synthetic history (tests/synthetic_history.py: a mix of idle holders, small
    inference services, memory-heavy jobs, compute-bound trainers with GPM series, input-starved
@@ -17,10 +17,11 @@ x 14 days.
    --prometheus.concurrency asked, and measures the wall time until the report is written and
    the process's peak resident memory (from wait4).
 4. Unless --no-server, runs `gpuscope rightsize serve` on the same data, at the first --step and
-   --concurrency, refreshing as often as the refresh target (1 minute up to 1,000 workloads, 5
-   up to 10,000; a refresh must finish within it), and measures
-   each refresh (the duration it logs), the server's resident memory after each and its peak
-   (VmHWM), and how long the page, the JSON and /metrics take to fetch and how large they are.
+   --concurrency, refreshing every --refresh (by default the refresh target: 1 minute up to
+   1,000 workloads, 5 up to 10,000; a refresh must finish within it), and measures --refreshes
+   refreshes (3): each one's duration (as it logs it), the server's resident memory after each
+   and its peak (VmHWM), and how long the page, the JSON and /metrics take to fetch and how
+   large they are.
 
 Prints one JSON document, with the machine's load average at the end. Targets from the issues:
 up to 1,000 workloads, a report in < 60 s and < 500 MiB, a server's refresh in < 60 s and
@@ -45,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dashboards.victoria import VictoriaMetrics  # noqa: E402 - after the path set-up above
-from exporter.durations import parse_duration  # noqa: E402
+from exporter.durations import DurationError, parse_duration  # noqa: E402
 from tests.prometheus_server import free_port, running_prometheus  # noqa: E402
 from tests.synthetic_history import FakeWorkload, Wave, backfill, write_openmetrics  # noqa: E402
 
@@ -53,7 +54,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 REFRESHES = 3
-"""Refreshes the server is measured over: the first, and two more a refresh interval apart."""
+"""Refreshes the server is measured over by default: the first, and two more a refresh interval
+apart."""
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100_80 = "NVIDIA A100-SXM4-80GB"
@@ -230,11 +232,11 @@ def _fetch(url: str) -> tuple[float, int]:
 
 
 def run_server(
-    url: str, end: float, *, refresh: int, step: str, concurrency: int
+    url: str, end: float, *, refresh: int, refreshes: int, step: str, concurrency: int
 ) -> dict[str, Any]:
     """`gpuscope rightsize serve` on the data, refreshing every `refresh` seconds (which also
-    bounds each refresh) at the report's `step` and concurrency: each refresh's duration and
-    memory."""
+    bounds each refresh) at the report's `step` and concurrency, `refreshes` times: each
+    refresh's duration and memory."""
     port = free_port()
     command = [
         sys.executable,
@@ -251,14 +253,14 @@ def run_server(
         "--log.format=json",
     ]
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    refreshes: list[dict[str, float]] = []
+    measured: list[dict[str, float]] = []
     try:
         assert process.stderr is not None
         for line in process.stderr:
             if '"report refreshed"' in line:
                 logged = json.loads(line)
-                refreshes.append({"seconds": logged["seconds"], **_memory(process.pid)})
-                if len(refreshes) == REFRESHES:
+                measured.append({"seconds": logged["seconds"], **_memory(process.pid)})
+                if len(measured) == refreshes:
                     break
             elif '"refresh failed' in line:
                 raise SystemExit(f"the server's refresh failed:\n{line}")
@@ -269,8 +271,9 @@ def run_server(
         process.terminate()
         process.wait(30)
     return {
-        "refreshes": refreshes,
-        "refresh_seconds_max": max(r["seconds"] for r in refreshes),
+        "refresh_interval_seconds": refresh,
+        "refreshes": measured,
+        "refresh_seconds_max": max(r["seconds"] for r in measured),
         "server_max_rss_mib": peak,
         "served": {
             name: {"seconds": seconds, "bytes": size} for name, (seconds, size) in fetched.items()
@@ -341,8 +344,18 @@ def main() -> None:
     parser.add_argument(
         "--no-server", action="store_true", help="skip gpuscope rightsize serve's refreshes"
     )
+    parser.add_argument(
+        "--refreshes", type=int, default=REFRESHES, help="the server's refreshes to measure"
+    )
+    parser.add_argument(
+        "--refresh",
+        help="the server's --refresh (default: the refresh target, 1m up to 1,000 workloads, 5m"
+        " up to 10,000); each refresh must finish within it",
+    )
     parser.add_argument("--keep", type=Path, help="build the data here (and reuse it if present)")
     args = parser.parse_args()
+    if args.refreshes < 1:
+        parser.error(f"--refreshes must be at least 1, not {args.refreshes}")
     interval = parse_duration(args.interval)
     steps = args.step.split(",")
     concurrencies = [int(n) for n in args.concurrency.split(",")]
@@ -351,6 +364,10 @@ def main() -> None:
     end = float(int(time.time()) // 300 * 300 - 3600)
     duration = args.days * 86400 + 3600
     report_target, memory_target, refresh_target, server_target = _targets(args.workloads)
+    try:
+        refresh = round(parse_duration(args.refresh)) if args.refresh else refresh_target
+    except DurationError as error:
+        parser.error(f"--refresh: {error}")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpuscope-bench-") as scratch:
         root = args.keep or Path(scratch)
@@ -382,7 +399,12 @@ def main() -> None:
                 None
                 if args.no_server
                 else run_server(
-                    url, end, refresh=refresh_target, step=steps[0], concurrency=concurrencies[0]
+                    url,
+                    end,
+                    refresh=refresh,
+                    refreshes=args.refreshes,
+                    step=steps[0],
+                    concurrency=concurrencies[0],
                 )
             )
             results[store] = {**setup, "reports": reports, "server": server}
