@@ -322,6 +322,9 @@ def test_a_failed_refresh_keeps_the_last_report(stack: Stack) -> None:
     async def twice(broken: str) -> tuple[bool, bool]:
         first = await refresher.refresh()
         made = refresher.published
+        assert made is not None
+        for body in (made.page, made.document):  # compressed once, held with the report
+            assert gzip.decompress(body.gzipped) == body.plain
         run = config.run
         refresher.config = replace(
             config, run=replace(run, connection=replace(run.connection, url=broken))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gzip
 import io
 import json
@@ -279,6 +278,20 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class Rendered:
+    """A body as served, and gzipped for a client that accepts that: each made once, in the
+    refresh thread, and gone with the report (a cache keyed by body kept earlier refreshes'
+    bodies, tens of MB each at 10,000 workloads, until it evicted them)."""
+
+    plain: bytes
+    gzipped: bytes
+
+    @classmethod
+    def of(cls, body: bytes) -> Rendered:
+        return cls(body, _gzip(body))
+
+
+@dataclass(frozen=True, slots=True)
 class Published:
     """One refresh's report and everything served from it, rendered once. Immutable."""
 
@@ -286,8 +299,8 @@ class Published:
     made: float
     """Unix seconds."""
     seconds: float
-    page: bytes
-    document: bytes
+    page: Rendered
+    document: Rendered
     recommendations: bytes
     patches: bytes
 
@@ -312,8 +325,8 @@ def make_report(config: ServeConfig) -> Published:
         report=report,
         made=time.time(),
         seconds=seconds,
-        page=page,
-        document=json.dumps(report_document(report), indent=1).encode(),
+        page=Rendered.of(page),
+        document=Rendered.of(json.dumps(report_document(report), indent=1).encode()),
         recommendations=exposition(recommendation_metrics(report)),
         patches=tarball(patch_files(report), report.end),
     )
@@ -503,13 +516,11 @@ class App:
                         lambda published: published.page,
                         "text/html; charset=utf-8",
                         headers=_NO_STORE,
-                        compress=True,
                     ),
                     "/api/v1/report": self._served(
                         lambda published: published.document,
                         "application/json",
                         headers=_NO_STORE,
-                        compress=True,
                     ),
                     "/patches.tar.gz": self._served(
                         lambda published: published.patches,
@@ -517,7 +528,6 @@ class App:
                         headers={
                             "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'
                         },
-                        compress=False,
                     ),
                     "/metrics": self.metrics,
                     "/-/healthy": self.healthy,
@@ -552,21 +562,28 @@ class App:
 
     def _served(
         self,
-        body: Callable[[Published], bytes],
+        body: Callable[[Published], Rendered | bytes],
         content_type: str,
         *,
         headers: Mapping[str, str],
-        compress: bool,
     ) -> Handler:
         """A handler that sends one of the last refresh's rendered bodies (503 before the
-        first)."""
+        first), gzipped to a client that accepts it where the refresh compressed it."""
 
         async def handler(request: Request) -> Response:
             published = self.refresher.published
             if published is None:
                 return _not_yet()
-            response = Response(body=body(published), content_type=content_type, headers=headers)
-            return await _compressed(request, response, cached=True) if compress else response
+            found = body(published)
+            if isinstance(found, bytes):
+                return Response(body=found, content_type=content_type, headers=headers)
+            if accepts_gzip(request.header("accept-encoding")):
+                return Response(
+                    body=found.gzipped, content_type=content_type, headers={**headers, **_GZIPPED}
+                )
+            return Response(
+                body=found.plain, content_type=content_type, headers={**headers, **_VARIES}
+            )
 
         return handler
 
@@ -574,10 +591,13 @@ class App:
         body = generate_latest(self.registry)
         if self.refresher.published is not None:
             body += self.refresher.published.recommendations
-        response = Response(
-            body=body, headers={"Content-Type": TEXT_FORMAT, "Cache-Control": "no-store"}
+        headers = {"Content-Type": TEXT_FORMAT, **_NO_STORE}
+        if not accepts_gzip(request.header("accept-encoding")):
+            return Response(body=body, headers={**headers, **_VARIES})
+        zipped = (
+            await asyncio.to_thread(_gzip, body) if len(body) > COMPRESS_IN_THREAD else _gzip(body)
         )
-        return await _compressed(request, response, cached=False)
+        return Response(body=zipped, headers={**headers, **_GZIPPED})
 
     async def healthy(self, _request: Request) -> Response:
         ok, reason = self.refresher.alive()
@@ -591,33 +611,14 @@ class App:
 
 
 _NO_STORE: Final = {"Cache-Control": "no-store"}
+_VARIES: Final = {"Vary": "Accept-Encoding"}
+_GZIPPED: Final = {"Content-Encoding": "gzip", **_VARIES}
 COMPRESS_IN_THREAD: Final = 64 * 1024
 """A body larger than this is compressed off the event loop."""
 
 
 def _gzip(body: bytes) -> bytes:
     return gzip.compress(body, compresslevel=6, mtime=0)
-
-
-_gzip_published = functools.lru_cache(maxsize=8)(_gzip)
-"""A published body compressed: it is the same object until the next refresh, so each is
-compressed once (and its hash, which the cache needs, computed once)."""
-
-
-async def _compressed(request: Request, response: Response, *, cached: bool) -> Response:
-    """`response` gzipped when the client accepts it; `cached` for a published body."""
-    if not accepts_gzip(request.header("accept-encoding")):
-        return response
-    compress = _gzip_published if cached else _gzip
-    body = response.body
-    response.body = (
-        await asyncio.to_thread(compress, body)
-        if len(body) > COMPRESS_IN_THREAD
-        else compress(body)
-    )
-    response.headers["Content-Encoding"] = "gzip"
-    response.headers["Vary"] = "Accept-Encoding"
-    return response
 
 
 def _not_yet() -> Response:
