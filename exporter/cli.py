@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import logging
 import os
@@ -19,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from exporter import __version__, config, logs
+from exporter import __version__, config, logs, malloc
 from exporter.app import App
 from exporter.attribution import cluster_configured
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
@@ -101,29 +100,9 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-M_ARENA_MAX: Final = -8
-"""glibc's mallopt() parameter for the number of malloc arenas."""
-MALLOC_ARENAS: Final = 2
-
-
-def fewer_malloc_arenas(environ: Mapping[str, str]) -> bool:
-    """Ask glibc for `MALLOC_ARENAS` malloc arenas: it gives each thread that allocates an arena
-    of its own (up to 8 per core) and keeps the pages each arena ever held, which with a thread
-    per GPU costs 1-2 MiB resident for nothing (the GIL serialises Python's allocations anyway).
-    Called before any thread starts; `MALLOC_ARENA_MAX` in the environment, set by whoever runs
-    the daemon, wins; a C library without mallopt() is left alone. Whether it was asked."""
-    if "MALLOC_ARENA_MAX" in environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_ARENA_MAX, MALLOC_ARENAS))
-
-
 def serve(args: argparse.Namespace) -> int:
     flags = {key: value for key, value in vars(args).items() if key != "command"}
-    fewer_malloc_arenas(os.environ)
+    malloc.fewer_arenas(os.environ)
     try:
         settings = config.load(flags)
         driver = open_driver(settings)

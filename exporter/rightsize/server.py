@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import __version__, logs
+from exporter import __version__, logs, malloc
 from exporter.durations import format_duration
 from exporter.rightsize.cli import produce
 from exporter.rightsize.formatters import FORMATTERS, Output, report_document
@@ -400,8 +400,12 @@ class Refresher:
                 exc_info=error,
             )
             return False
-        self.published = published
+        self.published = published  # the last report goes, unless a response still holds it
         self._done(ok=True)
+        # What the last report and this refresh's queries held, hundreds of MB at 10,000
+        # workloads, is free now: without a trim glibc keeps it resident for the next refresh,
+        # and the server grew by some 100 MB a refresh (benchmarks/rightsize.py).
+        await loop.run_in_executor(self._thread, malloc.trim)
         log.info(
             "report refreshed",
             extra={
@@ -631,6 +635,7 @@ def _not_yet() -> Response:
 
 def main(argv: Sequence[str]) -> int:
     """`gpuscope rightsize serve` with these arguments; the exit status."""
+    malloc.fewer_arenas(os.environ)  # before any thread starts
     try:
         config = load_serve(argv, os.environ)
     except (UsageError, ConfigError) as error:
