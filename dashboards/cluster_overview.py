@@ -293,7 +293,7 @@ def make() -> Json:
         8,
         timeseries(
             "Throttling by reason",
-            "GPUs whose clocks a reason holds down, sampled; and, where the driver reports it, the integrated time in slowdown (GPU-seconds per second: 2 means two GPUs throttled all the time).",
+            "GPUs whose clocks a reason holds down, sampled; and, where the driver reports it, the integrated time in slowdown (GPU-seconds per second: 2 means two GPUs throttled all the time). Empty while nothing is throttled: the rollups record only the reasons that hold a GPU down.",
             Query(
                 f"sum by (reason) (node_model_reason:gpu_clock_event_active:sum{{{throttled}}})",
                 "{{reason}} (GPUs now)",
