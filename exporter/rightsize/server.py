@@ -280,8 +280,8 @@ def exposition(metrics: Iterable[Metric]) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """A body as served, and gzipped for a client that accepts that: each made once, in the
-    refresh thread, and gone with the report (a cache keyed by body kept earlier refreshes'
-    bodies, tens of MB each at 10,000 workloads, until it evicted them)."""
+    refresh thread, and held with the report, so that both go when the next refresh replaces
+    it (tens of MB each at 10,000 workloads)."""
 
     plain: bytes
     gzipped: bytes
