@@ -2,7 +2,7 @@
 fleet, evaluate gpuscope's rules, and answer the fleet dashboards' queries; prints one JSON
 document.
 
-    .venv/bin/python benchmarks/fleet.py                  # 1,000 nodes: ~28 min, ~13 GiB free
+    .venv/bin/python benchmarks/fleet.py                  # 1,000 nodes: ~25 min, ~13 GiB free
     .venv/bin/python benchmarks/fleet.py --nodes 20 --warmup 400      # the same in ~8 min
 
 The node is the one of `benchmarks/daemon.py --pods` and `benchmarks/series.py` (8 simulated
