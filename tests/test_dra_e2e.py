@@ -49,10 +49,17 @@ def all_held(text: str) -> bool:
     return len(series(text, "gpu_allocation_info")) == 6
 
 
+def named(text: str) -> bool:
+    """Every allocation held, the claims' under their DeviceClass's resource name: the kubelet
+    poller names them at its next round (a second) once the ResourceSlices are listed, which
+    under load can come after the slices' devices are first joined."""
+    return all_held(text) and bool(series(text, "gpu_allocation_info", resource=GPU, **TRAINER))
+
+
 def test_every_allocation_through_claims_and_the_device_plugin_is_right(node: Node) -> None:
     with running_daemon(*node.args, "--collect.interval=200ms") as daemon:
         daemon.wait_ready()
-        daemon.metrics_until(all_held, 60, "six allocations")
+        daemon.metrics_until(named, 60, "six allocations, the claims' named")
         text = daemon.wait_cycles(3)
 
     # GPU 0 through a claim made from a template: the DeviceClass's extended resource name
