@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
@@ -101,15 +103,43 @@ def join(path: str, key: object) -> str:
 
 
 def read_bounded(path: Path, limit: int) -> bytes:
-    """At most `limit` bytes of the file; `Invalid` if it is larger or cannot be read."""
+    """At most `limit` bytes of the regular file at `path` (symlinks followed); `Invalid` if it
+    is larger, cannot be read, or is not a regular file.
+
+    It is opened without blocking and checked before any read: a FIFO would block the reader
+    until a writer comes (a reload thread holding its lock for ever, a start that never ends), a
+    character device (`/dev/zero`) never ends, and neither is a document anyone meant to give."""
     try:
-        with path.open("rb") as file:
-            data = file.read(limit + 1)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as error:
         raise Invalid("", f"cannot read it: {error.strerror or type(error).__name__}") from error
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        raise Invalid("", f"not a regular file (a {_file_kind(mode)})")
+    with os.fdopen(descriptor, "rb") as file:
+        try:
+            data = file.read(limit + 1)
+        except OSError as error:
+            raise Invalid(
+                "", f"cannot read it: {error.strerror or type(error).__name__}"
+            ) from error
     if len(data) > limit:
         raise Invalid("", f"larger than {size_text(limit)} (the limit)")
     return data
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def size_text(size: int) -> str:

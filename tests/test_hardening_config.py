@@ -4,6 +4,7 @@ memory (the hardening issue's defects 2, 3, 5, 7 and 10 as they reached the daem
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import pytest
@@ -47,7 +48,16 @@ def test_an_alias_bomb_as_config_file(tmp_path: Path) -> None:
 
 def test_an_endless_config_file() -> None:
     assert refused("--config.file=/dev/urandom") == (
-        "invalid --config.file: /dev/urandom: larger than 1 MiB (the limit)"
+        "invalid --config.file: /dev/urandom: not a regular file (a character device)"
+    )
+
+
+def test_a_fifo_as_config_file(tmp_path: Path) -> None:
+    """Read as a file, a FIFO blocks the daemon's start until something writes to it."""
+    fifo = tmp_path / "config.yml"
+    os.mkfifo(fifo)
+    assert refused(f"--config.file={fifo}") == (
+        f"invalid --config.file: {fifo}: not a regular file (a FIFO)"
     )
 
 

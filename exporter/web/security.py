@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from exporter.documents import Invalid, read_bounded
 from exporter.web.auth import BasicAuth, credentials
 from exporter.web.config import (
     MAX_BYTES,
@@ -119,10 +120,9 @@ def _active(config: WebConfig) -> _Active:
 def _read(path: Path) -> WebConfig:
     """Parse the file (blocking)."""
     try:
-        with path.open("rb") as file:
-            text = file.read(MAX_BYTES + 1)
-    except OSError as error:
-        raise WebConfigError(error.strerror or type(error).__name__) from error
+        text = read_bounded(path, MAX_BYTES)
+    except Invalid as problem:
+        raise WebConfigError(str(problem)) from None
     return parse_web_config(text, directory=path.parent)
 
 
