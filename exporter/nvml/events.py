@@ -157,6 +157,7 @@ class EventWatcher:
         self._devices: dict[int, tuple[str, Any]] = {}
         """handle_key -> (uuid, handle) of every GPU registered in the set."""
         self._waiting = False
+        """The thread is in the driver: waiting on the set, or reading an ECC event's counts."""
         self._stop = False
         self._thread = SupervisedThread("gpuscope-events", self._run)
 
@@ -204,29 +205,33 @@ class EventWatcher:
         log.info("watching XID and ECC events", extra={"gpus": len(watched)})
         return len(watched)
 
-    def detach(self) -> None:
+    def detach(self) -> bool:
         """Take the event set back from the waiting thread and free it. Call before
-        `nvmlShutdown`; returns once no wait on the set is in flight (within about `wait_ms`)."""
+        `nvmlShutdown`: waits until the thread has no call in the driver (a wait on the set, or
+        an ECC event's counts), within about `wait_ms`, and says whether it left the driver
+        (False: NVML must not be shut down under it)."""
         with self._cond:
             event_set, self._set, self._devices = self._set, None, {}
             self._cond.notify_all()
             self._cond.wait_for(lambda: not self._waiting, timeout=self._wait_ms / 1000 + 1.0)
             stuck = self._waiting
-        if event_set is None:
-            return
         if stuck:
-            # A wait that outlived its own timeout: freeing the set under it could crash the
-            # driver, so leave the set to the library's shutdown.
-            log.warning("NVML event wait did not return in time; leaving its event set")
-            return
-        self._free(event_set)
+            # A call that outlived the wait's own timeout: freeing the set under it could crash
+            # the driver, so leave the set to the library's shutdown.
+            log.warning("an NVML event call did not return in time; leaving its event set")
+            return False
+        if event_set is not None:
+            self._free(event_set)
+        return True
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the thread; whether it has no call left in the driver (as `detach`)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self.detach()
+        left = self.detach()
         self._thread.stop(self._wait_ms / 1000 + 1.0)
+        return left
 
     # -- the waiting thread ------------------------------------------------------------------
 
@@ -238,22 +243,23 @@ class EventWatcher:
                     return
                 event_set, devices = self._set, self._devices
                 self._waiting = True
-            data = None
             failed = False
             try:
-                data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
-            except pynvml.NVMLError_Timeout:
-                self._once.forget(("wait",))
-            except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
-                failed = True
-                self._failed(("wait",), "waiting for NVML events failed; retrying", error)
+                try:
+                    data = self._nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+                except pynvml.NVMLError_Timeout:
+                    self._once.forget(("wait",))
+                except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
+                    failed = True
+                    self._failed(("wait",), "waiting for NVML events failed; retrying", error)
+                else:
+                    self._once.forget(("wait",))
+                    # Still in the driver: an ECC event reads the GPU's counts.
+                    self._record(data, devices)
             finally:
                 with self._cond:
                     self._waiting = False
                     self._cond.notify_all()
-            if data is not None:
-                self._once.forget(("wait",))
-                self._record(data, devices)
             if failed:  # do not spin on a set that fails at once (e.g. its GPU fell off the bus)
                 with self._cond:
                     self._cond.wait_for(lambda: self._stop, timeout=self._wait_ms / 1000)

@@ -11,7 +11,8 @@ What one GPU's job reads is `exporter.nvml.device`; how each call fails alone is
   backoff, so the GPU comes back by itself.
 - A GPU whose job does not answer within the cycle's wait shows its previous answer; once the
   job has been out for `hang_seconds` it is down (reason `hung`) until it returns. NVML is never
-  re-initialised under a job still in the driver.
+  shut down (to re-initialise it, or at exit) while any call is in the driver: a worker's job,
+  its follow-up PCIe read, or the event thread's.
 - Anything unexpected escaping a GPU's job makes that GPU down for the cycle (reason `error`),
   counted in `errors_total`.
 
@@ -57,6 +58,12 @@ T = TypeVar("T")
 
 REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Waits before successive re-initialisation attempts while a GPU or the library is down."""
+SETTLE_SECONDS: Final = 0.2
+"""How long a due re-initialisation waits for workers' follow-up reads (PCIe throughput: two
+20 ms windows) to leave the driver, when no GPU owes an answer."""
+CLOSE_SECONDS: Final = 2.0
+"""How long `close` waits for the driver calls under way to return before it leaves NVML as it
+is, and then for the workers' threads to end."""
 
 HUNG: Final = "hung"
 LOST: Final = "lost"
@@ -147,45 +154,64 @@ class NvmlSampler:
         if self._events is not None:
             self._events.start()
 
-    def close(self) -> None:
-        """Stop the event thread and the GPU workers, free GPM samples and shut NVML down
-        (bounded: well under 2 s). With a driver call still hung, NVML is left as it is."""
-        if self._events is not None:
-            self._events.close()
-        if self._any_busy():
+    def close(self, timeout: float = CLOSE_SECONDS) -> None:
+        """Stop the event thread and the GPU workers, free GPM samples and shut NVML down, within
+        about `timeout` plus the event thread's stop. NVML is shut down only once no call of any
+        worker is in the driver; with one still hung at the deadline, NVML is left as it is (the
+        threads are daemon threads: they end with the process)."""
+        deadline = self._timer() + timeout
+        events_left = self._events.close() if self._events is not None else True
+        idle = self._all_idle(deadline) and events_left
+        if not idle:
             log.warning("a driver call is still hung; not shutting NVML down")
-            self._stop_workers(self._devices)
+        self._stop_workers(self._devices, deadline)
+        if not (idle and self._initialized):
             return
-        if self._initialized:
-            self._initialized = False
-            self._release()
-            try:
-                self._nvml.nvmlShutdown()
-            except pynvml.NVMLError as error:
-                log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
-
-    def _any_busy(self) -> bool:
-        return any(
-            device.worker is not None and device.worker.busy_since is not None
-            for device in self._devices
-        )
-
-    def _release(self) -> None:
-        """Everything tied to the current initialisation, before nvmlShutdown. Only while no
-        worker is busy."""
-        if self._events is not None:
-            self._events.detach()
-        self._stop_workers(self._devices)
+        self._initialized = False
         for device in self._devices:
             for reader in device.gpm_readers():
                 reader.free()
+        try:
+            self._nvml.nvmlShutdown()
+        except pynvml.NVMLError as error:
+            log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
 
-    @staticmethod
-    def _stop_workers(devices: Iterable[Device]) -> None:
+    def _workers(self) -> list[GpuWorker]:
+        return [device.worker for device in self._devices if device.worker is not None]
+
+    def _all_idle(self, deadline: float) -> bool:
+        """Whether every worker is idle (no call in the driver, none waiting), waiting for
+        them until `deadline`."""
+        return all(worker.wait_idle(deadline - self._timer()) for worker in self._workers())
+
+    def _settled(self) -> bool:
+        """Whether NVML may be re-initialised now: no GPU owes an answer, and the workers'
+        follow-up reads leave the driver within `SETTLE_SECONDS`."""
+        if any(worker.busy_since is not None for worker in self._workers()):
+            return False
+        return self._all_idle(self._timer() + SETTLE_SECONDS)
+
+    def _release(self) -> bool:
+        """Everything tied to the current initialisation, before nvmlShutdown. Only while every
+        worker is idle. Whether NVML may be shut down: False while an event call stays in the
+        driver."""
+        events_left = self._events.detach() if self._events is not None else True
+        self._stop_workers(self._devices, self._timer() + CLOSE_SECONDS)
+        for device in self._devices:
+            for reader in device.gpm_readers():
+                reader.free()
+        return events_left
+
+    def _stop_workers(self, devices: Iterable[Device], deadline: float) -> None:
+        """Ask every worker to end, then wait for them all until one shared `deadline`."""
+        workers = []
         for device in devices:
             if device.worker is not None:
-                device.worker.close()
+                device.worker.stop()
+                workers.append(device.worker)
                 device.worker = None
+        for worker in workers:
+            worker.join(deadline - self._timer())
 
     def _attach(self) -> None:
         """Hand the freshly opened GPUs to the event thread, and each to a worker of its own."""
@@ -201,11 +227,17 @@ class NvmlSampler:
     def _initialize(self) -> None:
         if self._initialized:
             self._initialized = False
-            self._release()
-            try:
-                self._nvml.nvmlShutdown()
-            except pynvml.NVMLError as error:
-                log.debug("nvmlShutdown before re-init failed", extra={"error": error_name(error)})
+            if self._release():
+                try:
+                    self._nvml.nvmlShutdown()
+                except pynvml.NVMLError as error:
+                    log.debug(
+                        "nvmlShutdown before re-init failed", extra={"error": error_name(error)}
+                    )
+            else:
+                # The library keeps its state (init counts references): a lost GPU then comes
+                # back only once a later re-initialisation can shut it down.
+                log.warning("re-initialising NVML without shutting it down: an event call hangs")
         self._devices = []
         self._nvml.nvmlInit()
         self._initialized = True
@@ -300,12 +332,12 @@ class NvmlSampler:
         most `wait_seconds` for the GPUs' answers."""
         started = self._clock()
         if self._reinit_attempt and started >= self._reinit_due:
-            if self._any_busy():
+            if not self._settled():
                 # nvmlShutdown under a call still in the driver is undefined behaviour.
                 self._once(
                     logging.WARNING,
                     ("reinit", "busy"),
-                    "NVML re-initialisation waits for a hung driver call to return",
+                    "NVML re-initialisation waits for the driver calls under way to return",
                 )
             else:
                 self._once.forget(("reinit", "busy"))

@@ -11,6 +11,10 @@ for minutes costs one parked thread — never a growing queue or more threads. W
 returns, the worker delivers (the answer is stale by then, and the sampler drops it) and takes
 jobs again: the GPU comes back by itself.
 
+A GPU is *busy* while it owes an answer (for hang detection), and *idle* only when no driver
+call of its worker is under way or waiting to start, the job's `after` step included: NVML is
+shut down (at a re-initialisation or at exit) only while every worker is idle.
+
 Threading rule: a job's answer is handed over through its `Ticket` (written once by the worker,
 then signalled; read by the sampler after the signal). Everything a job touches belongs to that
 GPU alone, so jobs of different GPUs share nothing but thread-safe helpers (the log-once set,
@@ -73,6 +77,8 @@ class GpuWorker:
         """Submitted and not yet answered (waiting or running)."""
         self._pending: _Job[Any] | None = None
         """Submitted while the worker still ran the previous job's `after` step."""
+        self._in_driver = False
+        """A job's `read` or its `after` step is running: a driver call may be under way."""
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -83,6 +89,20 @@ class GpuWorker:
         with self._cond:
             job = self._job or self._pending
             return job.ticket.submitted if job is not None else None
+
+    @property
+    def idle(self) -> bool:
+        """No driver call is under way or about to start: neither a job's `read` nor its `after`
+        step runs, and none waits. Only then may NVML be shut down."""
+        with self._cond:
+            return not self._in_driver and self._pending is None
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for `idle` (a job's `after` step takes tens of ms)."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._in_driver and self._pending is None, timeout
+            )
 
     def submit(
         self, read: Callable[[], T], *, after: Callable[[], None] | None = None
@@ -97,12 +117,16 @@ class GpuWorker:
             self._cond.notify_all()
             return ticket
 
-    def close(self, timeout: float = 1.0) -> None:
-        """Stop after the job in hand. A call hung in the driver is left to its daemon thread."""
+    def stop(self) -> None:
+        """Ask the thread to end after the job in hand; returns at once (`join` waits)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` for the thread to end. A call hung in the driver is left to its
+        daemon thread, which never holds up the process's exit."""
+        self._thread.join(max(0.0, timeout))
 
     def _run(self) -> None:
         while True:
@@ -112,6 +136,7 @@ class GpuWorker:
                     return
                 job, self._pending = self._pending, None
                 self._job = job
+                self._in_driver = True
             assert job is not None
             ticket = job.ticket
             try:
@@ -119,10 +144,14 @@ class GpuWorker:
             except BaseException as error:  # noqa: BLE001 - handed to the sampler, which decides
                 ticket.error = error
             with self._cond:
-                self._job = None
+                self._job = None  # answered: no longer owed, though the `after` step may run
             ticket.done.set()
-            if job.after is not None and ticket.error is None:
-                try:
+            try:
+                if job.after is not None and ticket.error is None:
                     job.after()
-                except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
-                    self._on_error(error)
+            except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
+                self._on_error(error)
+            finally:
+                with self._cond:
+                    self._in_driver = False
+                    self._cond.notify_all()

@@ -1,0 +1,195 @@
+"""NVML's lifecycle against the calls in the driver: `nvmlShutdown` (at a re-initialisation or
+at exit) never runs while any thread has a call about a GPU in the driver — a worker's job, its
+follow-up PCIe read, or the event thread reading an ECC event's counts — and the sampling loop's
+background tasks never die silently nor keep `close()` from closing NVML."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from exporter.config import ServeConfig
+from exporter.metrics.families import BuildInfo
+from exporter.nvml.events import EventWatcher
+from exporter.nvml.sampler import NvmlSampler
+from exporter.sampling import SamplingLoop
+from exporter.simulator import SimulatedNvml
+from exporter.simulator.fleet import parse_fleet
+from tests.helpers import eventually
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class TrackedDriver:
+    """The simulator, counting the calls under way; `nvmlShutdown` records how many there were
+    when it was called, and each function in `blocking` waits for its event first."""
+
+    def __init__(self, driver: SimulatedNvml) -> None:
+        self._driver = driver
+        self._lock = threading.Lock()
+        self.in_driver = 0
+        self.shutdowns: list[int] = []
+        """Calls under way at each nvmlShutdown."""
+        self.blocking: dict[str, threading.Event] = {}
+        self.entered: dict[str, threading.Event] = {}
+
+    def block(self, name: str) -> threading.Event:
+        """Make `name` wait until the returned event is set; `entered[name]` is set once a call
+        is waiting."""
+        release = threading.Event()
+        self.blocking[name] = release
+        self.entered[name] = threading.Event()
+        return release
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            self.shutdowns.append(self.in_driver)
+        self._driver.nvmlShutdown()
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._driver, name)
+        if not callable(real) or not name.startswith("nvml"):
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.in_driver += 1
+            try:
+                release = self.blocking.get(name)
+                if release is not None:
+                    self.entered[name].set()
+                    release.wait(20)
+                return real(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.in_driver -= 1
+
+        return call
+
+
+def _tracked(**fleet: Any) -> TrackedDriver:
+    document = {"gpus": [{"model": "l4", "count": 2}], "faults": [], **fleet}
+    return TrackedDriver(SimulatedNvml(parse_fleet(document)))
+
+
+def _later(seconds: float, action: Callable[[], None]) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.start()
+    return timer
+
+
+def test_close_waits_for_a_workers_follow_up_read_to_leave_the_driver() -> None:
+    """The PCIe read runs after a job has answered: the GPU owes nothing, yet its worker is in
+    the driver. `close()` used to shut NVML down under it."""
+    driver = _tracked()
+    sampler = NvmlSampler(driver, interval=0.1)  # type: ignore[arg-type]
+    sampler.start()
+    release = driver.block("nvmlDeviceGetPcieThroughput")
+    sampler.sample()
+    assert driver.entered["nvmlDeviceGetPcieThroughput"].wait(5)
+    timer = _later(1.3, release.set)  # after the workers' join used to give up (1 s)
+    try:
+        sampler.close()
+    finally:
+        timer.cancel()
+        release.set()
+    assert driver.shutdowns == [0], "nvmlShutdown ran while a PCIe read was in the driver"
+
+
+def test_close_leaves_nvml_alone_while_a_follow_up_read_stays_in_the_driver() -> None:
+    driver = _tracked()
+    sampler = NvmlSampler(driver, interval=0.1)  # type: ignore[arg-type]
+    sampler.start()
+    release = driver.block("nvmlDeviceGetPcieThroughput")
+    try:
+        sampler.sample()
+        assert driver.entered["nvmlDeviceGetPcieThroughput"].wait(5)
+        sampler.close(timeout=0.3)
+        assert driver.shutdowns == []
+    finally:
+        release.set()
+
+
+def test_a_due_reinit_waits_for_a_follow_up_read() -> None:
+    """GPU 1 is lost, so a re-initialisation is due; it must not shut NVML down while GPU 0's
+    PCIe read is in the driver, and runs once the read has returned."""
+    driver = _tracked(faults=[{"kind": "gpu_lost", "gpu": 1, "at": "0s"}])
+    sampler = NvmlSampler(driver, interval=0.1)  # type: ignore[arg-type]
+    sampler.start()
+    release = driver.block("nvmlDeviceGetPcieThroughput")
+    try:
+        sampler.sample()  # GPU 0 answers, then its worker enters its PCIe read
+        assert sampler._reinit_attempt, "the lost GPU schedules a re-initialisation"
+        assert driver.entered["nvmlDeviceGetPcieThroughput"].wait(5)
+        sampler._reinit_due = 0.0  # due now, whatever the backoff said
+        sampler.sample()
+        assert driver.shutdowns == [], "re-initialised under a PCIe read"
+    finally:
+        release.set()
+    eventually(lambda: sampler._all_idle(sampler._timer()) or None, 5, "the read to return")
+    sampler._reinit_due = 0.0
+    sampler.sample()
+    assert driver.shutdowns == [0], "the re-initialisation runs once the read returned"
+    sampler.close()
+    assert driver.shutdowns == [0, 0]
+
+
+def test_detach_waits_for_the_event_threads_ecc_read() -> None:
+    """An ECC event makes the event thread read the GPU's error counts: `detach` (before every
+    nvmlShutdown) must wait for that call too, not only for the wait on the event set."""
+    driver = _tracked(faults=[{"kind": "ecc", "gpu": 0, "at": "300ms", "corrected": 3}])
+    release = driver.block("nvmlDeviceGetTotalEccErrors")
+    sampler = NvmlSampler(driver, interval=0.1, events=EventWatcher(driver))  # type: ignore[arg-type]
+    sampler.start()
+    try:
+        assert driver.entered["nvmlDeviceGetTotalEccErrors"].wait(5)
+        sampler.close()  # the read stays in the driver past every wait of `close`
+        assert driver.shutdowns == [], "nvmlShutdown ran while the event thread read ECC counts"
+    finally:
+        release.set()
+
+
+# -- the sampling loop's tasks -------------------------------------------------------------------
+
+
+async def test_a_failing_republish_is_logged_counted_and_close_still_closes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Re-publishing after an XID event runs in a task of its own. When it failed, nobody saw
+    it, and `close()` re-raised its exception before closing NVML, the event thread and the
+    workers."""
+    driver = _tracked()
+    sampling = SamplingLoop(
+        replace(ServeConfig(), collect_interval=0.05),
+        driver,  # type: ignore[arg-type]
+        build=BuildInfo("test"),
+    )
+    await sampling.start()
+    sampling.begin()
+    await asyncio.sleep(0.2)
+
+    def broken() -> None:
+        raise RuntimeError("republishing broke")
+
+    sampling._republished = broken  # type: ignore[method-assign, assignment]
+    errors_before = sampling._nvml.errors_total
+    with caplog.at_level(logging.ERROR):
+        sampling._republish_soon()
+        task = sampling._republishing
+        assert task is not None
+        await asyncio.wait([task])
+        await asyncio.sleep(0)
+    assert any("re-publishing after an NVML event failed" in r.getMessage() for r in caplog.records)
+    assert sampling._nvml.errors_total == errors_before + 1
+    workers = [d.worker for d in sampling._nvml._devices]
+    await sampling.close()
+    assert driver.shutdowns == [0], "close() must still shut NVML down"
+    assert all(worker is not None and not worker._thread.is_alive() for worker in workers)
