@@ -330,6 +330,18 @@ class SamplingLoop:
         self._events_pending = True
         if self._republishing is None or self._republishing.done():
             self._republishing = asyncio.create_task(self._republish(), name="gpuscope-republish")
+            self._republishing.add_done_callback(self._republish_ended)
+
+    def _republish_ended(self, task: asyncio.Task[None]) -> None:
+        """A failed re-publish is counted and logged; the next cycle publishes as usual."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        self._nvml.count_error()
+        self._once.unexpected(
+            ("republish",),
+            "re-publishing after an NVML event failed; the next cycle publishes as usual",
+            error,
+        )
 
     async def _republish(self) -> None:
         loop = asyncio.get_running_loop()
@@ -364,13 +376,15 @@ class SamplingLoop:
         )
 
     async def close(self) -> None:
-        """Stop the loop, then shut NVML down after any cycle in flight has finished."""
+        """Stop the loop, then shut NVML down after any cycle in flight has finished. Whatever
+        the tasks ended with (their done-callbacks logged it), NVML, the event thread and the
+        workers are closed."""
         self._closing = True
-        for task in (self._task, self._republishing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        tasks = [task for task in (self._task, self._republishing) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         if self._events is not None:
             self._events.store.on_change = None
         if self._executor is not None:
