@@ -22,7 +22,7 @@ from exporter.metrics.exposition import negotiate
 from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
 from exporter.sampling import SamplingLoop
-from exporter.supervise import TaskHealth, supervised
+from exporter.supervise import TaskHealth, in_daemon_thread, supervised
 from exporter.web import counters
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
@@ -66,7 +66,8 @@ class App:
         self.web_watch = TaskHealth("web_config")
         self.attributor: Attributor | None = None
         self._sampling: SamplingLoop | None = None
-        self._running = contextlib.AsyncExitStack()
+        self._running: list[contextlib.AsyncExitStack] = []
+        """One exit stack per started resource, so that `stop` can stop them all at once."""
         self.routes: dict[str, Handler] = {
             "/": self.landing,
             config.telemetry_path: self.metrics,
@@ -83,16 +84,30 @@ class App:
         return self._sampling
 
     async def start(self) -> None:
-        """Start everything, in order; what started is stopped again if a later part fails."""
+        """Start everything, in order (sampling takes the attributor the pod watch made); what
+        started is stopped again, in reverse, if a later part fails."""
+        running: list[contextlib.AsyncExitStack] = []
         async with contextlib.AsyncExitStack() as starting:
-            await starting.enter_async_context(self._attribution())
-            await starting.enter_async_context(self._sampling_loop())
-            await starting.enter_async_context(self._web_config())
-            self._running = starting.pop_all()
+            for resource in (self._attribution, self._sampling_loop, self._web_config):
+                stack = contextlib.AsyncExitStack()
+                await stack.enter_async_context(resource())
+                starting.push_async_callback(stack.aclose)
+                running.append(stack)
+            starting.pop_all()
+        self._running = running
 
     async def stop(self) -> None:
-        """Stop everything, in reverse order."""
-        await self._running.aclose()
+        """Stop everything at once: each part has its own bound (sampling's cycle in flight and
+        NVML's shutdown, the pod watch's threads, the web config's watch), and none waits for
+        another, so the whole stop takes as long as the slowest part, not their sum. A part
+        that fails to stop is logged; the others stop all the same."""
+        running, self._running = self._running, []
+        results = await asyncio.gather(
+            *(stack.aclose() for stack in running), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, Exception):
+                log.error("a part of the daemon failed to stop", exc_info=result)
 
     @contextlib.asynccontextmanager
     async def _attribution(self) -> AsyncIterator[None]:
@@ -140,7 +155,9 @@ class App:
         try:
             yield
         finally:
-            await asyncio.to_thread(attributor.stop)
+            # In a daemon thread: a stop that overran the daemon's own deadline must not hold
+            # up the exit (asyncio's default executor is joined when the loop ends).
+            await in_daemon_thread("gpuscope-attribution-stop", attributor.stop)
 
     @contextlib.asynccontextmanager
     async def _sampling_loop(self) -> AsyncIterator[None]:

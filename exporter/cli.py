@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter")
 
 SWITCH_INTERVAL_SECONDS: Final = 0.001
-SHUTDOWN_SECONDS: Final = 4.0
-"""In-flight requests get this long to finish on SIGTERM (the whole stop stays under 5 s)."""
+SHUTDOWN_SECONDS: Final = 5.0
+"""The whole stop on SIGTERM, under one deadline: requests being answered get all but its last
+second, while sampling (its cycle in flight, NVML's shutdown) and the pod watch stop beside them.
+The chart's `terminationGracePeriodSeconds` (10) leaves room for the interpreter's exit."""
 
 
 def build_parser(*, calibrate_flags: bool = True) -> argparse.ArgumentParser:

@@ -135,6 +135,16 @@ class DaemonExecutor(Executor):
                 future.set_exception(error)
 
 
+async def in_daemon_thread(name: str, call: Callable[[], T]) -> T:
+    """`call()` in a daemon thread of its own, awaited: unlike `asyncio.to_thread`, whose
+    threads the loop joins when it ends, a call that overruns cannot hold up the exit."""
+    executor = DaemonExecutor(name)
+    try:
+        return await asyncio.wrap_future(executor.submit(call))
+    finally:
+        executor.shutdown(wait=False)
+
+
 class SupervisedThread:
     """Runs `target` in a daemon thread, again after a backoff whenever it raises."""
 

@@ -580,8 +580,10 @@ async def serve_until_stopped(
     shutdown_seconds: float,
     then: Callable[[], Awaitable[None]],
 ) -> None:
-    """Serve until SIGTERM or SIGINT, reloading the web config file on SIGHUP; then stop the
-    listener (requests being answered get `shutdown_seconds`) and run `then`."""
+    """Serve until SIGTERM or SIGINT, reloading the web config file on SIGHUP; then, at once and
+    under one deadline of `shutdown_seconds`, stop the listener (requests being answered get
+    all but the last second of it) and run `then` (the rest of the program's stop). Past the
+    deadline whatever has not stopped is left (its threads end with the process)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -599,6 +601,16 @@ async def serve_until_stopped(
     loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     logger.info("stopping")
-    await listener.stop(shutdown_seconds)
-    await then()
-    logger.info("stopped")
+    started = loop.time()
+    stopping = asyncio.gather(
+        listener.stop(max(shutdown_seconds - 1.0, shutdown_seconds / 2)), then()
+    )
+    try:
+        async with asyncio.timeout(shutdown_seconds):
+            await stopping
+    except TimeoutError:
+        logger.warning(
+            "stopping took too long; exiting with what has not stopped",
+            extra={"seconds": shutdown_seconds},
+        )
+    logger.info("stopped", extra={"seconds": round(loop.time() - started, 2)})
