@@ -1,0 +1,141 @@
+"""A hostile PromQL API (a forged series through a PodMonitor with `honorLabels` or remote
+write, or a server of an attacker's): a negative, infinite, NaN or absurd value, a deeply nested
+element, every series in every per-pod batch, names PromQL has to escape. Each costs only its
+own series, with one warning naming it, in `gpuscope rightsize` and in `serve`'s refresh."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.prometheus_server import free_port
+from tests.rightsize_hostile import (
+    END,
+    StandIn,
+    held_pod,
+    with_nested_element,
+    with_value,
+)
+from tests.rightsize_run import measured, rightsize, serving
+from tests.rightsize_stack import serving as serving_report
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+pytestmark = pytest.mark.timeout(180)
+
+GOOD, HOSTILE = "good", "hostile"
+PODS = [held_pod(GOOD), held_pod(HOSTILE)]
+
+
+def run(stand_in: StandIn, *args: str) -> tuple[dict[str, Any], str]:
+    """The job's JSON report against the stand-in, and its log; the job must succeed."""
+    with serving(stand_in.handle) as url:
+        result = rightsize(f"--prometheus={url}", f"--end={END}", "--format=json", *args)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+def by_name(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {workload["workload"]: workload for workload in document["workloads"]}
+
+
+def dropped_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if 'msg="prometheus series dropped"' in line]
+
+
+CASES: list[tuple[str, str, Callable[[list[dict[str, Any]]], str], str]] = [
+    ("negative", "busy_seconds", with_value(HOSTILE, "-5"), "outside 0.."),
+    ("huge bytes", "memory_peak", with_value(HOSTILE, "1e308"), "bytes of GPU memory"),
+    ("ratio far past 1", "busy_quantile", with_value(HOSTILE, "1e6"), "a ratio"),
+    ("infinite", "in_use", with_value(HOSTILE, "+Inf"), "not a finite number"),
+    ("NaN", "busy_idle_quantile", with_value(HOSTILE, "NaN"), "not a finite number"),
+    ("a count past the window", "held", with_value(HOSTILE, "1e308"), "a count of steps"),
+    ("not a number", "memory_quantile", with_value(HOSTILE, "many"), "not a number"),
+]
+
+
+@pytest.mark.parametrize(
+    ("signal", "tamper", "reason"),
+    [case[1:] for case in CASES],
+    ids=[case[0] for case in CASES],
+)
+def test_a_bad_value_drops_its_series_with_one_warning(
+    signal: str, tamper: Callable[[list[dict[str, Any]]], str], reason: str
+) -> None:
+    document, log = run(StandIn(PODS, tamper={signal: tamper}))
+    workloads = by_name(document)
+    assert workloads[GOOD]["usage"]["utilization_mean"] == 0.5
+    assert workloads[GOOD]["usage"]["memory_peak_bytes"] == 10 * 1024**3
+    if signal != "held":
+        assert HOSTILE in workloads, "the workload stays; only the bad series goes"
+    else:
+        assert HOSTILE not in workloads, "without its held series, nothing is known of it"
+    (line,) = dropped_lines(log)  # once, although every term asks again
+    assert f"query={signal}" in line
+    assert f"workload={HOSTILE}" in line
+    assert reason in line
+
+
+def test_a_deeply_nested_element_is_one_dropped_series() -> None:
+    stand_in = StandIn(PODS, tamper={"held": with_nested_element(200_000)})
+    document, log = run(stand_in)
+    assert set(by_name(document)) == {GOOD, HOSTILE}
+    (line,) = dropped_lines(log)
+    assert "nested too deeply" in line
+
+
+def test_a_pod_name_with_a_newline_quote_or_backslash_costs_no_other_pods_cpu() -> None:
+    """Its batch's per-pod queries stay valid PromQL: the other pods keep their CPU signals."""
+    odd = [held_pod(GOOD, n) for n in range(3)]
+    for number, name in enumerate(["line\nbreak", 'quote"d', "back\\slash", "bidi\u202eevil"]):
+        odd.append({**held_pod(f"odd{number}"), "pod": name})
+    stand_in = StandIn(odd)
+    document, log = run(stand_in)
+    assert "optional signal unavailable" not in log
+    assert by_name(document)[GOOD]["usage"]["cpu_usage_over_limit"] == 0.375
+    cpu = [query for query in stand_in.queries if "container_cpu_usage_seconds_total" in query]
+    assert cpu
+    assert all(query.isprintable() for query in cpu)
+    assert "line\\\\\\nbreak" in cpu[0], "the regex's escaped newline, then PromQL's escape"
+    assert 'quote\\"d' in cpu[0]
+
+
+def test_an_answer_with_every_series_in_every_batch_costs_no_more_than_the_batch() -> None:
+    """3,000 pods are 11 batches of the per-pod queries; the server answers each with all 3,000
+    pods' series. Kept, they were every batch's answer over again (the issue's figure: 2.7 GB
+    at 10,000 pods); dropped as read, the job's peak stays near what the honest answers cost."""
+    pods = [held_pod(f"w{n:05d}", n, namespace=f"team-{n % 20:02d}") for n in range(3000)]
+    with serving(StandIn(pods, every_series=True).handle) as url:
+        result = measured("--prometheus=" + url, f"--end={END}", "--format=json", timeout=170)
+    assert result.returncode == 0, result.stderr
+    workloads = json.loads(result.stdout)["workloads"]
+    assert len(workloads) == 3000
+    assert {w["usage"]["cpu_usage_over_limit"] for w in workloads} == {0.375}
+    assert result.peak_rss_bytes < 400 * 1024**2, f"{result.peak_rss_bytes / 1024**2:.0f} MiB"
+
+
+def test_serve_refreshes_from_a_hostile_server(tmp_path: Any) -> None:
+    """Every refresh meets the forged series; each is a report, not a failure."""
+    tampered = StandIn(
+        PODS,
+        tamper={
+            "busy_seconds": with_value(HOSTILE, "-5"),
+            "memory_peak": with_value(HOSTILE, "1e308"),
+            "held": with_nested_element(200_000),
+        },
+    )
+    with (
+        serving(tampered.handle) as url,
+        serving_report(url, free_port(), "--refresh=1m") as server,
+    ):
+        assert "report refreshed" in server.text()
+        assert "refresh failed" not in server.text()
+        document = server.json("/api/v1/report")
+        assert isinstance(document["workloads"], list)
+        assert {w["workload"] for w in document["workloads"]} == {GOOD, HOSTILE}
+    assert len(re.findall(r"prometheus series dropped", server.text())) == 3
