@@ -167,3 +167,18 @@ def with_nested_element(depth: int) -> Callable[[list[dict[str, Any]]], str]:
         return honest[:-1] + ("," if elements else "") + "[" * depth + "]" * depth + "]"
 
     return tamper
+
+
+def idle(workload: str) -> dict[str, Callable[[list[dict[str, Any]]], str]]:
+    """Tampers making `workload` an idle holder (honestly so): a change, hence a patch."""
+    return {
+        signal: with_value(workload, "0")
+        for signal in (
+            "in_use",
+            "busy_seconds",
+            "busy_quantile",
+            "busy_idle_quantile",
+            "memory_peak",
+            "memory_quantile",
+        )
+    }

@@ -64,7 +64,7 @@ async def produce(config: RightsizeConfig) -> Report:
         strategy=STRATEGIES[config.strategy],
         hardware=hardware,
         settings=config.settings,
-        source=config.connection.url,
+        source=config.connection.shown,
         min_confidence=config.min_confidence,
     )
     log.info(

@@ -672,7 +672,7 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
             "address": listener.shown(),
             "version": __version__,
             "refresh": format_duration(config.refresh),
-            "source": config.run.connection.url,
+            "source": config.run.connection.shown,
             "notify": ", ".join(webhook.shown for webhook in config.run.notify),
             **security.describe(),
         },
