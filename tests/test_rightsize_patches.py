@@ -328,9 +328,7 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
         SCRIPT,
         "team.deployment.chat.yaml",
         "team.job.chat.yaml",
-        "ns_rm_-rf.deployment.x_touch_pwned_.yaml",
-        "team.deployment.line_break.yaml",
-    }, "one file per workload to change, none for the one to keep"
+    }, "one file per workload to change, none for the one to keep nor the ones Kubernetes names"
     for name, text in files.items():
         if name != SCRIPT:
             assert text.startswith(MARK + "\n")
@@ -342,8 +340,8 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
     )
     assert chat["patch"]["body"] == body, "the JSON report carries the same patch"
     assert chat["patch"]["command"] == (
-        "kubectl --namespace team patch deployment chat --type strategic "
-        "--patch-file team.deployment.chat.yaml"
+        "kubectl --namespace=team patch --type=strategic "
+        "--patch-file=team.deployment.chat.yaml -- deployment chat"
     )
     written = tmp_path / "patches"
     (written).mkdir()
@@ -376,21 +374,18 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     recorded = calls.read_text().splitlines()
-    assert (
-        "--namespace|team|patch|deployment|chat|--type|strategic|--patch-file|team.deployment.chat.yaml|"
-        in recorded
-    )
-    assert (
-        f"--namespace|ns;rm -rf|patch|deployment|{hostile}|--type|strategic|--patch-file|ns_rm_-rf.deployment.x_touch_pwned_.yaml|"
-        in recorded
-    )
-    assert "patch|deployment|line\nbreak|" in calls.read_text(), "quoted, not split"
-    assert calls.read_text().count("--namespace|") == 3, (
-        "the Job's command is commented out: its template cannot change"
-    )
+    assert recorded == [
+        (
+            "--namespace=team|patch|--type=strategic|--patch-file=team.deployment.chat.yaml|--|"
+            "deployment|chat|"
+        )
+    ], "the Job's command is commented out (its template cannot change); no forged name runs"
     assert not (tmp_path / "pwned").exists()
-    assert "# kubectl patch --local -f MANIFEST.yaml" in script.read_text()
-    assert "line break" in script.read_text(), "a newline in a label stays in its comment"
+    assert "# kubectl patch --local --filename=MANIFEST.yaml" in script.read_text()
+    text = script.read_text()
+    assert "line break" in text, "a newline in a label stays in its comment"
+    assert "# Note: skipped: Deployment name 'line break' is not a Kubernetes name" in text
+    assert "# Note: skipped: namespace 'ns;rm -rf' is not a Kubernetes namespace name" in text
 
 
 def test_a_report_with_nothing_to_change_says_so() -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Final
 import yaml
 
 from exporter.rightsize.formatters.common import timestamp, workload_label
-from exporter.rightsize.patches import one_line
+from exporter.rightsize.names import comment_text
 from exporter.rightsize.report import money_text
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def _heading(row: WorkloadRow, patch: Patch) -> list[str]:
     ]
     if patch.note:
         lines.append(f"Note: {patch.note}")
-    return [one_line(line) for line in lines]
+    return [comment_text(line) for line in lines]
 
 
 def patch_files(report: Report) -> dict[str, str]:
@@ -51,7 +51,7 @@ def patch_files(report: Report) -> dict[str, str]:
     script = [
         "#!/bin/sh",
         f"# gpuscope rightsize: the changes recommended by the report of {timestamp(report.end)}",
-        one_line(f"# from {report.source}; review each patch before applying it."),
+        comment_text(f"# from {report.source}; review each patch before applying it."),
         "# Paths are relative to this script; run it from anywhere.",
         "set -eu",
         'cd "$(dirname "$0")"',
@@ -69,11 +69,11 @@ def patch_files(report: Report) -> dict[str, str]:
             [
                 MARK,
                 *(f"# {line}" for line in heading),
-                f"# Apply: {one_line(command)}",
+                f"# Apply: {comment_text(command)}",
                 yaml.safe_dump(patch.body, sort_keys=False, allow_unicode=True),
             ]
         )
-        script.append(command if patch.live else f"# {one_line(command)}")
+        script.append(command if patch.live else f"# {comment_text(command)}")
     if not changes:
         script += ["", "# Nothing to change: every workload is kept."]
     files[SCRIPT] = "\n".join(script) + "\n"
