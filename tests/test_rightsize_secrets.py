@@ -1,7 +1,8 @@
 """Credentials in `--prometheus` (`http://alice:s3cret@prometheus:9090`) authenticate, and are
 `<secret>` — never the password, nor the base64 of the pair — everywhere the URL shows: the
 reports of every format, the patches and apply.sh, the notifications, the log, every error, and
-the report server's `listening` line, page, JSON and patches tarball."""
+the report server's `listening` line, page, JSON and patches tarball (each answer that carries
+report data also `Cache-Control: no-store`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import gzip
 import io
 import json
 import tarfile
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -155,6 +157,9 @@ def test_the_report_server_hides_it() -> None:
         _, page = server.get("/")
         _, tarball = server.get("/patches.tar.gz")
         _, metrics = server.get("/metrics")
+        for path in ("/", "/api/v1/report", "/patches.tar.gz", "/metrics"):
+            with urllib.request.urlopen(server.url + path, timeout=30) as answer:
+                assert answer.headers["Cache-Control"] == "no-store", path
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(tarball))) as tar:
         members = [tar.extractfile(member) for member in tar.getmembers()]
         patches = [member.read().decode() for member in members if member is not None]

@@ -530,7 +530,8 @@ class App:
                         lambda published: published.patches,
                         "application/gzip",
                         headers={
-                            "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'
+                            "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"',
+                            **_NO_STORE,
                         },
                     ),
                     "/metrics": self.metrics,
