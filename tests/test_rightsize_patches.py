@@ -391,3 +391,20 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
 def test_a_report_with_nothing_to_change_says_so() -> None:
     report = _report_of(workload(device(busy=0.97, memory_gib=70, container="main"), name="llm"))
     assert patch_files(report)[SCRIPT].endswith("# Nothing to change: every workload is kept.\n")
+
+
+def test_a_fifo_in_the_output_directory_does_not_block_the_job(tmp_path: Path) -> None:
+    """Only regular files are read to tell a stale patch: a FIFO named like one stays, unread."""
+    written = tmp_path / "patches"
+    written.mkdir()
+    fifo = written / "old.deployment.gone.yaml"
+    os.mkfifo(fifo)
+    os.mkfifo(written / SCRIPT)
+    elsewhere = tmp_path / "elsewhere.yaml"
+    (written / "team.deployment.chat.yaml").symlink_to(elsewhere)
+    files = patch_files(_report_of(small()))
+    assert write_directory(written, files) == len(files)
+    assert fifo.exists()
+    assert (written / SCRIPT).read_text() == files[SCRIPT], "the FIFO replaced, not written to"
+    assert not elsewhere.exists(), "the symlink replaced, not followed"
+    assert sorted(path.name for path in written.iterdir()) == sorted([*files, fifo.name])
