@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.prometheus_server import free_port
+from exporter.rightsize.history import SIGNALS, render
+from exporter.rightsize.selection import Selection
+from tests.helpers import require_tool
+from tests.prometheus_server import free_port, running_prometheus
 from tests.rightsize_hostile import (
     END,
     StandIn,
@@ -21,9 +26,11 @@ from tests.rightsize_hostile import (
 )
 from tests.rightsize_run import measured, rightsize, serving
 from tests.rightsize_stack import serving as serving_report
+from tests.synthetic_history import backfill
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -119,7 +126,7 @@ def test_an_answer_with_every_series_in_every_batch_costs_no_more_than_the_batch
     assert result.peak_rss_bytes < 400 * 1024**2, f"{result.peak_rss_bytes / 1024**2:.0f} MiB"
 
 
-def test_serve_refreshes_from_a_hostile_server(tmp_path: Any) -> None:
+def test_serve_refreshes_from_a_hostile_server() -> None:
     """Every refresh meets the forged series; each is a report, not a failure."""
     tampered = StandIn(
         PODS,
@@ -139,3 +146,36 @@ def test_serve_refreshes_from_a_hostile_server(tmp_path: Any) -> None:
         assert isinstance(document["workloads"], list)
         assert {w["workload"] for w in document["workloads"]} == {GOOD, HOSTILE}
     assert len(re.findall(r"prometheus series dropped", server.text())) == 3
+
+
+@pytest.mark.slow
+def test_a_real_prometheus_reads_the_escaped_names_and_matches_them(tmp_path: Path) -> None:
+    """The per-pod matchers, with names that need PromQL's escapes, parse in a real Prometheus
+    and match exactly the pods asked about."""
+    odd = ["line\nbreak", 'quote"d', "back\\slash", "bidi\u202eevil", "dot.star.*", "plain"]
+    at = 1_780_000_000
+    lines = ["# TYPE kube_pod_container_resource_limits gauge"]
+    for pod in [*odd, "dotXstarX", "unasked"]:
+        label = pod.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        lines.append(
+            "kube_pod_container_resource_limits"
+            f'{{namespace="team",pod="{label}",container="main",resource="cpu"}} 4 {at}'
+        )
+    openmetrics = tmp_path / "names.om"
+    openmetrics.write_text("\n".join([*lines, "# EOF", ""]), encoding="utf-8")
+    backfill(require_tool("promtool"), openmetrics, tmp_path / "data")
+    (signal,) = [signal for signal in SIGNALS if signal.name == "cpu_limit"]
+    promql = render(
+        signal,
+        selection=Selection(),
+        window=3600,
+        step=300,
+        quantile=0.95,
+        pods=[("team", pod) for pod in odd],
+    )
+    with running_prometheus(tmp_path / "data") as url:
+        data = urllib.parse.urlencode({"query": promql, "time": at + 60}).encode()
+        with urllib.request.urlopen(f"{url}/api/v1/query", data, timeout=60) as answer:
+            document = json.load(answer)
+    assert document["status"] == "success", document
+    assert sorted(e["metric"]["pod"] for e in document["data"]["result"]) == sorted(odd)
