@@ -77,6 +77,12 @@ def held_pod(workload: str, number: int = 0, *, namespace: str = "team") -> dict
     }
 
 
+def pods_asked(query: str) -> set[str]:
+    """The alternatives of a per-pod query's `pod=~"..."` matcher, as written in it."""
+    found = re.search(r'pod=~"((?:[^"\\]|\\.)*)"', query)
+    return set(re.split(r"(?<!\\)\|", found[1])) if found else set()
+
+
 def signal_of(query: str) -> str | None:
     return next((name for name, mark in SIGNATURES if mark in query), None)
 
@@ -108,6 +114,7 @@ class StandIn:
             ]
         if signal in CPU_VALUES:
             value = str(CPU_VALUES[signal])
+            asked = set() if self.every_series else pods_asked(query)
             return [
                 {
                     "metric": {
@@ -118,7 +125,7 @@ class StandIn:
                     "value": [END, value],
                 }
                 for pod in self.pods
-                if self.every_series or promql_string(re.escape(pod["pod"])) in query
+                if self.every_series or promql_string(re.escape(pod["pod"])) in asked
             ]
         if query == "vector(1)":
             return [{"metric": {}, "value": [END, "1"]}]

@@ -35,6 +35,7 @@ import os
 import re
 import ssl
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Final
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
@@ -479,7 +480,7 @@ def _element(element: object) -> tuple[dict[str, str] | None, float | None]:
     labels, pair = element.get("metric"), element.get("value")
     if (
         not isinstance(labels, dict)
-        or not all(isinstance(value, str) for value in labels.values())
+        or not all(map(isinstance, labels.values(), repeat(str)))
         or not isinstance(pair, list)
         or len(pair) != 2
         or not isinstance(pair[1], str)
@@ -567,6 +568,7 @@ class _NotJson(Exception):
 
 
 _SPACE: Final = re.compile(r"[ \t\n\r]*")
+_WHITE_SPACE: Final = frozenset(" \t\n\r")
 _DECODER: Final = json.JSONDecoder()
 _SCALAR_START: Final = frozenset('"-0123456789tfn')
 _READ_KEYS: Final = frozenset({"status", "errorType", "error", "warnings"})
@@ -583,8 +585,12 @@ class _Reader:
         self.at = 0
 
     def peek(self) -> str:
-        self.at = _SPACE.match(self.text, self.at).end()  # type: ignore[union-attr] # matches ""
-        return self.text[self.at : self.at + 1]
+        """The next character that is not white space ("" at the end)."""
+        char = self.text[self.at : self.at + 1]
+        if char in _WHITE_SPACE:  # rare: Prometheus answers compact JSON
+            self.at = _SPACE.match(self.text, self.at).end()  # type: ignore[union-attr] # matches ""
+            char = self.text[self.at : self.at + 1]
+        return char
 
     def expect(self, char: str) -> None:
         if self.peek() != char:

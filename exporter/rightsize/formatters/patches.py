@@ -6,8 +6,10 @@ patch of its owner object, headed by comments saying why, what it saves and how 
 `apply.sh`, the `kubectl patch` commands in the report's order (most saved first), each under a
 comment with its reason and saving. A change that cannot be applied to the running object (a
 Job's pod template, a bare Pod's resources) is a commented-out command for its manifest, and one
-gpuscope cannot write as a patch is a comment saying what to change. Every name is quoted for the
-shell, and every comment is one line whatever the labels held.
+gpuscope cannot write as a patch is a comment saying what to change, and one whose names
+Kubernetes would refuse (a forged label: `names.py`) a comment saying it was skipped. Every name
+is quoted for the shell, given as `--flag=value` or after `--`, and every comment is one line
+without control or bidirectional-override characters, whatever the labels held.
 """
 
 from __future__ import annotations
