@@ -251,10 +251,10 @@ class PrometheusClient:
         async with self._semaphore:
             vector = await self._with_retries(promql, at, name, _Vector(keep, bounds))
         warned = (signal or name, vector.first_bad)
-        if vector.bad and warned not in self._warned:
-            if len(self._warned) < MAX_WARNED:
-                self._warned.add(warned)
-            vector.report(name)
+        first_time = vector.bad > 0 and warned not in self._warned
+        if first_time and len(self._warned) < MAX_WARNED:
+            self._warned.add(warned)
+        vector.report(name, warn=first_time)
         return vector.samples
 
     async def _with_retries(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
@@ -444,9 +444,10 @@ class _Vector:
             self.first_bad = series_text(series)
             self.why_bad = why
 
-    def report(self, name: str) -> None:
-        """One warning for the query's dropped series, naming the first."""
-        if self.bad:
+    def report(self, name: str, *, warn: bool) -> None:
+        """One warning for the query's dropped series, naming the first (if `warn`); a debug
+        line for the series it did not ask about."""
+        if warn and self.bad:
             log.warning(
                 "prometheus series dropped",
                 extra={
