@@ -17,7 +17,6 @@ from aiohttp import web
 from exporter.rightsize.options import RIGHTSIZE, load
 from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES
 from exporter.settings import ConfigError
-from tests.prometheus_server import free_port
 from tests.rightsize_run import measured, rightsize, serving
 
 if TYPE_CHECKING:
@@ -215,18 +214,21 @@ def test_an_end_a_little_ahead_of_the_clock_is_accepted(
     assert queries
 
 
-def test_a_redirect_to_a_dead_port_names_where_it_failed() -> None:
-    dead = f"http://127.0.0.1:{free_port()}/api/v1/query"
+def test_a_redirect_names_where_it_led() -> None:
+    """Within the origin (another origin is refused: test_rightsize_headers.py)."""
 
     async def redirect(request: web.Request) -> web.Response:
-        raise web.HTTPFound(dead)
+        if request.path == "/api/v1/query":
+            raise web.HTTPFound("/moved/api/v1/query")
+        return web.Response(status=404)
 
     with serving(redirect) as url:
         result = rightsize("--prometheus", url, "--log.level=error", timeout=60)
     assert result.returncode == 1
     assert _one_line(result.stderr) == (
-        f"cannot reach Prometheus at {dead} (redirected from {url}/api/v1/query): "
-        "connection refused (4 attempts)"
+        f"no PromQL API at {url}/moved/api/v1/query (redirected from {url}/api/v1/query) "
+        "(HTTP 404 for /api/v1/query): give the base URL (e.g. http://prometheus:9090, "
+        "http://thanos-query:10902, https://mimir/prometheus)"
     )
 
 

@@ -377,7 +377,7 @@ def test_two_clusters_are_apart_in_history_report_and_every_format() -> None:
     assert rows["dev"].recommendation.classification == "compute-bound"
     assert rows["prod"].patch is not None
     assert rows["prod"].patch.file == "prod.ml.deployment.chat.yaml"
-    assert rows["prod"].patch.command()[:3] == ["kubectl", "--context", "prod"]
+    assert rows["prod"].patch.command()[:2] == ["kubectl", "--context=prod"]
     assert [cluster for cluster, _ in report.clusters] == ["dev", "prod"]
     assert {(n.cluster, n.namespace) for n in report.namespaces} == {("prod", "ml"), ("dev", "ml")}
     # Each cluster's GPUs are packed apart: the dev GPU is not shared with prod's slice.

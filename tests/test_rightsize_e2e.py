@@ -277,7 +277,7 @@ def test_patches_and_notifications_from_a_run(prometheus: str, tmp_path: Path) -
     ]
     script = (out / "apply.sh").read_text()
     assert script.index("rerank") < script.index("chat-small"), "most saved first"
-    assert "# kubectl patch --local -f MANIFEST.yaml" in script  # resnet-train, a Job
+    assert "# kubectl patch --local --filename=MANIFEST.yaml" in script  # resnet-train, a Job
     ((path, card),) = posted
     assert path == f"/{secret}"
     assert card["attachments"][0]["content"]["type"] == "AdaptiveCard"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from exporter.rightsize.notify import (
     parse_webhook,
     redacted,
     slack_payload,
+    teams_payload,
 )
 from exporter.rightsize.options import load
 from exporter.settings import ConfigError
@@ -161,7 +163,7 @@ def test_slack_teams_and_json_payloads(receiver: tuple[Receiver, str]) -> None:
     facts = card["body"][2]["facts"]
     assert facts[0] == {
         "title": "research/notebook",
-        "value": "release its GPU, $5,022 a month (high confidence)",
+        "value": r"release its GPU, $5,022 a month \(high confidence\)",
     }
     assert all(set(fact) == {"title", "value"} and isinstance(fact["value"], str) for fact in facts)
     assert card["actions"] == [
@@ -212,3 +214,23 @@ def test_failures_are_logged_once_without_the_secret_and_retried_if_worth_it(
     for record in caplog.records:
         assert SECRET not in record.getMessage()
         assert all(SECRET not in str(value) for value in record.__dict__.values())
+
+
+def test_a_teams_card_shows_labels_as_written_not_as_markdown() -> None:
+    """A workload named like a link or emphasis (a forged label) is text on the card."""
+    report = sample_report()
+    forged = "[open](https://attacker.example)**now**_x_\n- item"
+    rows = tuple(
+        replace(row, history=replace(row.history, name=forged)) if index == 0 else row
+        for index, row in enumerate(report.rows)
+    )
+    card = teams_payload(replace(report, rows=rows), None)["attachments"][0]["content"]
+    facts = card["body"][2]["facts"]
+    titles = [fact["title"] for fact in facts]
+    escaped = r"\[open\]\(https://attacker\.example\)\*\*now\*\*\_x\_ \- item"
+    assert any(title.endswith(escaped) for title in titles), titles
+    for fact in facts:
+        for text in (fact["title"], fact["value"]):
+            unescaped = list(re.finditer(r"(?<!\\)[\[\]()*_]", text))
+            assert not unescaped, text
+            assert "\n" not in text

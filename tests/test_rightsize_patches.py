@@ -328,9 +328,7 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
         SCRIPT,
         "team.deployment.chat.yaml",
         "team.job.chat.yaml",
-        "ns_rm_-rf.deployment.x_touch_pwned_.yaml",
-        "team.deployment.line_break.yaml",
-    }, "one file per workload to change, none for the one to keep"
+    }, "one file per workload to change, none for the one to keep nor the ones Kubernetes names"
     for name, text in files.items():
         if name != SCRIPT:
             assert text.startswith(MARK + "\n")
@@ -342,8 +340,8 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
     )
     assert chat["patch"]["body"] == body, "the JSON report carries the same patch"
     assert chat["patch"]["command"] == (
-        "kubectl --namespace team patch deployment chat --type strategic "
-        "--patch-file team.deployment.chat.yaml"
+        "kubectl --namespace=team patch --type=strategic "
+        "--patch-file=team.deployment.chat.yaml -- deployment chat"
     )
     written = tmp_path / "patches"
     (written).mkdir()
@@ -376,23 +374,37 @@ def test_the_patches_directory_and_apply_sh(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     recorded = calls.read_text().splitlines()
-    assert (
-        "--namespace|team|patch|deployment|chat|--type|strategic|--patch-file|team.deployment.chat.yaml|"
-        in recorded
-    )
-    assert (
-        f"--namespace|ns;rm -rf|patch|deployment|{hostile}|--type|strategic|--patch-file|ns_rm_-rf.deployment.x_touch_pwned_.yaml|"
-        in recorded
-    )
-    assert "patch|deployment|line\nbreak|" in calls.read_text(), "quoted, not split"
-    assert calls.read_text().count("--namespace|") == 3, (
-        "the Job's command is commented out: its template cannot change"
-    )
+    assert recorded == [
+        (
+            "--namespace=team|patch|--type=strategic|--patch-file=team.deployment.chat.yaml|--|"
+            "deployment|chat|"
+        )
+    ], "the Job's command is commented out (its template cannot change); no forged name runs"
     assert not (tmp_path / "pwned").exists()
-    assert "# kubectl patch --local -f MANIFEST.yaml" in script.read_text()
-    assert "line break" in script.read_text(), "a newline in a label stays in its comment"
+    assert "# kubectl patch --local --filename=MANIFEST.yaml" in script.read_text()
+    text = script.read_text()
+    assert "line break" in text, "a newline in a label stays in its comment"
+    assert "# Note: skipped: Deployment name 'line break' is not a Kubernetes name" in text
+    assert "# Note: skipped: namespace 'ns;rm -rf' is not a Kubernetes namespace name" in text
 
 
 def test_a_report_with_nothing_to_change_says_so() -> None:
     report = _report_of(workload(device(busy=0.97, memory_gib=70, container="main"), name="llm"))
     assert patch_files(report)[SCRIPT].endswith("# Nothing to change: every workload is kept.\n")
+
+
+def test_a_fifo_in_the_output_directory_does_not_block_the_job(tmp_path: Path) -> None:
+    """Only regular files are read to tell a stale patch: a FIFO named like one stays, unread."""
+    written = tmp_path / "patches"
+    written.mkdir()
+    fifo = written / "old.deployment.gone.yaml"
+    os.mkfifo(fifo)
+    os.mkfifo(written / SCRIPT)
+    elsewhere = tmp_path / "elsewhere.yaml"
+    (written / "team.deployment.chat.yaml").symlink_to(elsewhere)
+    files = patch_files(_report_of(small()))
+    assert write_directory(written, files) == len(files)
+    assert fifo.exists()
+    assert (written / SCRIPT).read_text() == files[SCRIPT], "the FIFO replaced, not written to"
+    assert not elsewhere.exists(), "the symlink replaced, not followed"
+    assert sorted(path.name for path in written.iterdir()) == sorted([*files, fifo.name])

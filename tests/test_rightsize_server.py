@@ -136,7 +136,8 @@ def test_the_served_report_is_per_cluster(stack: Stack) -> None:
     assert "sized per replica" in rerank["reason"]
     assert rows[("prod", "new-ranker")]["confidence"] == "low"
     assert rows[("staging", "chat-small")]["patch"]["command"].startswith(
-        "kubectl --context staging --namespace serving patch deployment chat-small"
+        "kubectl --context=staging --namespace=serving patch --type=strategic "
+        "--patch-file=staging.serving.deployment.chat-small.yaml -- deployment chat-small"
     )
 
 
@@ -157,7 +158,8 @@ def test_page_patches_probes(stack: Stack) -> None:
     assert "gpuscope-patches/prod.serving.deployment.chat-small.yaml" in names
     assert "gpuscope-patches/staging.research.statefulset.notebook-alice.yaml" in names
     assert "gpuscope-patches/prod.training.computebound" not in " ".join(names)
-    assert "--context prod --namespace serving patch deployment rerank" in text
+    assert "--context=prod --namespace=serving patch --type=strategic" in text
+    assert "-- deployment rerank" in text
     assert server.get("/-/healthy") == (200, b"ok\n")
     assert server.get("/-/ready") == (200, b"ok\n")
     assert server.get("/nothing")[0] == 404

@@ -10,7 +10,8 @@ way:
     options.py      every setting declared once (flags, variables, --config.file, README), and
                     the run's configuration: files read bounded, everything checked before a query
     prometheus.py   the PromQL HTTP API client (auth, TLS, retries, bounded concurrency, answers
-                    read bounded)
+                    read bounded and element by element: forged or foreign series dropped as
+                    read; redirects within the origin only; the URL shown without userinfo)
     selection.py    which workloads: namespaces and a Kubernetes label selector, as PromQL
     history.py      one PromQL template per signal -> WorkloadHistory per workload
     hardware.py     GPU options, prices (catalog, overridable by a YAML price file), ceilings
@@ -18,6 +19,7 @@ way:
     settings.py     the strategy's settings: their rows of the settings table, how reports show them
     strategy.py     pure, registered by name: history + hardware + settings -> Recommendation
     confidence.py   pure: how far to trust a recommendation, the terms' answers and the trend
+    names.py        Kubernetes' naming rules for names from labels; text fit for a comment line
     patches.py      pure: the strategic-merge patch that applies a recommendation to its owner
     consolidation.py  pure bin-packing of recommended demands onto GPUs, MIG layouts included
     report.py       recommendations + money + confidence + patches + consolidation -> Report

@@ -13,7 +13,9 @@ import asyncio
 import logging
 import os
 import shutil
+import stat
 import sys
+import tempfile
 import time
 from typing import TYPE_CHECKING
 
@@ -64,7 +66,7 @@ async def produce(config: RightsizeConfig) -> Report:
         strategy=STRATEGIES[config.strategy],
         hardware=hardware,
         settings=config.settings,
-        source=config.connection.url,
+        source=config.connection.shown,
         min_confidence=config.min_confidence,
     )
     log.info(
@@ -157,16 +159,29 @@ def write_directory(directory: Path, files: dict[str, str]) -> int:
         if stale.name not in files and _is_patch(stale):
             stale.unlink()
     for name, text in files.items():
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
-        if name == SCRIPT:
-            path.chmod(0o755)
+        # Written aside and renamed over the name: whatever was there (a FIFO that would block
+        # a write, a symlink that would carry it elsewhere) is replaced, never written through.
+        with tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=directory, prefix=".gpuscope-", delete=False
+        ) as file:
+            file.write(text)
+        os.chmod(file.name, 0o755 if name == SCRIPT else 0o644)
+        os.replace(file.name, directory / name)
     return len(files)
 
 
 def _is_patch(path: Path) -> bool:
+    """Whether `path` is a regular file starting with the patches' mark. Opened without
+    blocking and checked before any read, as `documents.read_bounded` does: a FIFO someone left
+    in the directory would block the job until a writer came."""
     try:
-        with path.open("rb") as file:
-            return file.read(len(MARK)) == MARK.encode()
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return False
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return False
+        try:
+            return file.read(len(MARK)) == MARK.encode()
+        except OSError:
+            return False

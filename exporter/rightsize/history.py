@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from exporter.durations import format_duration
-from exporter.rightsize.prometheus import PrometheusQueryError
+from exporter.rightsize.prometheus import ANY_FINITE, Bounds, PrometheusQueryError
 from exporter.rightsize.selection import promql_string
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Collection, Iterable, Mapping, Sequence
 
     from exporter.rightsize.prometheus import PrometheusClient, Sample
     from exporter.rightsize.selection import Selection
@@ -103,6 +103,42 @@ class Grouping:
         return labels.get(self.cluster_label, "") if self.cluster_label else ""
 
 
+RATIO_LIMIT: Final = 2.0
+"""The largest believable ratio (utilization, SM activity): a rate over a short range runs a
+little past 1 when scrapes come late; twice full is no measurement."""
+SUM_SLACK: Final = 4.0
+"""How far a count of steps or a sum of seconds may run past the window: a device's series split
+in time add up, and may overlap while a daemon restarts."""
+MAX_GPU_MEMORY_BYTES: Final = float(1 << 40)
+"""No GPU holds a TiB (the catalog's largest: 180 GiB)."""
+MAX_CORES: Final = 100_000.0
+MAX_HOLDERS: Final = 10_000.0
+MAX_REPLICAS: Final = 1_000_000.0
+MAX_TOKENS_PER_SECOND: Final = 1e9
+MAX_FLOPS: Final = 1e18
+"""FLOP/s of one GPU: an exaflop is a thousand of today's best."""
+MAX_BANDWIDTH: Final = 1e15
+"""Bytes per second of one GPU's memory: a PB/s is a hundred times today's best."""
+
+
+def _bounds(measure: str, window: float, step: float) -> Bounds:
+    """What a signal measuring `measure` can be over this window and step."""
+    steps = SUM_SLACK * (window / step + 1)
+    return {
+        "ratio": Bounds(0.0, RATIO_LIMIT, "a ratio"),
+        "steps": Bounds(0.0, steps, "a count of steps"),
+        "seconds": Bounds(0.0, SUM_SLACK * window, "seconds within the window"),
+        "bytes": Bounds(0.0, MAX_GPU_MEMORY_BYTES, "bytes of GPU memory"),
+        "timestamp": Bounds(0.0, 1e11, "unix seconds"),
+        "holders": Bounds(0.0, MAX_HOLDERS, "pods sharing a GPU"),
+        "cores": Bounds(0.0, MAX_CORES, "CPU cores"),
+        "tokens": Bounds(0.0, MAX_TOKENS_PER_SECOND * steps, "tokens per second, summed"),
+        "flops": Bounds(1.0, MAX_FLOPS, "FLOP/s"),
+        "bandwidth": Bounds(1.0, MAX_BANDWIDTH, "bytes per second"),
+        "replicas": Bounds(0.0, MAX_REPLICAS, "replicas"),
+    }.get(measure, ANY_FINITE)
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     name: str
@@ -118,6 +154,12 @@ class Signal:
     series for every container of the cluster: the query names the pods it wants)."""
     per_term: bool = True
     """Asked again over each shorter term: the strategy needs it to recommend."""
+    measures: str = "any"
+    """What its values are (`ratio`, `bytes`, ... : `_bounds`): a value no such measure can
+    take (negative, a ratio of 1e308) drops its series with a warning."""
+
+    def bounds(self, window: float, step: float) -> Bounds:
+        return _bounds(self.measures, window, step)
 
 
 _HELD_UUIDS: Final = (
@@ -132,64 +174,89 @@ SIGNALS: Final = (
         "sum by ({D}, container, model, mig_profile, resource) "
         "(count_over_time(gpu_allocation_info{{{m}}}[{w}:{s}])){f}",
         required=True,
+        measures="steps",
     ),
     Signal(
         "present",
         "max by ({D}) (timestamp(gpu_allocation_info{{{m}}})){f}",
         required=True,
         per_term=False,
+        measures="timestamp",
     ),
-    Signal("shared", "max by ({D}) (max_over_time(gpu_allocation_shared{{{m}}}[{w}])){f}"),
+    Signal(
+        "shared",
+        "max by ({D}) (max_over_time(gpu_allocation_shared{{{m}}}[{w}])){f}",
+        measures="ratio",
+    ),
     Signal(
         "sharers",
         # Every holder counts, whatever the selection: the cost of a shared GPU is split by all.
         "avg_over_time((count by ({U}) (gpu_allocation_shared == 1))[{w}:{c}])",
+        measures="holders",
     ),
-    Signal("in_use", "max by ({D}) (avg_over_time(gpu_allocation_in_use{{{m}}}[{w}])){f}"),
+    Signal(
+        "in_use",
+        "max by ({D}) (avg_over_time(gpu_allocation_in_use{{{m}}}[{w}])){f}",
+        measures="ratio",
+    ),
     Signal(
         "busy_steps",
         "sum by ({D}) (count_over_time(rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
+        measures="steps",
     ),
     Signal(
         "busy_seconds",
         "sum by ({D}) (increase(gpu_pod_busy_seconds_total{{{m}}}[{w}])){f}",
         required=True,
+        measures="seconds",
     ),
     Signal(
         "busy_quantile",
         "max by ({D}) "
         "(quantile_over_time({q}, rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
+        measures="ratio",
     ),
     Signal(
         "busy_idle_quantile",
         f"max by ({{D}}) (quantile_over_time({IDLE_QUANTILE}, "
         "rate(gpu_pod_busy_seconds_total{{{m}}}[{s}])[{w}:{s}])){f}",
         required=True,
+        measures="ratio",
     ),
     Signal(
         "memory_peak",
         "max by ({D}) (max_over_time(gpu_pod_memory_used_bytes{{{m}}}[{w}])){f}",
         required=True,
+        measures="bytes",
     ),
     Signal(
         "memory_quantile",
         f"max by ({{D}}) (quantile_over_time({MEMORY_QUANTILE}, "
         "gpu_pod_memory_used_bytes{{{m}}}[{w}])){f}",
+        measures="bytes",
     ),
     Signal(
         "sm_quantile",
         "max by ({U}) (quantile_over_time({q}, rate(gpu_sm_active_seconds_total[{s}])[{w}:{s}]))"
         + _HELD_UUIDS,
+        measures="ratio",
     ),
-    Signal("sm_seconds", "sum by ({U}) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS),
+    Signal(
+        "sm_seconds",
+        "sum by ({U}) (increase(gpu_sm_active_seconds_total[{w}]))" + _HELD_UUIDS,
+        measures="seconds",
+    ),
     Signal(
         "tensor_seconds",
         "sum by ({U}) (increase(gpu_tensor_active_seconds_total[{w}]))" + _HELD_UUIDS,
+        measures="seconds",
     ),
     Signal(
-        "dram_seconds", "sum by ({U}) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS
+        "dram_seconds",
+        "sum by ({U}) (increase(gpu_dram_active_seconds_total[{w}]))" + _HELD_UUIDS,
+        measures="seconds",
     ),
     Signal(
         "cpu_usage_quantile",
@@ -197,12 +264,14 @@ SIGNALS: Final = (
         'rate(container_cpu_usage_seconds_total{{container!="", container!="POD", {pods}}}[{s}])'
         "[{w}:{s}]))",
         per_pod=True,
+        measures="cores",
     ),
     Signal(
         "cpu_limit",
         "max by ({C}) (max_over_time("
         'kube_pod_container_resource_limits{{resource="cpu", {pods}}}[{w}]))',
         per_pod=True,
+        measures="cores",
     ),
     Signal(
         # Tokens (prompt + output) its inference servers served over the window, from the
@@ -211,16 +280,19 @@ SIGNALS: Final = (
         "sum by ({K}namespace, workload_kind, workload) "
         "(sum_over_time(workload_model:serving_tokens:rate5m{{{m}}}[{w}:{s}]))",
         per_term=False,
+        measures="tokens",
     ),
     Signal(
         "calibrated_flops",
         "avg by (model, dtype) (last_over_time(gpu_calibrated_flops[{w}]))",
         per_term=False,
+        measures="flops",
     ),
     Signal(
         "calibrated_bandwidth",
         "avg by (model) (last_over_time(gpu_calibrated_memory_bandwidth_bytes_per_second[{w}]))",
         per_term=False,
+        measures="bandwidth",
     ),
     Signal(
         # The GPU resource names the cluster's pods hold, whatever the selection: a patch asks
@@ -239,11 +311,13 @@ SIGNALS: Final = (
         "autoscaler_min",
         "max by ({H}) (last_over_time(kube_horizontalpodautoscaler_spec_min_replicas{{{m}}}[{w}]))",
         per_term=False,
+        measures="replicas",
     ),
     Signal(
         "autoscaler_max",
         "max by ({H}) (last_over_time(kube_horizontalpodautoscaler_spec_max_replicas{{{m}}}[{w}]))",
         per_term=False,
+        measures="replicas",
     ),
     Signal(
         "autoscaler_metrics",
@@ -286,6 +360,16 @@ def render(
         f=selection.pod_filter(w, cluster_label=cluster_label),
         pods=f'namespace=~"{_alternatives(namespaces)}", pod=~"{_alternatives(names)}"',
     )
+
+
+def _expressible(pair: tuple[str, str]) -> bool:
+    """Whether a (namespace, pod) can be named in a PromQL string: UTF-8 text (a JSON answer
+    can hold a lone surrogate, which no query can name)."""
+    try:
+        "".join(pair).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _alternatives(values: list[str]) -> str:
@@ -579,18 +663,34 @@ async def _ask_window(
     """The answers of `signals` over one window, by name, and the optional ones that failed."""
     suffix = "" if term == LONG_TERM else f" ({term})"
 
-    async def ask(signal: Signal, pods: Iterable[tuple[str, str]] = ()) -> list[Sample] | None:
+    async def ask(
+        signal: Signal, pods: Collection[tuple[str, str]] | None = None
+    ) -> list[Sample] | None:
+        """`signal`'s answer (about `pods` only, for a per-pod one)."""
         promql = render(
             signal,
             selection=selection,
             window=window,
             step=step,
             quantile=quantile,
-            pods=pods,
+            pods=pods or (),
             cluster_label=cluster_label,
         )
+        asked = frozenset(pods) if pods is not None else None
+
+        def keep(labels: Mapping[str, str]) -> bool:
+            # A server answering every batch with every series costs no more than the batch.
+            return asked is None or (labels.get("namespace", ""), labels.get("pod", "")) in asked
+
         try:
-            return await client.query(promql, at=end, name=signal.name + suffix)
+            return await client.query(
+                promql,
+                at=end,
+                name=signal.name + suffix,
+                keep=keep if asked is not None else None,
+                bounds=signal.bounds(window, step),
+                signal=signal.name,
+            )
         except PrometheusQueryError as error:
             if signal.required:
                 raise
@@ -611,7 +711,11 @@ async def _ask_window(
         device_answers.cancel()
         await asyncio.gather(device_answers, return_exceptions=True)
         raise
-    pods = {(s.labels.get("namespace", ""), s.labels.get("pod", "")) for s in held or ()}
+    pods = {
+        pair
+        for s in held or ()
+        if _expressible(pair := (s.labels.get("namespace", ""), s.labels.get("pod", "")))
+    }
     batches = pod_batches(pods)
 
     async def ask_batched(signal: Signal) -> list[Sample] | None:

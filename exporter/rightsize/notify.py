@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -29,6 +30,7 @@ import aiohttp
 from exporter.documents import quote
 from exporter.durations import format_duration
 from exporter.rightsize.formatters.common import recommendation_label, timestamp, workload_label
+from exporter.rightsize.names import comment_text
 from exporter.rightsize.report import money_text
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ TOP_WORKLOADS: Final = 5
 RETRY_SECONDS: Final = 2.0
 MAX_ANSWER_BYTES: Final = 64 * 1024
 _TEAMS_HOSTS: Final = ("webhook.office.com", "logic.azure.com", "powerplatform.com")
+_MARKDOWN: Final = re.compile(r"([\\`*_{}\[\]()#+\-.!|~<>])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,13 @@ def slack_payload(report: Report, report_url: str | None) -> dict[str, Any]:
     return {"text": headline(report), "blocks": blocks}
 
 
+def _teams_text(text: str) -> str:
+    """Text for an Adaptive Card's Markdown (a TextBlock, a fact's title and value): one line,
+    and every ASCII punctuation character Markdown could read as formatting (emphasis, a link,
+    a list, a heading) escaped with a backslash, so that a label shows as written."""
+    return _MARKDOWN.sub(r"\\\1", comment_text(text))
+
+
 def teams_payload(report: Report, report_url: str | None) -> dict[str, Any]:
     """A message whose one attachment is an Adaptive Card (Teams' webhooks and workflows)."""
     card: dict[str, Any] = {
@@ -220,12 +230,13 @@ def teams_payload(report: Report, report_url: str | None) -> dict[str, Any]:
             {
                 "type": "FactSet",
                 "facts": [
-                    {"title": workload_label(row), "value": _line(row)} for row in _top(report)
+                    {"title": _teams_text(workload_label(row)), "value": _teams_text(_line(row))}
+                    for row in _top(report)
                 ],
             },
             {
                 "type": "TextBlock",
-                "text": f"gpuscope {report.version}, from {report.source}",
+                "text": _teams_text(f"gpuscope {report.version}, from {report.source}"),
                 "isSubtle": True,
                 "size": "Small",
                 "wrap": True,

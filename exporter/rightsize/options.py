@@ -35,7 +35,12 @@ from exporter.rightsize.formatters import DIRECTORIES, FORMATTERS
 from exporter.rightsize.hardware import PriceFileError, load_price_file
 from exporter.rightsize.history import DEVICE_LABELS
 from exporter.rightsize.notify import Webhook, parse_webhook
-from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES, Connection
+from exporter.rightsize.prometheus import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    Connection,
+    shown_url,
+    url_credentials,
+)
 from exporter.rightsize.selection import Requirement, Selection, parse_namespaces, parse_selector
 from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, listed
 from exporter.rightsize.strategy import STRATEGIES
@@ -180,13 +185,21 @@ class ServeConfig:
 
 
 def parse_url(value: object) -> str:
+    """An http(s) URL; userinfo in it (`http://alice:pw@host`) is a secret, never quoted."""
     url = text(value).strip()
     try:
         parts = urlsplit(url) if url.isprintable() and " " not in url else None
+        # `port` raises ValueError for a port that is not a number.
+        valid = (
+            parts is not None
+            and parts.scheme in {"http", "https"}
+            and bool(parts.hostname)
+            and (parts.port or 0) >= 0
+        )
     except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ValueError(f"{quote(url)} is not an http:// or https:// URL")
+        valid = False
+    if not valid:
+        raise ValueError(f"{quote(shown_url(url))} is not an http:// or https:// URL")
     return url
 
 
@@ -772,6 +785,12 @@ def _connection(settings: RightsizeSettings, environ: Mapping[str, str]) -> Conn
         raise ConfigError(PASSWORD_ENV, "a password needs --prometheus.username")
     if token and settings.username is not None:
         raise ConfigError("--prometheus.username", "choose bearer token or basic auth, not both")
+    if url_credentials(settings.prometheus) is not None and (token or settings.username):
+        raise ConfigError(
+            "--prometheus",
+            "its URL carries credentials, and --prometheus.username or a bearer token is given "
+            "too: choose one",
+        )
     return Connection(
         url=settings.prometheus,
         bearer_token=token or None,

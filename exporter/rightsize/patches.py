@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from exporter.rightsize.names import name_problem
 from exporter.rightsize.strategy import gpus_per_pod
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ IMMUTABLE: Final[dict[str, str]] = {
 }
 """Why a kind's patch cannot be applied to the running object."""
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,8 @@ class Patch:
     """`kubectl patch` on the running object works (a Job's or bare Pod's cannot change)."""
     note: str = ""
     """What to know before applying it."""
+    skipped: str = ""
+    """Why it was left out (a name Kubernetes would refuse: a forged label), or ""."""
 
     @property
     def file(self) -> str:
@@ -101,41 +103,31 @@ class Patch:
 
     def command(self, path: str | None = None) -> list[str]:
         """The kubectl command that applies it (arguments, unquoted): to the live object, or
-        for a kind that cannot change live, to its manifest (`MANIFEST.yaml`)."""
+        for a kind that cannot change live, to its manifest (`MANIFEST.yaml`). Every value is
+        an option's `--flag=value` or comes after `--`: none can be read as an option."""
         file = path or self.file
         if not self.live:
             return [
                 "kubectl",
                 "patch",
                 "--local",
-                "-f",
-                "MANIFEST.yaml",
-                "--type",
-                "strategic",
-                "--patch-file",
-                file,
-                "-o",
-                "yaml",
+                "--filename=MANIFEST.yaml",
+                "--type=strategic",
+                f"--patch-file={file}",
+                "--output=yaml",
             ]
-        context = ["--context", self.cluster] if self.cluster else []
+        context = [f"--context={self.cluster}"] if self.cluster else []
         return [
             "kubectl",
             *context,
-            "--namespace",
-            self.namespace,
+            f"--namespace={self.namespace}",
             "patch",
+            "--type=strategic",
+            f"--patch-file={file}",
+            "--",
             self.kind.lower(),
             self.name,
-            "--type",
-            "strategic",
-            "--patch-file",
-            file,
         ]
-
-
-def one_line(text: str) -> str:
-    """Text fit for a comment line: control characters (newlines among them) as spaces."""
-    return _CONTROL.sub(" ", text).strip()
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +160,27 @@ def build_patch(
     if change is None:
         return None
     containers = list(change.resources)
+    problem = name_problem(
+        cluster=workload.cluster,
+        namespace=workload.namespace,
+        kind=workload.kind,
+        name=workload.name,
+        containers=containers,
+        resources={device.resource for device in workload.devices},
+    )
+    if problem is not None:
+        return Patch(
+            workload.cluster,
+            workload.namespace,
+            workload.kind,
+            workload.name,
+            "",
+            (),
+            None,
+            live=False,
+            note=f"skipped: {problem}, so no patch nor command is made for it (a forged label?)",
+            skipped=problem,
+        )
     if not all(containers):
         return _by_hand(
             workload,

@@ -7,6 +7,21 @@ logged as "attempt #2/4"; any other 4xx is final at once. An answer is read in c
 refused as soon as it passes `Connection.max_response_bytes`, so a server streaming without end
 costs that much memory and no more. Every failure is a `PrometheusError` whose `str()` is one
 complete line for the user; after a redirect it names where the request was sent.
+
+The server is not trusted to answer sanely (its series can be forged through a PodMonitor with
+`honorLabels` or remote write):
+
+- the answer's vector is read element by element (`_read_answer`): an element the caller did not
+  ask for (`keep`, e.g. a pod outside the batch asked about) is dropped as it is read, so an
+  answer holding every series costs no more than the ones asked for; nesting is bounded; a
+  malformed element, or one whose value is NaN, infinite or outside the signal's `Bounds`, is
+  dropped with one warning per query naming the first such series — one bad series never fails
+  a query;
+- credentials in the URL's userinfo (`http://alice:pw@prometheus:9090`) authenticate, and every
+  place that shows the URL shows `shown_url`'s form (`http://<secret>@prometheus:9090`);
+- a redirect is followed only within the URL's origin (scheme, host and port): the credentials
+  and `--prometheus.header` values are never sent to another origin, and a redirect to one is
+  an error naming where it led.
 """
 
 from __future__ import annotations
@@ -17,24 +32,29 @@ import json
 import logging
 import math
 import os
+import re
 import ssl
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from itertools import repeat
+from typing import TYPE_CHECKING, Final
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import aiohttp
 from yarl import URL
 
-from exporter.documents import size_text
+from exporter.documents import quote, size_text
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
-    from types import SimpleNamespace, TracebackType
+    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from types import TracebackType
 
 log = logging.getLogger("exporter.rightsize.prometheus")
 
 BACKOFF_SECONDS: Final = (1.0, 2.0, 4.0)
 """Delays before the 2nd, 3rd and 4th attempt of a query that failed transiently."""
 RETRIED_STATUSES: Final = frozenset({429, 500, 502, 503, 504})
+REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS: Final = 10
 MAX_RETRY_AFTER_SECONDS: Final = 30.0
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The largest answer read by default. The job's answers hold one element (about 275 bytes) per
@@ -42,6 +62,16 @@ device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 wo
 Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
 512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
 READ_CHUNK_BYTES: Final = 256 * 1024
+MAX_NESTING: Final = 64
+"""How deep a part of an answer the client does not read element by element (`warnings`,
+`stats`, ...) may nest; a vector element nests three levels."""
+MAX_WARNINGS: Final = 10
+"""Warnings of one answer logged; the rest are counted."""
+REDACTED: Final = "<secret>"
+"""What a URL's userinfo is shown as."""
+SERIES_QUOTE_LIMIT: Final = 120
+MAX_WARNED: Final = 10_000
+"""Series remembered as warned about (beyond them, a series may be named again)."""
 
 
 class PrometheusError(Exception):
@@ -69,19 +99,63 @@ class Sample:
 
 
 @dataclass(frozen=True, slots=True)
-class Connection:
-    """Where the PromQL API is and how to talk to it."""
+class Bounds:
+    """The values a signal can take; any other is a forged or broken series."""
 
-    url: str
+    low: float
+    high: float
+    what: str
+    """What the value is, for the warning (`a ratio`, `bytes`)."""
+
+    def admits(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+ANY_FINITE: Final = Bounds(-math.inf, math.inf, "a finite number")
+
+
+def shown_url(url: str) -> str:
+    """The URL as logs, errors, reports and notifications show it: userinfo (`alice:pw@`) as
+    `<secret>@`, the rest as given. The one place a `--prometheus` URL is made fit to show."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or "@" not in parts.netloc:
+        if parts is None and "@" in url:
+            return f"{REDACTED}@{url.rpartition('@')[2]}"
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{REDACTED}@{host}"))
+
+
+def _without_userinfo(parts: SplitResult) -> str:
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def url_credentials(url: str) -> tuple[str, str] | None:
+    """The (user, password) of a URL's userinfo, percent-decoded; None without userinfo."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return None
+    return unquote(parts.username or ""), unquote(parts.password or "")
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """Where the PromQL API is and how to talk to it. `repr()` shows no secret."""
+
+    url: str = field(repr=False)
     """Base URL; `/api/v1/query` is appended (e.g. `http://thanos-query:10902`,
-    `https://mimir.example/prometheus`)."""
-    bearer_token: str | None = None
+    `https://mimir.example/prometheus`). Userinfo in it (`http://alice:pw@...`) is basic auth:
+    it is never sent in the URL nor shown (`shown`)."""
+    bearer_token: str | None = field(default=None, repr=False)
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
     ca_certificates: str | None = None
     """PEM text of the CA certificates that verify the server (None: the system's)."""
     insecure_skip_verify: bool = False
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Extra request headers, e.g. `X-Scope-OrgID` for a multi-tenant Mimir or Cortex."""
     timeout_seconds: float = 120.0
     """Per attempt of one query."""
@@ -89,6 +163,31 @@ class Connection:
     """Queries in flight at once."""
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     """An answer past this many bytes fails its query."""
+
+    @property
+    def shown(self) -> str:
+        """The base URL as it may be shown: its userinfo as `<secret>`."""
+        return shown_url(self.url)
+
+    @property
+    def address(self) -> str:
+        """The base URL requests go to: without its userinfo."""
+        return _without_userinfo(urlsplit(self.url))
+
+    def authorization(self) -> str | None:
+        """The `Authorization` header: the bearer token, else basic auth from
+        `--prometheus.username` or, failing that, the URL's userinfo."""
+        if self.bearer_token is not None:
+            return f"Bearer {self.bearer_token}"
+        pair = (
+            (self.username, self.password or "")
+            if self.username is not None
+            else url_credentials(self.url)
+        )
+        if pair is None:
+            return None
+        joined = f"{pair[0]}:{pair[1]}".encode()
+        return "Basic " + base64.b64encode(joined).decode("ascii")
 
 
 class PrometheusClient:
@@ -99,25 +198,25 @@ class PrometheusClient:
     ) -> None:
         self.connection = connection
         self._backoff = tuple(backoff)
-        self._endpoint = connection.url.rstrip("/") + "/api/v1/query"
+        self._endpoint = connection.address.rstrip("/") + "/api/v1/query"
+        self._shown_endpoint = connection.shown.rstrip("/") + "/api/v1/query"
         self._semaphore = asyncio.Semaphore(connection.concurrency)
         self._session: aiohttp.ClientSession | None = None
+        self._warned: set[tuple[str, str]] = set()
+        """The (signal, series) a warning named already."""
         self.queries_sent = 0
 
     async def __aenter__(self) -> PrometheusClient:
         headers = dict(self.connection.headers)
-        if self.connection.bearer_token is not None:
-            headers["Authorization"] = f"Bearer {self.connection.bearer_token}"
-        if self.connection.username is not None:
-            pair = f"{self.connection.username}:{self.connection.password or ''}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+        authorization = self.connection.authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
         self._session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self.connection.timeout_seconds),
             connector=aiohttp.TCPConnector(
                 ssl=_ssl_context(self.connection), limit=self.connection.concurrency
             ),
-            trace_configs=[_redirect_trace()],
         )
         return self
 
@@ -131,20 +230,38 @@ class PrometheusClient:
             await self._session.close()
             self._session = None
 
-    async def query(self, promql: str, *, at: float, name: str = "query") -> list[Sample]:
-        """The instant vector `promql` evaluates to at unix time `at` (NaN elements dropped).
+    async def query(
+        self,
+        promql: str,
+        *,
+        at: float,
+        name: str = "query",
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+        bounds: Bounds = ANY_FINITE,
+        signal: str | None = None,
+    ) -> list[Sample]:
+        """The instant vector `promql` evaluates to at unix time `at`.
 
-        `name` says which signal this is, for log lines and error messages.
+        `name` says which signal this is, for log lines and error messages. Elements whose
+        labels `keep` refuses are dropped as they are read (no warning: a server may answer
+        more than asked); elements that are malformed or whose value is NaN, infinite or
+        outside `bounds` are dropped with one warning naming the first, once per `signal`
+        (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
         async with self._semaphore:
-            data = await self._with_retries(promql, at, name)
-        return _vector(data, name)
+            vector = await self._with_retries(promql, at, name, _Vector(keep, bounds))
+        warned = (signal or name, vector.first_bad)
+        first_time = vector.bad > 0 and warned not in self._warned
+        if first_time and len(self._warned) < MAX_WARNED:
+            self._warned.add(warned)
+        vector.report(name, warn=first_time)
+        return vector.samples
 
-    async def _with_retries(self, promql: str, at: float, name: str) -> Any:
+    async def _with_retries(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
         attempts = len(self._backoff) + 1
         for attempt in range(1, attempts + 1):
             try:
-                return await self._attempt(promql, at, name)
+                return await self._attempt(promql, at, name, vector.fresh())
             except _Transient as problem:
                 if attempt == attempts:
                     raise problem.final(attempts) from problem.__cause__
@@ -161,29 +278,15 @@ class PrometheusClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _attempt(self, promql: str, at: float, name: str) -> Any:
+    async def _attempt(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
         if self._session is None:
             raise RuntimeError("PrometheusClient used outside `async with`")
         self.queries_sent += 1
         redirects: list[str] = []
-        url = self.connection.url
         try:
-            async with self._session.post(
-                self._endpoint,
-                data={"query": promql, "time": f"{at:.3f}"},
-                trace_request_ctx=redirects,
-            ) as response:
-                url = self._where(redirects)
-                body = await _bounded_body(response, self.connection.max_response_bytes)
-                if body is None:
-                    raise PrometheusQueryError(
-                        f"Prometheus at {url} answered the {name} query with more than "
-                        f"{size_text(self.connection.max_response_bytes)} (the limit, "
-                        "--prometheus.max-response-size): narrow the report with --namespace "
-                        "or --selector, or raise the limit"
-                    )
-                status = response.status
-                retry_after = response.headers.get("Retry-After", "")
+            status, body, retry_after = await self._post(
+                self._session, {"query": promql, "time": f"{at:.3f}"}, redirects, name
+            )
         except TimeoutError as error:
             url = self._where(redirects)
             raise _Transient(
@@ -200,11 +303,6 @@ class PrometheusClient:
                 f"cannot reach Prometheus at {url}: TLS certificate not trusted "
                 f"({error.certificate_error}); pass --prometheus.ca-file"
             ) from error
-        except (aiohttp.TooManyRedirects, aiohttp.RedirectClientError) as error:
-            raise PrometheusQueryError(
-                f"cannot follow the redirects of Prometheus at {self._where(redirects)}: "
-                f"{'too many redirects' if isinstance(error, aiohttp.TooManyRedirects) else error}"
-            ) from error
         except aiohttp.ClientError as error:
             url = self._where(redirects)
             reason = _connection_reason(error)
@@ -214,33 +312,62 @@ class PrometheusClient:
                     f"cannot reach Prometheus at {url}: {reason} ({n} attempts)"
                 ),
             ) from error
-        return _answer(url, name, status, body, retry_after)
+        return _answer(
+            self._where(redirects), name, status, body, retry_after=retry_after, vector=vector
+        )
+
+    async def _post(
+        self,
+        session: aiohttp.ClientSession,
+        form: dict[str, str],
+        redirects: list[str],
+        name: str,
+    ) -> tuple[int, bytearray, str]:
+        """Post the query, following redirects within the base URL's origin only (the query
+        posted again); the status, the body (bounded) and the Retry-After header."""
+        target = URL(self._endpoint)
+        origin = target.origin()
+        for _ in range(MAX_REDIRECTS + 1):
+            async with session.post(target, data=form, allow_redirects=False) as response:
+                location = response.headers.get("Location")
+                if response.status in REDIRECT_STATUSES and location is not None:
+                    try:
+                        target = target.join(URL(location))
+                        elsewhere = target.origin() != origin
+                    except ValueError:
+                        redirects.append(shown_url(location))
+                        raise PrometheusQueryError(
+                            f"Prometheus at {self._where(redirects)} redirected the {name} "
+                            "query to a URL that cannot be read"
+                        ) from None
+                    redirects.append(shown_url(str(target)))
+                    if elsewhere:
+                        raise PrometheusQueryError(
+                            f"Prometheus at {self.connection.shown} redirected the {name} query "
+                            f"to another origin, {shown_url(str(target))}: credentials and "
+                            "--prometheus.header values are never sent to another origin; give "
+                            "that server as --prometheus if it is the one to ask"
+                        )
+                    continue
+                body = await _bounded_body(response, self.connection.max_response_bytes)
+                if body is None:
+                    raise PrometheusQueryError(
+                        f"Prometheus at {self._where(redirects)} answered the {name} query with "
+                        f"more than {size_text(self.connection.max_response_bytes)} (the limit, "
+                        "--prometheus.max-response-size): narrow the report with --namespace "
+                        "or --selector, or raise the limit"
+                    )
+                return response.status, body, response.headers.get("Retry-After", "")
+        raise PrometheusQueryError(
+            f"cannot follow the redirects of Prometheus at {self._where(redirects)}: too many "
+            "redirects"
+        )
 
     def _where(self, redirects: list[str]) -> str:
-        """The base URL, or where its redirects led."""
+        """The base URL, or where its redirects led (as shown: no userinfo)."""
         if not redirects:
-            return self.connection.url
-        return f"{redirects[-1]} (redirected from {self._endpoint})"
-
-
-def _redirect_trace() -> aiohttp.TraceConfig:
-    """Records in a request's `trace_request_ctx` (a list) each URL it is redirected to."""
-
-    async def redirected(
-        _session: aiohttp.ClientSession,
-        context: SimpleNamespace,
-        params: aiohttp.TraceRequestRedirectParams,
-    ) -> None:
-        location = params.response.headers.get("Location")
-        if location is not None and isinstance(context.trace_request_ctx, list):
-            try:
-                context.trace_request_ctx.append(str(params.url.join(URL(location))))
-            except ValueError:
-                context.trace_request_ctx.append(location)
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_redirect.append(redirected)
-    return trace
+            return self.connection.shown
+        return f"{redirects[-1]} (redirected from {self._shown_endpoint})"
 
 
 async def _bounded_body(response: aiohttp.ClientResponse, limit: int) -> bytearray | None:
@@ -272,15 +399,118 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-def _answer(url: str, name: str, status: int, body: bytearray, retry_after: str) -> Any:
-    document = _json(body)
+class _Vector:
+    """The samples of one answer as they are read: those asked for and sane kept, the others
+    counted (and the first bad one kept, to name it)."""
+
+    def __init__(self, keep: Callable[[Mapping[str, str]], bool] | None, bounds: Bounds) -> None:
+        self.keep = keep
+        self.bounds = bounds
+        self.samples: list[Sample] = []
+        self.foreign = 0
+        """Elements not asked for."""
+        self.bad = 0
+        self.first_bad = ""
+        self.why_bad = ""
+
+    def fresh(self) -> _Vector:
+        """An empty one for another attempt at the same query."""
+        return _Vector(self.keep, self.bounds)
+
+    def add(self, element: object) -> None:
+        labels, value = _element(element)
+        if labels is None:
+            self.refuse(element, "a malformed vector element")
+            return
+        if self.keep is not None and not self.keep(labels):
+            self.foreign += 1
+            return
+        if value is None:
+            self.refuse(labels, "its value is not a number")
+        elif not math.isfinite(value):
+            self.refuse(labels, f"value {value} is not a finite number")
+        elif not self.bounds.admits(value):
+            self.refuse(
+                labels,
+                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
+                f"({self.bounds.what})",
+            )
+        else:
+            self.samples.append(Sample(labels, value))
+
+    def refuse(self, series: object, why: str) -> None:
+        self.bad += 1
+        if self.bad == 1:
+            self.first_bad = series_text(series)
+            self.why_bad = why
+
+    def report(self, name: str, *, warn: bool) -> None:
+        """One warning for the query's dropped series, naming the first (if `warn`); a debug
+        line for the series it did not ask about."""
+        if warn and self.bad:
+            log.warning(
+                "prometheus series dropped",
+                extra={
+                    "query": name,
+                    "series": self.first_bad,
+                    "reason": self.why_bad,
+                    "dropped": self.bad,
+                },
+            )
+        if self.foreign:
+            # Matchers on namespace and pod apart also match other pairs of the two.
+            log.debug(
+                "prometheus series not asked for dropped",
+                extra={"query": name, "dropped": self.foreign},
+            )
+
+
+def series_text(series: object) -> str:
+    """A series' labels (or a malformed element) as a log line may quote them: cut, control
+    and bidirectional characters escaped (`repr`)."""
+    if isinstance(series, dict):
+        labels = ", ".join(f"{key}={value}" for key, value in list(series.items())[:12])
+        return quote("{" + labels + "}", SERIES_QUOTE_LIMIT)
+    return quote(series if isinstance(series, str) else json.dumps(series), SERIES_QUOTE_LIMIT)
+
+
+def _element(element: object) -> tuple[dict[str, str] | None, float | None]:
+    """A vector element's labels and value (None labels: malformed)."""
+    if not isinstance(element, dict):
+        return None, None
+    labels, pair = element.get("metric"), element.get("value")
+    if (
+        not isinstance(labels, dict)
+        or not all(map(isinstance, labels.values(), repeat(str)))
+        or not isinstance(pair, list)
+        or len(pair) != 2
+        or not isinstance(pair[1], str)
+    ):
+        return None, None
+    try:
+        value = float(pair[1])
+    except ValueError:
+        return labels, None
+    return labels, value
+
+
+def _answer(
+    url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: _Vector
+) -> _Vector:
+    try:
+        document = _read_answer(body, vector)
+    except _Nested:
+        raise PrometheusQueryError(
+            f"Prometheus at {url} answered the {name} query with JSON nested more than "
+            f"{MAX_NESTING} levels deep"
+        ) from None
     if status in {401, 403}:
         raise PrometheusUnauthorized(
             f"Prometheus at {url} refused the request (HTTP {status}): check the bearer token or "
             "basic-auth credentials (--prometheus.bearer-token-file, --prometheus.username)"
         )
     if status in RETRIED_STATUSES:
-        detail = _error_text(document) or body[:200].decode("utf-8", "replace").strip()
+        detail = _error_text(document) or _cut(body[:200].decode("utf-8", "replace"))
         raise _Transient(
             f"HTTP {status}",
             lambda n: PrometheusQueryError(
@@ -294,7 +524,7 @@ def _answer(url: str, name: str, status: int, body: bytearray, retry_after: str)
             f"no PromQL API at {url} (HTTP 404 for /api/v1/query): give the base URL "
             "(e.g. http://prometheus:9090, http://thanos-query:10902, https://mimir/prometheus)"
         )
-    if not isinstance(document, dict) or "status" not in document:
+    if document is None or "status" not in document:
         raise PrometheusQueryError(
             f"{url} answered HTTP {status} to the {name} query with something that is not a "
             "PromQL API response"
@@ -304,22 +534,218 @@ def _answer(url: str, name: str, status: int, body: bytearray, retry_after: str)
             f"Prometheus at {url} refused the {name} query (HTTP {status}): "
             f"{_error_text(document) or 'no reason given'}"
         )
-    for warning in document.get("warnings") or ():
-        log.warning("prometheus warning", extra={"query": name, "warning": str(warning)})
-    return document.get("data")
+    warnings = document.get("warnings")
+    if isinstance(warnings, list):
+        for warning in warnings[:MAX_WARNINGS]:
+            log.warning("prometheus warning", extra={"query": name, "warning": _cut(warning)})
+        if len(warnings) > MAX_WARNINGS:
+            log.warning(
+                "prometheus warnings not shown",
+                extra={"query": name, "count": len(warnings) - MAX_WARNINGS},
+            )
+    kind = document.get("resultType")
+    if kind != "vector":
+        shown = _cut(kind) if isinstance(kind, str) else "no vector"
+        raise PrometheusQueryError(f"the {name} query returned {shown}, expected an instant vector")
+    return vector
 
 
-def _json(body: bytearray) -> Any:
+def _cut(value: object) -> str:
+    """A server's text for one log line or error: one line, at most 200 characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    flat = " ".join(text.split())
+    return flat if len(flat) <= 200 else flat[:199] + "…"
+
+
+# -- reading an answer ---------------------------------------------------------------------------
+
+
+class _Nested(Exception):
+    """A part of the answer nests past `MAX_NESTING` (or the interpreter's recursion limit)."""
+
+
+class _NotJson(Exception):
+    """The answer is not the JSON object it should be."""
+
+
+_SPACE: Final = re.compile(r"[ \t\n\r]*")
+_WHITE_SPACE: Final = frozenset(" \t\n\r")
+_DECODER: Final = json.JSONDecoder()
+_SCALAR_START: Final = frozenset('"-0123456789tfn')
+_READ_KEYS: Final = frozenset({"status", "errorType", "error", "warnings"})
+"""The top-level keys read besides `data`; the others (`stats`, `infos`, ...) are stepped over."""
+
+
+class _Reader:
+    """JSON text read a value at a time: objects and arrays are walked here, so that an
+    element can be handled (and dropped) as soon as it is read; only scalars and single vector
+    elements are handed to the C decoder, so no nesting is ever decoded past the bound."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.at = 0
+
+    def peek(self) -> str:
+        """The next character that is not white space ("" at the end)."""
+        char = self.text[self.at : self.at + 1]
+        if char in _WHITE_SPACE:  # rare: Prometheus answers compact JSON
+            self.at = _SPACE.match(self.text, self.at).end()  # type: ignore[union-attr] # matches ""
+            char = self.text[self.at : self.at + 1]
+        return char
+
+    def expect(self, char: str) -> None:
+        if self.peek() != char:
+            raise _NotJson
+        self.at += 1
+
+    def decoded(self) -> object:
+        """The next value through the C decoder (a scalar, or one vector element)."""
+        self.peek()
+        try:
+            value, self.at = _DECODER.raw_decode(self.text, self.at)
+        except RecursionError:
+            raise _Nested from None
+        except ValueError:
+            raise _NotJson from None
+        return value
+
+    def members(self) -> Iterator[str]:
+        """An object's keys; the caller reads each value before asking for the next key."""
+        self.expect("{")
+        if self.peek() == "}":
+            self.at += 1
+            return
+        while True:
+            key = self.decoded()
+            if not isinstance(key, str):
+                raise _NotJson
+            self.expect(":")
+            yield key
+            if self.peek() == ",":
+                self.at += 1
+                continue
+            self.expect("}")
+            return
+
+    def items(self) -> Iterator[None]:
+        """An array's elements; the caller reads each before asking for the next."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.at += 1
+            return
+        while True:
+            yield None
+            if self.peek() == ",":
+                self.at += 1
+                continue
+            self.expect("]")
+            return
+
+    def value(self, depth: int = 0) -> object:
+        """Any value, nested at most `MAX_NESTING - depth` levels, without recursion past it."""
+        char = self.peek()
+        if char in _SCALAR_START:
+            return self.decoded()
+        if depth >= MAX_NESTING:
+            raise _Nested
+        if char == "{":
+            found: dict[str, object] = {}
+            for key in self.members():
+                found[key] = self.value(depth + 1)
+            return found
+        if char == "[":
+            return [self.value(depth + 1) for _ in self.items()]
+        raise _NotJson
+
+    def skip(self) -> None:
+        """Step over the next value, however deep, building nothing: iterative, so that a
+        value nested a million levels deep costs its bytes and no stack."""
+        depth = 0
+        while True:
+            char = self.peek()
+            if char in _SCALAR_START:
+                try:
+                    _, self.at = _DECODER.raw_decode(self.text, self.at)
+                except ValueError:
+                    raise _NotJson from None
+            elif char in "[{":
+                depth += 1
+                self.at += 1
+            elif char in "]}" and depth > 0:
+                depth -= 1
+                self.at += 1
+            elif char in ",:" and depth > 0:
+                self.at += 1
+                continue
+            else:
+                raise _NotJson
+            if depth == 0:
+                return
+
+    def element(self) -> tuple[object, bool]:
+        """The next array element, and whether it was decoded: one nested past the
+        interpreter's recursion limit is stepped over instead (None, False)."""
+        start = self.at
+        try:
+            return self.decoded(), True
+        except _Nested:
+            self.at = start
+            self.skip()
+            return None, False
+
+    def end(self) -> None:
+        if self.peek():
+            raise _NotJson
+
+
+def _read_answer(body: bytearray, vector: _Vector) -> dict[str, object] | None:
+    """The answer's top-level object, its `data.result` vector read into `vector` element by
+    element (the object then holds `resultType` beside the top level's keys); None when the
+    body is not a JSON object."""
     try:
-        return json.loads(body)
-    except ValueError:
+        reader = _Reader(body.decode("utf-8"))
+    except UnicodeDecodeError:
         return None
+    try:
+        document: dict[str, object] = {}
+        for key in reader.members():
+            if key == "data" and reader.peek() == "{":
+                _read_data(reader, document, vector)
+            elif key in _READ_KEYS:
+                document[key] = reader.value(1)
+            else:
+                reader.skip()
+        reader.end()
+    except _NotJson:
+        return None
+    return document
 
 
-def _error_text(document: Any) -> str:
-    if isinstance(document, dict) and document.get("error"):
+def _read_data(reader: _Reader, document: dict[str, object], vector: _Vector) -> None:
+    """`data`: its `resultType` into `document`, a vector's elements into `vector`."""
+    for part in reader.members():
+        if part == "resultType":
+            document["resultType"] = reader.value(2)
+        elif (
+            part == "result"
+            and reader.peek() == "["
+            and document.get("resultType", "vector") == "vector"
+        ):
+            for _ in reader.items():
+                element, decoded = reader.element()
+                if decoded:
+                    vector.add(element)
+                else:
+                    vector.refuse("(an element)", "nested too deeply")
+        else:
+            reader.skip()
+
+
+def _error_text(document: dict[str, object] | None) -> str:
+    if document is not None and document.get("error"):
         kind = document.get("errorType")
-        return f"{kind}: {document['error']}" if kind else str(document["error"])
+        error = _cut(document["error"])
+        return f"{_cut(kind)}: {error}" if kind else error
     return ""
 
 
@@ -338,24 +764,6 @@ def _connection_reason(error: aiohttp.ClientError) -> str:
             return os.strerror(cause.errno).lower()
         return str(cause)
     return str(error) or type(error).__name__
-
-
-def _vector(data: Any, name: str) -> list[Sample]:
-    if not isinstance(data, dict) or data.get("resultType") != "vector":
-        kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
-        raise PrometheusQueryError(f"the {name} query returned {kind}, expected an instant vector")
-    samples = []
-    for element in data.get("result") or ():
-        try:
-            value = float(element["value"][1])
-            labels = element["metric"]
-        except (KeyError, IndexError, TypeError, ValueError) as error:
-            raise PrometheusQueryError(
-                f"the {name} query returned a malformed vector element"
-            ) from error
-        if math.isfinite(value):
-            samples.append(Sample({str(k): str(v) for k, v in labels.items()}, value))
-    return samples
 
 
 def _ssl_context(connection: Connection) -> ssl.SSLContext | bool:

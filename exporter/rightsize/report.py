@@ -264,6 +264,7 @@ def build_report(
 ) -> Report:
     rows = [_row(workload, strategy, hardware, settings, history) for workload in history.workloads]
     rows = _one_patch_per_owner(rows)
+    _warn_skipped(rows)
     kept = [
         row for row in rows if LEVELS.index(row.confidence_level) >= LEVELS.index(min_confidence)
     ]
@@ -345,6 +346,19 @@ def autoscaled(autoscaler: Autoscaler) -> str:
         f"autoscaled by HorizontalPodAutoscaler {autoscaler.name} ({span}{on}): sized per "
         "replica, the autoscaler sets how many"
     )
+
+
+def _warn_skipped(rows: list[WorkloadRow]) -> None:
+    """One warning per owner whose patch was skipped for a name Kubernetes would refuse."""
+    warned: set[tuple[str, str, str, str]] = set()
+    for row in rows:
+        patch = row.patch
+        if patch is not None and patch.skipped and row.history.owner not in warned:
+            warned.add(row.history.owner)
+            log.warning(
+                "workload left out of the patches: its name is not a Kubernetes name",
+                extra={"problem": patch.skipped},
+            )
 
 
 def _one_patch_per_owner(rows: list[WorkloadRow]) -> list[WorkloadRow]:

@@ -81,9 +81,22 @@ def prometheus_label_name(key: str) -> str:
     return "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
+_ESCAPES: Final = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def promql_string(text: str) -> str:
-    """`text` escaped for a double-quoted PromQL string."""
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    """`text` escaped for a double-quoted PromQL string, as PromQL reads one (Go's rules): a
+    backslash and a double quote escaped, and every character that is not printable (a newline,
+    a line separator, a bidirectional override) as `\\n` or `\\uXXXX`, so that no label value
+    can end the string or the line."""
+    return "".join(
+        _ESCAPES.get(char) or (char if char.isprintable() else _code_point(char)) for char in text
+    )
+
+
+def _code_point(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def parse_namespaces(values: list[str]) -> tuple[str, ...]:

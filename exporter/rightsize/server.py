@@ -530,7 +530,8 @@ class App:
                         lambda published: published.patches,
                         "application/gzip",
                         headers={
-                            "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"'
+                            "Content-Disposition": 'attachment; filename="gpuscope-patches.tar.gz"',
+                            **_NO_STORE,
                         },
                     ),
                     "/metrics": self.metrics,
@@ -672,7 +673,7 @@ async def _serve(config: ServeConfig, security: WebSecurity) -> int:
             "address": listener.shown(),
             "version": __version__,
             "refresh": format_duration(config.refresh),
-            "source": config.run.connection.url,
+            "source": config.run.connection.shown,
             "notify": ", ".join(webhook.shown for webhook in config.run.notify),
             **security.describe(),
         },

@@ -6,8 +6,10 @@ patch of its owner object, headed by comments saying why, what it saves and how 
 `apply.sh`, the `kubectl patch` commands in the report's order (most saved first), each under a
 comment with its reason and saving. A change that cannot be applied to the running object (a
 Job's pod template, a bare Pod's resources) is a commented-out command for its manifest, and one
-gpuscope cannot write as a patch is a comment saying what to change. Every name is quoted for the
-shell, and every comment is one line whatever the labels held.
+gpuscope cannot write as a patch is a comment saying what to change, and one whose names
+Kubernetes would refuse (a forged label: `names.py`) a comment saying it was skipped. Every name
+is quoted for the shell, given as `--flag=value` or after `--`, and every comment is one line
+without control or bidirectional-override characters, whatever the labels held.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 import yaml
 
 from exporter.rightsize.formatters.common import timestamp, workload_label
-from exporter.rightsize.patches import one_line
+from exporter.rightsize.names import comment_text
 from exporter.rightsize.report import money_text
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ def _heading(row: WorkloadRow, patch: Patch) -> list[str]:
     ]
     if patch.note:
         lines.append(f"Note: {patch.note}")
-    return [one_line(line) for line in lines]
+    return [comment_text(line) for line in lines]
 
 
 def patch_files(report: Report) -> dict[str, str]:
@@ -51,7 +53,7 @@ def patch_files(report: Report) -> dict[str, str]:
     script = [
         "#!/bin/sh",
         f"# gpuscope rightsize: the changes recommended by the report of {timestamp(report.end)}",
-        one_line(f"# from {report.source}; review each patch before applying it."),
+        comment_text(f"# from {report.source}; review each patch before applying it."),
         "# Paths are relative to this script; run it from anywhere.",
         "set -eu",
         'cd "$(dirname "$0")"',
@@ -69,11 +71,11 @@ def patch_files(report: Report) -> dict[str, str]:
             [
                 MARK,
                 *(f"# {line}" for line in heading),
-                f"# Apply: {one_line(command)}",
+                f"# Apply: {comment_text(command)}",
                 yaml.safe_dump(patch.body, sort_keys=False, allow_unicode=True),
             ]
         )
-        script.append(command if patch.live else f"# {one_line(command)}")
+        script.append(command if patch.live else f"# {comment_text(command)}")
     if not changes:
         script += ["", "# Nothing to change: every workload is kept."]
     files[SCRIPT] = "\n".join(script) + "\n"
