@@ -5,11 +5,12 @@ Prometheus's exporter-toolkit, each (user, hash, password) answer is computed on
 keyed by a SHA-256 digest, so that no password is kept. Valid answers and failures are cached
 apart, each bounded: guessing cannot grow memory, and a flood of wrong guesses cannot push a
 valid client's answer out of the cache (only a client that knows a password can add a valid
-answer). bcrypt runs in one thread of its own (`exporter.web.security`), so a flood of wrong
-passwords costs one core at most and never delays the event loop or the sampler. An unknown user
-is checked against a fixed hash, so the answer takes as long as for a known one, and the hash
-comparison itself is bcrypt's constant-time one. (Under a flood of guesses, checks for unknown
-user names are shed first, so user names are not secret from someone who floods.)
+answer). bcrypt runs in one thread of its own, its checks queued fairly between client addresses
+(`CredentialChecks`), so a flood of wrong passwords costs one core at most, never delays the
+event loop or the sampler, and cannot keep a real client's first check waiting behind it. An
+unknown user is checked against a fixed hash, so the answer takes as long as for a known one, and
+the hash comparison itself is bcrypt's constant-time one. (Under a flood of guesses, checks for
+unknown user names are shed first, so user names are not secret from someone who floods.)
 """
 
 from __future__ import annotations

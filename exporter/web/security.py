@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from exporter.documents import Invalid, read_bounded
 from exporter.supervise import DaemonExecutor
@@ -82,7 +82,7 @@ class FileWork:
     def __init__(self, *, seconds: float = READ_SECONDS) -> None:
         self._seconds = seconds
         self._thread: DaemonExecutor | None = None
-        self._stuck: list[Future[object]] = []
+        self._stuck: list[Future[Any]] = []
 
     async def run(self, job: Callable[[], T]) -> T:
         """`job()`'s result (or its exception); raises `Stuck`."""
@@ -111,7 +111,7 @@ class FileWork:
         """Leave `thread` to its job; later jobs get a new one. (A job that waited behind a stuck
         one on a thread already left needs nothing more.)"""
         if self._thread is thread:
-            self._stuck.append(future)  # type: ignore[arg-type]
+            self._stuck.append(future)
             thread.shutdown(wait=False)  # the thread ends when the job returns, if it ever does
             self._thread = None
 

@@ -317,7 +317,7 @@ class Stream(asyncio.Transport):
         except ssl.SSLWantReadError:
             self._flush_tls(tls)
             return
-        except (ssl.SSLError, ValueError) as error:
+        except ssl.SSLError as error:
             # Not TLS, an unverifiable client certificate, a protocol version refused: the
             # client's doing; OpenSSL's alert goes out if the kernel takes it.
             self._flush_tls(tls)
@@ -603,8 +603,8 @@ class Acceptor:
 
 async def bind(host: str | None, port: int) -> list[socket.socket]:
     """Listening sockets for every address `host` resolves to (every interface when None or
-    empty), as asyncio's `create_server` binds them. Raises OSError (`socket.gaierror` when it
-    does not resolve)."""
+    empty), as asyncio's `create_server` binds them (`Acceptor.start` makes them non-blocking).
+    Raises OSError (`socket.gaierror` when it does not resolve)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(
         host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -622,7 +622,6 @@ async def bind(host: str | None, port: int) -> list[socket.socket]:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
             sock.listen(BACKLOG)
-            sock.settimeout(0.0)  # non-blocking
     except OSError:
         for sock in sockets:
             sock.close()
