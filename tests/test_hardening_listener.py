@@ -161,31 +161,43 @@ _MS_REMOUNT = 32
 _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
+_MOUNT_FLAGS = {
+    "nosuid": 2,
+    "nodev": 4,
+    "noexec": 8,
+    "noatime": 1024,
+    "nodiratime": 2048,
+    "relatime": 1 << 21,
+    "strictatime": 1 << 24,
+}
 _SKIPPED_MOUNTS = ("/proc", "/sys", "/dev")
 """Kernel file systems the chart's pod has too; every other mount is made read-only."""
 
 
 def _read_only_root() -> None:
-    """In the child before exec: a mount namespace of its own (in a user namespace of its own
-    unless it runs as root) where `/`, `/tmp` and every other file system but /proc, /sys and
-    /dev are read-only — stricter than the chart's `readOnlyRootFilesystem: true`, which leaves
-    nothing writable at /tmp either. Raises OSError where namespaces are not allowed."""
+    """In the child before exec: a mount namespace of its own (inside a user namespace of its own
+    where a mount namespace alone is not allowed: not root, or root without CAP_SYS_ADMIN in a
+    container) where `/`, `/tmp` and every other file system but /proc, /sys and /dev are
+    read-only — stricter than the chart's `readOnlyRootFilesystem: true`, which leaves nothing
+    writable at /tmp either. Raises OSError where namespaces are not allowed at all."""
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    flags = _CLONE_NEWNS if uid == 0 else _CLONE_NEWNS | _CLONE_NEWUSER
-    if libc.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
-    if uid != 0:
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        if libc.unshare(_CLONE_NEWNS | _CLONE_NEWUSER) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
         Path("/proc/self/setgroups").write_text("deny")
         Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
         Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
     if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    for point in points:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point, options = line.split()[4:6]
         if any(point == skip or point.startswith(skip + "/") for skip in _SKIPPED_MOUNTS):
             continue
+        # A remount must keep the flags it has (a user namespace may not clear locked ones).
         flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+        for option in options.split(","):
+            flags |= _MOUNT_FLAGS.get(option, 0)
         if libc.mount(None, point.encode(), None, flags, None) != 0 and point == "/":
             raise OSError(ctypes.get_errno(), "mount -o remount,bind,ro /")
 
