@@ -13,6 +13,7 @@ import random
 import resource
 import socket
 import string
+import struct
 import subprocess
 import threading
 import time
@@ -89,6 +90,15 @@ def request(
     return (int(fields[1]) if len(fields) > 1 else 0), body
 
 
+def reset_after_asking(port: int, path: bytes, headers: bytes, *, source: str) -> None:
+    """Ask, read the first bytes of the answer, and reset the connection (SO_LINGER 0)."""
+    with socket.create_connection(("127.0.0.1", port), 10, (source, 0)) as connection:
+        connection.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+        with contextlib.suppress(OSError):
+            connection.recv(16)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
 def basic_auth_config(tmp_path: Path, extra: str = "", *, cost: int = 4) -> Path:
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(cost)).decode()
     path = tmp_path / "web.yml"
@@ -116,15 +126,22 @@ def test_a_flood_of_wrong_credentials_does_not_lock_out_a_valid_client(
     tmp_path: Path, rate_limit: str
 ) -> None:
     """41 clients, each from an address of its own, guess user names and passwords, one
-    connection per guess; Prometheus, starting after them with credentials not yet cached,
-    scrapes once a second: every scrape succeeds, and so does every probe."""
+    connection per guess (every third one reset rather than closed); Prometheus, starting after
+    them with credentials not yet cached, scrapes once a second: every scrape succeeds, and so
+    does every probe, and the daemon writes not one line meanwhile."""
     config = basic_auth_config(tmp_path, rate_limit, cost=10)
-    with serving(f"--web.config.file={config}") as run:
+    with serving(f"--web.config.file={config}", "--log.level=info") as run:
         stop = threading.Event()
         guessed: Counter[int] = Counter()
+        logged = len(run.output())
 
         def guess(source: str) -> None:
+            number = 0
             while not stop.is_set():
+                number += 1
+                if number % 3 == 0:
+                    reset_after_asking(run.port, b"/metrics", _guess(), source=source)
+                    continue
                 status, _ = request(run.port, b"/metrics", _guess(), source=source)
                 guessed[status] += 1
                 stop.wait(0.02)
@@ -152,6 +169,8 @@ def test_a_flood_of_wrong_credentials_does_not_lock_out_a_valid_client(
         assert probes == [200] * len(probes)
         assert set(guessed) <= {401, 429}, guessed
         assert sum(guessed.values()) > len(scrapes), "the flood ran"
+        time.sleep(0.5)  # for the log to be read
+        assert run.output()[logged:] == b""
         text = scrape(run, CREDENTIALS)
     assert value(text, "gpuscope_http_requests_refused_total", reason="busy") == 0
 

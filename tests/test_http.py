@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import gc
 import gzip
 import logging
+import os
 import random
 import re
+import socket
+import ssl
+import struct
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import pytest
+import trustme
 
 from exporter.web.http import (
     MAX_BODY,
@@ -26,6 +34,8 @@ from exporter.web.http import (
     routed,
 )
 from exporter.web.server import Connections, Listener
+from exporter.web.transport import Acceptor
+from tests.helpers import eventually_async
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -425,3 +435,195 @@ async def test_a_response_that_cannot_be_written_ends_only_its_connection(  # ty
     assert answer == b"", "aborted without an answer"
     assert "a response could not be written" in caplog.text
     assert statuses(await exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")) == [200]
+
+
+# -- the listener's own transports (exporter.web.transport) ----------------------------------------
+
+
+@pytest.fixture
+def pki() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context and a client context that trusts it."""
+    ca = trustme.CA()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
+
+
+async def test_tls_pipelined_requests_and_a_large_response(listen, pki) -> None:  # type: ignore[no-untyped-def]
+    """Over TLS as in plain: pipelined requests answered in order, a 1 MiB response intact to a
+    reader that takes it 4 KiB at a time (encrypted a record at a time as the kernel takes it)."""
+    server, client = pki
+    listener = Listener(routed({"/": _ok, "/big": _big}), Connections(), server)
+    await listener.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1",
+            listener.addresses[0][1],
+            ssl=client,
+            server_hostname="localhost",
+            limit=4096,
+        )
+        writer.write(
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /big HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        answer = bytearray()
+        while chunk := await asyncio.wait_for(reader.read(4096), 10):
+            answer += chunk
+        writer.close()
+    finally:
+        await listener.stop(1.0)
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3  # (the third starts right after BIG)
+    assert BIG in answer
+    assert answer.endswith(b"Connection: close\r\n\r\nok\n")
+
+
+async def test_a_silent_tls_connection_counts_and_its_handshake_times_out(listen, pki) -> None:  # type: ignore[no-untyped-def]
+    """A TLS connection that sends nothing holds no TLS state, counts against the cap at once,
+    and is closed when the handshake deadline passes."""
+    server, client = pki
+    connections = Connections(header_seconds=0.2)
+    connections.handshake_seconds = 0.3
+    listener = Listener(routed({"/": _ok}), connections, server)
+    await listener.start("127.0.0.1", 0)
+    port = listener.addresses[0][1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await eventually_async(lambda: len(connections) == 1, 5, "the connection counted")
+        (stream,) = connections._open
+        assert stream.get_extra_info("ssl_object") is None, "no TLS state before a byte"
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "closed at the deadline"
+        assert connections.closed_slow == 1
+        writer.close()
+        # a handshake that finishes in time is a connection like any
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname="localhost"
+        )
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert statuses(await asyncio.wait_for(reader.read(), 5)) == [200]
+        writer.close()
+    finally:
+        await listener.stop(1.0)
+
+
+def _reset(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+MID = bytes(60 * 1024)
+
+
+async def _mid(_request: Request) -> Response:
+    return Response(body=MID)
+
+
+async def test_clients_that_reset_are_no_error(listen, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Resets before, during and after a closing answer: nothing at info level or above, and
+    the listener goes on."""
+    _, port = await listen({"/mid": _mid, "/": _ok})
+    loop = asyncio.get_running_loop()
+    with caplog.at_level(logging.DEBUG):
+        for number in range(60):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+            close = b"Connection: close\r\n" if number % 3 == 0 else b""
+            await loop.sock_sendall(sock, b"GET /mid HTTP/1.1\r\nHost: x\r\n" + close + b"\r\n")
+            if number % 3 != 2:
+                await loop.sock_recv(sock, 100)
+            _reset(sock)
+        await asyncio.sleep(0.5)
+        gc.collect()  # a task whose exception nobody retrieved says so when it is collected
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    assert statuses(await exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")) == [200]
+
+
+HUGE = bytes(16 * 2**20)  # more than the kernel's send buffer takes (4 MiB at most)
+
+
+async def _huge(_request: Request) -> Response:
+    return Response(body=HUGE, content_type="application/octet-stream")
+
+
+async def test_a_response_is_written_by_reference(listen) -> None:  # type: ignore[no-untyped-def]
+    """A client that stops reading holds a view of the handler's bytes, never a copy: a hundred
+    of them waiting on the same 16 MiB body cost far less than one copy."""
+    listener, port = await listen({"/huge": _huge})
+    stalled = []
+    for _ in range(100):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        stalled.append(sock)
+    await asyncio.sleep(0.2)
+    for sock in stalled:
+        sock.send(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
+    tracemalloc.start()
+    try:
+        await eventually_async(
+            lambda: sum(c.in_request for c in listener.connections._open.values()) == 100,
+            10,
+            "every response waiting on its reader",
+        )
+        await asyncio.sleep(0.2)
+        traced, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        for sock in stalled:
+            sock.close()
+    assert traced < len(HUGE) // 4, f"{traced / 2**20:.1f} MiB traced"
+
+
+class _FailingSocket:
+    """A listening socket whose accept() fails `failures` times with `error`, then has nothing."""
+
+    def __init__(self, real: socket.socket, error: int, failures: int) -> None:
+        self.real = real
+        self.error = error
+        self.failures = failures
+        self.accepts = 0
+
+    def fileno(self) -> int:
+        return self.real.fileno()
+
+    def settimeout(self, value: float) -> None:
+        self.real.settimeout(value)
+
+    def close(self) -> None:
+        self.real.close()
+
+    def accept(self) -> tuple[socket.socket, object]:
+        self.accepts += 1
+        if self.failures:
+            self.failures -= 1
+            raise OSError(self.error, os.strerror(self.error))
+        raise BlockingIOError
+
+
+async def test_out_of_descriptors_makes_room_else_backs_off_with_one_line(caplog) -> None:
+    """EMFILE: an idle connection closed makes room if there is one; else accepting pauses, 5 ms
+    doubling, with one log line however often it happens."""
+    real = socket.create_server(("127.0.0.1", 0))
+    rooms = [True, True]
+    failing = _FailingSocket(real, errno.EMFILE, 12)
+    acceptor = Acceptor([failing], lambda _: None, lambda: bool(rooms) and rooms.pop())  # type: ignore[list-item]
+    acceptor.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="exporter.web.transport"):
+            # The socket never becomes readable by itself: poke accept as the loop would.
+            for _ in range(12):
+                acceptor._accept(failing)  # type: ignore[arg-type]
+                await asyncio.sleep(0.06)
+        assert failing.failures == 0
+        assert acceptor.paused >= 3, "backed off once no idle connection was left"
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert "too many open files (EMFILE)" in str(warnings[0].__dict__["error"])
+    finally:
+        acceptor.close()

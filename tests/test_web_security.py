@@ -8,6 +8,8 @@ import base64
 import logging
 import ssl
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,14 +19,16 @@ from typing import TYPE_CHECKING
 import bcrypt
 import pytest
 import trustme
+import yaml
 
 from exporter.app import App
 from exporter.config import ServeConfig
 from exporter.simulator import SimulatedNvml, default_fleet
+from exporter.web.auth import AUTH_RETRY_SECONDS, CredentialChecks
 from exporter.web.http import Request, Response
-from exporter.web.security import AUTH_RETRY_SECONDS, WebSecurity
+from exporter.web.security import MAX_STUCK, FileWork, Stuck, WebSecurity
 from exporter.web.server import Connections
-from tests.helpers import daemon_command, running_daemon
+from tests.helpers import daemon_command, eventually_async, running_daemon
 from tests.served_app import AppClient
 
 if TYPE_CHECKING:
@@ -377,3 +381,186 @@ def test_the_daemon_serves_https_with_basic_auth(tmp_path: Path) -> None:
         assert get("/metrics") == 401
         assert get("/metrics", basic("prometheus", PASSWORD)) == 200
         assert get("/-/healthy") == 200
+
+
+# -- hardening: stalled readers, fair credential checks, files that never answer -----------------
+
+HUGE = bytes(16 * 2**20)  # more than the kernel's send buffer takes
+
+
+async def test_a_client_that_stops_reading_holds_no_request_slot(serve) -> None:  # type: ignore[no-untyped-def]
+    """Two clients (--web.max-requests=2) ask for a body larger than the kernel takes and never
+    read: the next client is served at once, not refused 503."""
+
+    async def huge(_request: Request) -> Response:
+        return Response(body=HUGE)
+
+    server = await serve(None, max_requests=2, extra_routes={"/huge": huge})
+    stalled = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port, limit=1024)
+        writer.write(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")  # the answer began, and waits on this reader
+        writer.transport.pause_reading()
+        stalled.append(writer)
+    await asyncio.sleep(0.3)
+    for _ in range(3):
+        assert (await server.request())[0] == 200
+    assert server.security.counts().refused[-1] == ("busy", 0)
+    for writer in stalled:
+        writer.close()
+
+
+class Gated:
+    """A `BasicAuth` stand-in whose checks each wait until the test lets one finish: what order
+    they ran in, and whether each was the right password."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self._go = threading.Semaphore(0)
+
+    def knows(self, user: str) -> bool:
+        return user == "prometheus"
+
+    def verify(self, user: str, password: str) -> bool:
+        self.ran.append(password)
+        assert self._go.acquire(timeout=10)
+        return password == PASSWORD
+
+    def finish(self) -> None:
+        self._go.release()
+
+
+async def _under_way(checks: CredentialChecks, count: int) -> None:
+    await eventually_async(lambda: len(checks) == count, 5, f"{count} checks under way")
+
+
+async def test_credential_checks_serve_never_seen_addresses_first() -> None:
+    """Checks from addresses not seen failing run before those of addresses that failed (the
+    latest such first), one at a time."""
+    auth = Gated()
+    checks = CredentialChecks(size=8, retry_seconds=0)
+    first = asyncio.create_task(checks.check("10.0.0.1", auth, "prometheus", "guess-1"))  # type: ignore[arg-type]
+    await _under_way(checks, 1)
+    auth.finish()
+    assert await first is False  # 10.0.0.1 has now failed once
+    await eventually_async(lambda: auth.ran == ["guess-1"], 5, "the first check")
+    blocker = asyncio.create_task(checks.check("10.0.0.9", auth, "prometheus", "guess-9"))  # type: ignore[arg-type]
+    await eventually_async(lambda: len(auth.ran) == 2, 5, "a check running")
+    failed_again = asyncio.create_task(checks.check("10.0.0.1", auth, "prometheus", "guess-2"))  # type: ignore[arg-type]
+    new_a = asyncio.create_task(checks.check("10.0.0.2", auth, "prometheus", "guess-3"))  # type: ignore[arg-type]
+    new_b = asyncio.create_task(checks.check("10.0.0.3", auth, "prometheus", PASSWORD))  # type: ignore[arg-type]
+    await _under_way(checks, 4)
+    assert await checks.check("10.0.0.3", auth, "prometheus", "x") is None, "one per address"  # type: ignore[arg-type]
+    for _ in range(4):
+        auth.finish()
+    assert [await t for t in (blocker, failed_again, new_a, new_b)] == [False, False, False, True]
+    assert auth.ran == ["guess-1", "guess-9", PASSWORD, "guess-3", "guess-2"]
+    checks.close()
+
+
+async def test_credential_checks_when_full_a_new_address_takes_a_failed_ones_place() -> None:
+    auth = Gated()
+    checks = CredentialChecks(size=3, retry_seconds=0)
+    for number in (1, 2):  # two addresses that fail once
+        task = asyncio.create_task(checks.check(f"10.0.0.{number}", auth, "prometheus", "no"))  # type: ignore[arg-type]
+        auth.finish()
+        assert await task is False
+    running = asyncio.create_task(checks.check("10.0.0.9", auth, "prometheus", "no"))  # type: ignore[arg-type]
+    older = asyncio.create_task(checks.check("10.0.0.1", auth, "prometheus", "no"))  # type: ignore[arg-type]
+    latest = asyncio.create_task(checks.check("10.0.0.2", auth, "prometheus", "no"))  # type: ignore[arg-type]
+    await _under_way(checks, 3)
+    real = asyncio.create_task(checks.check("10.0.0.5", auth, "prometheus", PASSWORD))  # type: ignore[arg-type]
+    assert await latest is None, "shed for the address never seen failing"
+    for _ in range(3):
+        auth.finish()
+    assert [await t for t in (running, real, older)] == [False, True, False]
+    checks.close()
+
+
+async def test_credential_checks_for_unknown_users_take_half_the_places_at_most() -> None:
+    auth = Gated()
+    checks = CredentialChecks(size=4)
+    guesses = [
+        asyncio.create_task(checks.check(f"10.0.0.{n}", auth, "nobody", "x"))  # type: ignore[arg-type]
+        for n in (1, 2)
+    ]
+    await _under_way(checks, 2)
+    assert await checks.check("10.0.0.3", auth, "nobody", "x") is None  # type: ignore[arg-type]
+    real = asyncio.create_task(checks.check("10.0.0.4", auth, "prometheus", PASSWORD))  # type: ignore[arg-type]
+    await _under_way(checks, 3)
+    for _ in range(3):
+        auth.finish()
+    assert [await t for t in (*guesses, real)] == [False, False, True]
+    checks.close()
+
+
+async def test_a_credential_check_that_waits_too_long_is_shed() -> None:
+    auth = Gated()
+    checks = CredentialChecks(size=4, wait_seconds=0.2)
+    running = asyncio.create_task(checks.check("10.0.0.1", auth, "prometheus", "no"))  # type: ignore[arg-type]
+    await eventually_async(lambda: auth.ran, 5, "a check running")
+    started = time.monotonic()
+    assert await checks.check("10.0.0.2", auth, "prometheus", PASSWORD) is None  # type: ignore[arg-type]
+    assert time.monotonic() - started < 2
+    auth.finish()
+    assert await running is False
+    assert len(checks) == 0
+    checks.close()
+
+
+async def test_file_work_that_never_returns_is_abandoned_to_a_daemon_thread() -> None:
+    """A job stuck for good (a hung mount): `Stuck` after the deadline, the next job runs on a
+    thread of its own, at most MAX_STUCK threads are left, and none keeps the process alive."""
+    never = threading.Event()
+    work = FileWork(seconds=0.2)
+    try:
+        for stuck in range(1, MAX_STUCK + 1):
+            with pytest.raises(Stuck, match=r"took over 0\.2 s"):
+                await work.run(never.wait)
+            if stuck < MAX_STUCK:
+                assert await work.run(lambda: 42) == 42, "a later job still runs"
+        with pytest.raises(Stuck, match="never returned"):
+            await work.run(lambda: 42)
+        threads = [t for t in threading.enumerate() if t.name == "gpuscope-web-files"]
+        assert threads
+        assert all(t.daemon for t in threads)
+    finally:
+        never.set()
+        work.close()
+    for _ in range(50):
+        try:
+            assert await work.run(lambda: 7) == 7
+            break
+        except Stuck:
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("file work never recovered once the stuck jobs returned")
+
+
+def test_tls_is_loaded_without_a_temporary_file(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """No key material is written anywhere: the certificate and key (from files or inline) reach
+    OpenSSL from memory, so TLS loads where nothing is writable."""
+
+    def nowhere(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("a temporary file was made")
+
+    for name in ("mkstemp", "NamedTemporaryFile", "TemporaryFile", "mkdtemp"):
+        monkeypatch.setattr(tempfile, name, nowhere)
+    Pki(tmp_path)
+    config = tmp_path / "web.yml"
+    config.write_text(TLS)
+    assert WebSecurity.load(config).ssl_context is not None
+    certificate = trustme.CA().issue_cert("localhost")
+    inline = tmp_path / "inline.yml"
+    inline.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {
+                    "cert": certificate.cert_chain_pems[0].bytes().decode(),
+                    "key": certificate.private_key_pem.bytes().decode(),
+                }
+            }
+        )
+    )
+    assert WebSecurity.load(inline).ssl_context is not None

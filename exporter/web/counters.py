@@ -29,9 +29,10 @@ CONNECTIONS_MAX: Final = Family(
 )
 CONNECTIONS_CLOSED: Final = Family(
     "gpuscope_http_connections_closed",
-    "Connections the listener closed: header_timeout (a request header not sent within 10 s), "
-    "evicted (idle the longest when a new one came past the cap), refused (past the cap, every "
-    "connection had a request being answered).",
+    "Connections the listener closed: header_timeout (a request header, or a TLS handshake, not "
+    "done within 10 s), evicted (idle the longest when a new one came past the cap, or a "
+    "descriptor was wanted), refused (past the cap, every connection had a request being "
+    "answered).",
     kind="counter",
     labels=("reason",),
     gpu=False,

@@ -4,7 +4,7 @@ The daemon serves four GET endpoints to Prometheus, the kubelet's probes and peo
 needs of HTTP is small, and a general web framework would cost every GPU node its memory
 (aiohttp's package loads its HTTP client with its server: 12 MiB resident). This module is the
 wire format only, without I/O, so that it is testable byte by byte; `exporter.web.server` runs
-it over asyncio's transports.
+it over the listener's transports (`exporter.web.transport`).
 
 Parsing follows RFC 9112 strictly, as Go's net/http (node_exporter's server) does: every line
 ends in CRLF (a bare LF is refused, never guessed at); a header name is a token followed
@@ -86,9 +86,8 @@ class Headers(dict[str, str]):
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """One parsed request head. `transport` and `send` are the connection's: a handler that
-    must have its response written before it returns (to hold a request slot while it is
-    written) awaits `send(response)`."""
+    """One parsed request head. `transport` is the connection's (its peer, its TLS session);
+    `remote` the client's address."""
 
     method: str
     path: str
@@ -101,7 +100,6 @@ class Request:
     """How the body that follows the head is framed, when there is one."""
     transport: asyncio.Transport | None = None
     remote: str = ""
-    send: Callable[[Response], Awaitable[None]] | None = None
 
     def header(self, name: str, default: str = "") -> str:
         """A field's value by its name in any case."""
@@ -109,10 +107,11 @@ class Request:
 
 
 class Response:
-    """A whole response: status, header fields and body. `close` ends the connection after it;
-    `sent` is set once it was written (by `Request.send`)."""
+    """A whole response: status, header fields and body. `close` ends the connection after it.
+    The listener writes `body` by reference, never copying it: the same bytes may be handed to
+    every client (a rendered exposition), and must not change once handed over."""
 
-    __slots__ = ("body", "close", "headers", "sent", "status")
+    __slots__ = ("body", "close", "headers", "status")
 
     def __init__(
         self,
@@ -129,7 +128,6 @@ class Response:
         if content_type is not None:
             self.headers["Content-Type"] = content_type
         self.close = close
-        self.sent = False
 
     @classmethod
     def text(

@@ -5,33 +5,36 @@
 certificate, key and client CA), following symlinks as a mounted Secret needs — and on SIGHUP.
 A changed file is parsed and loaded in full before anything is replaced: a bad one is logged in
 one line (once per version of the files) and the previous config stays in force. Switching TLS on
-or off needs a restart (the listening socket is plain or TLS from its start).
+or off needs a restart (the listening socket is plain or TLS from its start). Every file is read
+by `documents.read_bounded` (regular files only: a FIFO or a device is refused without blocking),
+and all the blocking work — stat calls, reads, OpenSSL's loads — runs in a daemon thread under
+`READ_SECONDS` (`FileWork`): a file that never answers (a hung network mount) is abandoned to its
+thread, later versions still apply, and the process still stops.
 
 Per request (the listener has refused what is not HTTP/1.x), in order: health probes
 (`/-/healthy`, `/-/ready`) pass without any check; then the credentials, before anything a valid
 client needs is spent: a client certificate where one is required (403), its allowed SANs (the
 connection is closed), basic auth (401 with `WWW-Authenticate`); then the rate limit (429) and
 the concurrent request limit (503). Credentials cached as valid are answered on the event loop;
-others wait for bcrypt without holding a request slot, `AUTH_QUEUE` at most at once (half of
-them for user names the config does not have) and one per client address, none for
-`AUTH_RETRY_SECONDS` after one of its fails (429 at once otherwise). A request in a slot keeps
-it until its response is written. The configured headers go on every response. Nothing secret is
-logged: not a password, a hash or a key, nor the YAML around them.
+others wait for bcrypt without holding a request slot, shared fairly between client addresses
+(`exporter.web.auth.CredentialChecks`). A request holds its slot while its handler runs; the
+response is then handed to the connection, which writes it by reference under the listener's
+write deadline, so a client that stops reading holds no slot. The configured headers go on every
+response. Nothing secret is logged: not a password, a hash or a key, nor the YAML around them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from exporter.documents import Invalid, read_bounded
-from exporter.web.auth import BasicAuth, credentials
+from exporter.supervise import DaemonExecutor
+from exporter.web.auth import BasicAuth, CredentialChecks, credentials
 from exporter.web.config import (
     MAX_BYTES,
     RateLimit,
@@ -47,21 +50,75 @@ from exporter.web.tls import LiveTls, server_context
 if TYPE_CHECKING:
     import ssl
     from collections.abc import Callable
+    from concurrent.futures import Future
     from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 CHECK_SECONDS: Final = 1.0
 HEALTH_PATHS: Final = frozenset({"/-/healthy", "/-/ready"})
 """Always reachable (over TLS when TLS is on): the kubelet's probes send no credentials."""
-AUTH_QUEUE: Final = 8
-"""Checks of credentials not in the cache under way (waiting for bcrypt, or in it) at most."""
-AUTH_RETRY_SECONDS: Final = 1.0
-"""After a client address's credentials fail, its next uncached ones wait this long."""
-_AUTH_CLIENTS: Final = 4096
-"""Client addresses remembered for `AUTH_RETRY_SECONDS`, at most."""
+READ_SECONDS: Final = 10.0
+"""A reading of the web config's files (or a check of them) not done within this is abandoned."""
+MAX_STUCK: Final = 2
+"""Abandoned readings whose threads have not returned yet, at most; past it no new one starts."""
 
 _Signature = tuple[tuple[str, int, int, int, int] | tuple[str, str], ...]
+
+
+class Stuck(Exception):
+    """File work that did not finish in time (or could not start: too many stuck already)."""
+
+
+class FileWork:
+    """Blocking work on the web config's files (stat calls, reads, OpenSSL's loads), one job at a
+    time in a daemon thread. A job not done within `seconds` is abandoned to its thread and the
+    next job gets a thread of its own, so a file that never answers neither holds up later
+    versions nor keeps the process from exiting; at most `MAX_STUCK` threads are left stuck.
+    Event loop only."""
+
+    def __init__(self, *, seconds: float = READ_SECONDS) -> None:
+        self._seconds = seconds
+        self._thread: DaemonExecutor | None = None
+        self._stuck: list[Future[Any]] = []
+
+    async def run(self, job: Callable[[], T]) -> T:
+        """`job()`'s result (or its exception); raises `Stuck`."""
+        self._stuck = [future for future in self._stuck if not future.done()]
+        thread = self._thread
+        if thread is None:
+            if len(self._stuck) >= MAX_STUCK:
+                raise Stuck(f"{len(self._stuck)} earlier readings of its files never returned")
+            thread = self._thread = DaemonExecutor("gpuscope-web-files")
+        future = thread.submit(job)
+        answer = asyncio.wrap_future(future)
+        # An abandoned job's late answer (or error) is nobody's: marked retrieved, not logged.
+        answer.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            async with asyncio.timeout(self._seconds):
+                return await asyncio.shield(answer)
+        except TimeoutError:
+            self._abandon(thread, future)
+            raise Stuck(f"reading its files took over {self._seconds:g} s; abandoned") from None
+        except asyncio.CancelledError:
+            if not future.done():
+                self._abandon(thread, future)
+            raise
+
+    def _abandon(self, thread: DaemonExecutor, future: Future[T]) -> None:
+        """Leave `thread` to its job; later jobs get a new one. (A job that waited behind a stuck
+        one on a thread already left needs nothing more.)"""
+        if self._thread is thread:
+            self._stuck.append(future)
+            thread.shutdown(wait=False)  # the thread ends when the job returns, if it ever does
+            self._thread = None
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
 
 
 class RateLimiter:
@@ -101,9 +158,11 @@ class _Active:
 
 @dataclass(frozen=True, slots=True)
 class _Version:
-    """One reading of the files: what to watch next, and the config built, or why not."""
+    """One reading of the files: what to watch next (and how it looked), and the config built,
+    or why not."""
 
     watched: tuple[Path, ...]
+    signature: _Signature
     config: WebConfig | None = None
     context: ssl.SSLContext | None = None
     error: str | None = None
@@ -158,11 +217,10 @@ class WebSecurity:
         self._max_requests = max_requests
         self._in_flight = 0
         self._reloading = asyncio.Lock()
-        self._auth_thread: ThreadPoolExecutor | None = None
-        self._checking = 0
-        self._auth_clients: dict[str, float] = {}
-        """Client address -> until when its next uncached credentials are not checked (inf while
-        a check of its is under way); the least recently checked first."""
+        self._files = FileWork()
+        self._unanswered = False
+        """The last check of the files did not answer (logged once until one does)."""
+        self._checks = CredentialChecks()
         self._refused = dict.fromkeys(REFUSALS, 0)
         self.connections = connections if connections is not None else Connections()
 
@@ -202,7 +260,14 @@ class WebSecurity:
     def changed(self) -> bool:
         """Whether the file or a file it names changed since it was last read. Blocking (a few
         stat calls)."""
-        return self._path is not None and _signature(self._watched) != self._signature
+        return self._seen() is not None
+
+    def _seen(self) -> _Signature | None:
+        """How the files look now, if that differs from when they were last read. Blocking."""
+        if self._path is None:
+            return None
+        now = _signature(self._watched)
+        return now if now != self._signature else None
 
     def _prepare(self) -> _Version:
         """Read the file and build everything from it. Blocking (files, OpenSSL): a thread's."""
@@ -215,18 +280,23 @@ class WebSecurity:
                 raise WebConfigError("switching TLS on or off needs a restart")
             context = server_context(config.tls) if config.tls is not None else None
         except WebConfigError as error:
-            return _Version(watched, error=str(error))
-        return _Version(watched, config, context)
+            return _Version(watched, _signature(watched), error=str(error))
+        return _Version(watched, _signature(watched), config, context)
 
-    async def reload(self, *, reason: str) -> bool:
+    async def reload(self, *, reason: str, seen: _Signature | None = None) -> bool:
         """Read the file again and put it in force if it is usable; else keep the config in
-        force and log why. Files are read and contexts built in a thread; the new config is
-        installed on the event loop. True when the new config is in force."""
+        force and log why. Files are read and contexts built in a daemon thread (`FileWork`);
+        the new config is installed on the event loop. `seen`: how the watch saw the files (a
+        reading that never returns is then not tried again for the same version). True when
+        the new config is in force."""
         if self._path is None:
             return False
         async with self._reloading:
-            version = await asyncio.to_thread(self._prepare)
-            self._watched, self._signature = version.watched, _signature(version.watched)
+            try:
+                version = await self._files.run(self._prepare)
+            except Stuck as stuck:
+                version = _Version(self._watched, seen or self._signature, error=str(stuck))
+            self._watched, self._signature = version.watched, version.signature
             if version.config is None:
                 log.error(
                     "web config rejected; the previous one stays in force",
@@ -247,13 +317,23 @@ class WebSecurity:
         """Reload whenever the files change; runs until cancelled."""
         while self._path is not None:
             await asyncio.sleep(CHECK_SECONDS)
-            if await asyncio.to_thread(self.changed):
-                await self.reload(reason="file changed")
+            try:
+                seen = await self._files.run(self._seen)
+            except Stuck as stuck:
+                if not self._unanswered:
+                    log.warning(
+                        "the web config's files do not answer; the config in force stays",
+                        extra={"file": str(self._path), "error": str(stuck)},
+                    )
+                self._unanswered = True
+                continue
+            self._unanswered = False
+            if seen is not None:
+                await self.reload(reason="file changed", seen=seen)
 
     def close(self) -> None:
-        if self._auth_thread is not None:
-            self._auth_thread.shutdown(wait=False, cancel_futures=True)
-            self._auth_thread = None
+        self._checks.close()
+        self._files.close()
 
     # -- per request ------------------------------------------------------------------------
 
@@ -301,12 +381,9 @@ class WebSecurity:
             )
         self._in_flight += 1
         try:
-            response = self._headed(await handler(request), active)
-            # Written here, inside the in-flight count, so that a client that stops reading
-            # holds its slot (and its response) only as long as the listener's write deadline.
-            if request.send is not None:
-                await request.send(response)
-            return response
+            # The slot is the handler's work only: the connection writes the response after,
+            # by reference, so a client that stops reading holds no slot.
+            return self._headed(await handler(request), active)
         finally:
             self._in_flight -= 1
 
@@ -328,7 +405,7 @@ class WebSecurity:
         given = credentials(request.headers.get("authorization"))
         answer = None if given is None else active.auth.cached(*given)
         if given is not None and answer is None:
-            answer = await self._check(request.remote or "", active.auth, given)
+            answer = await self._checks.check(request.remote or "", active.auth, *given)
             if answer is None:
                 self._refused["auth_busy"] += 1
                 return Response.text(
@@ -344,35 +421,6 @@ class WebSecurity:
             401,
             headers={"WWW-Authenticate": 'Basic realm="gpuscope", charset="UTF-8"'},
         )
-
-    async def _check(self, address: str, auth: BasicAuth, given: tuple[str, str]) -> bool | None:
-        """bcrypt's answer for credentials not in the cache, or None when the check is shed: with
-        `AUTH_QUEUE` checks under way (half of it for a user the config does not name), or while
-        this client address has one under way or had one fail within `AUTH_RETRY_SECONDS`. So
-        bcrypt's work stays bounded, guesses cost one check per address per
-        `AUTH_RETRY_SECONDS`, and guesses at user names leave room for the users' own checks."""
-        loop = asyncio.get_running_loop()
-        clients = self._auth_clients
-        until = clients.get(address)
-        room = AUTH_QUEUE if auth.knows(given[0]) else AUTH_QUEUE // 2
-        if self._checking >= room or (until is not None and until > loop.time()):
-            return None
-        clients.pop(address, None)
-        clients[address] = math.inf  # under way
-        while len(clients) > _AUTH_CLIENTS:
-            del clients[next(iter(clients))]
-        if self._auth_thread is None:
-            self._auth_thread = ThreadPoolExecutor(1, thread_name_prefix="gpuscope-auth")
-        self._checking += 1
-        answer = False
-        try:
-            answer = await loop.run_in_executor(self._auth_thread, auth.verify, *given)
-        finally:
-            self._checking -= 1
-            clients.pop(address, None)
-            if not answer:
-                clients[address] = loop.time() + AUTH_RETRY_SECONDS
-        return answer
 
     @staticmethod
     def _headed(response: Response, active: _Active) -> Response:

@@ -1,35 +1,44 @@
-"""The listener: HTTP/1.1 (`exporter.web.http`) over asyncio's transports, bounding slow and
-excess clients.
+"""The listener: HTTP/1.1 (`exporter.web.http`) over the listener's own sockets
+(`exporter.web.transport`: accepting, TLS, writes by reference), bounding slow and excess clients.
 
 Every request gets `HEADER_SECONDS` from its first byte to the end of its head and body, after
 which the connection is closed; a connection that sends nothing between requests is idle, and
-closed after `IDLE_SECONDS`; a TLS handshake gets `TLS_HANDSHAKE_SECONDS`; a response must be
-written within `WRITE_SECONDS` (a client that stops reading is cut off). One sweep a few times per
-`HEADER_SECONDS` checks the deadlines: a timestamp per request on the scrape path, never a timer.
+closed after `IDLE_SECONDS`; a TLS handshake gets `TLS_HANDSHAKE_SECONDS` from the connection's
+arrival; a response must be written within `WRITE_SECONDS` (a client that stops reading is cut
+off). One sweep a few times per `HEADER_SECONDS` checks the deadlines: a timestamp per request
+on the scrape path, never a timer.
 
 At most `MAX_CONNECTIONS` are open at once (fewer if the open-file limit cannot be raised to fit
-them). A new connection past the cap is not refused: the open connection that has gone longest
-without a request being answered on it — idle, or trickling a header — is closed to make room.
-So a crowd of idle connections can never shut out the kubelet's probes or Prometheus; only a
-connection whose request is being answered is never closed (and those are bounded by
-`--web.max-requests`, the probes aside).
+them), TLS handshakes under way and connections lingering after their last answer included. A
+new connection past the cap is not refused: a lingering connection, else the open connection that
+has gone longest without a request being answered on it — idle, in its handshake, or trickling a
+header — is closed to make room. So a crowd of idle connections can never shut out the kubelet's
+probes or Prometheus; only a connection whose request is being answered (or whose answer is
+being written) is never closed for room. The same eviction frees a descriptor when accepting
+fails for want of one (`EMFILE`).
 
 A request refused as malformed is the client's mistake, not the server's error: it is counted,
 and logged at debug level at most once per `BAD_REQUEST_LOG_SECONDS`, by the kind of mistake
 only — never its bytes, which may hold an `Authorization` header. The connection is then closed
 after the answer, reading (and dropping) what the client still sends for up to `LINGER_SECONDS`
-so that the answer is not lost to a reset.
+so that the answer is not lost to a reset. A client that resets or leaves is no error at all.
 
-Requests on one connection are answered in order, one at a time (pipelined ones wait in the
-buffer, which stops being read past `MAX_PIPELINED` bytes). A handler's exception is logged and
-answered 500; the connection and the server go on.
+Requests on one connection are answered in order, one at a time: while one is answered, the
+socket is not read past what is already buffered (pipelined requests wait in the kernel), so a
+connection holds at most one read of requests. A response is written by reference — the handler's
+bytes, never a copy — so a client that stops reading holds a reference until the write deadline
+(TLS: one record of ciphertext besides). A handler's exception is logged and answered 500; the
+connection and the server go on.
+
+Memory: a connection costs a socket and a few small objects until it sends; after a flood of
+connections closed (`TRIM_AFTER` fewer than at the peak), the sweep hands the freed pages back to
+the system (`exporter.malloc.trim`), which glibc would otherwise keep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import os
@@ -40,9 +49,8 @@ from collections import OrderedDict
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final
 
+from exporter import malloc
 from exporter.web.http import (
-    MAX_BODY,
-    MAX_HEAD,
     BadRequest,
     Handler,
     Request,
@@ -52,6 +60,7 @@ from exporter.web.http import (
     head_end,
     parse_head,
 )
+from exporter.web.transport import Acceptor, Scratch, Stream, bind
 
 if TYPE_CHECKING:
     import ssl
@@ -69,37 +78,33 @@ TLS_HANDSHAKE_SECONDS: Final = 10.0
 WRITE_SECONDS: Final = 30.0
 LINGER_SECONDS: Final = 2.0
 MAX_CONNECTIONS: Final = 4096
-BACKLOG: Final = 1024
-"""Connections the kernel holds for the listener to accept: a burst of new connections past it
-costs the next one (a probe's, say) a SYN retransmitted a second later. asyncio's default is 100."""
 SPARE_FILES: Final = 256
 """Open files kept for everything but client connections (files, the API server, NVML)."""
 BAD_REQUEST_LOG_SECONDS: Final = 60.0
-CHUNK: Final = 64 * 1024
-"""A response is written this much at a time, each after the last has drained: a slow reader
-holds one chunk in the transport's buffer, never a copy of the whole body."""
-MAX_PIPELINED: Final = MAX_HEAD + MAX_BODY
-"""Bytes of later requests buffered while one is answered; past it the socket is not read."""
+TRIM_AFTER: Final = 256
+"""Connections gone since the peak after which the sweep trims the heap."""
 
 
 class Connections:
     """The open connections, found by transport, least recently answered first; the sweep that
-    closes those whose request is overdue or whose idleness ran out; and the listener's counts.
-    Event loop only, but for the counts, which the sampler thread reads (each an int, replaced
-    whole)."""
+    closes those whose request or handshake is overdue or whose idleness ran out; and the
+    listener's counts. Event loop only, but for the counts, which the sampler thread reads (each
+    an int, replaced whole)."""
 
     def __init__(self, *, header_seconds: float = HEADER_SECONDS, limit: int = MAX_CONNECTIONS):
         self.header_seconds = header_seconds
+        self.handshake_seconds = TLS_HANDSHAKE_SECONDS
         self.idle_seconds = IDLE_SECONDS
         self.limit = limit
-        self._open: OrderedDict[asyncio.Transport, _Connection] = OrderedDict()
-        self._closing: dict[asyncio.Transport, _Connection] = {}
+        self._open: OrderedDict[Stream, _Connection] = OrderedDict()
+        self._lingering: OrderedDict[Stream, _Connection] = OrderedDict()
+        """Half-closed after their last answer, dropping what the client still sends."""
         self.stopping = False
         """The listener is stopping: every response closes its connection."""
         self._quiet = asyncio.Event()
         """Set, while stopping, once no request is being answered."""
         self.closed_slow = 0
-        """Connections closed for taking too long to send a request."""
+        """Connections closed for taking too long to send a request (or finish a handshake)."""
         self.evicted = 0
         """Connections closed to make room for a new one when `limit` were open."""
         self.refused = 0
@@ -108,9 +113,11 @@ class Connections:
         """Requests refused as malformed (400 and the like)."""
         self._logged_at = -math.inf
         self._unlogged = 0
+        self._peak = 0
+        """The most connections open since the heap was last trimmed."""
 
     def __len__(self) -> int:
-        return len(self._open)
+        return len(self._open) + len(self._lingering)
 
     def bad_request(self, kind: str) -> None:
         """Count a malformed request; log the count at debug level at most once per
@@ -125,7 +132,7 @@ class Connections:
             )
             self._logged_at, self._unlogged = now, 0
 
-    def request_finished(self, transport: asyncio.Transport) -> None:
+    def request_finished(self, transport: Stream) -> None:
         if transport in self._open:
             self._open.move_to_end(transport)  # the last to make room for a new connection
         self._check_quiet()
@@ -135,19 +142,28 @@ class Connections:
             self._quiet.set()
 
     async def sweep(self) -> None:
-        """Close connections whose request is overdue, or idle for too long, a few times per
-        `header_seconds`."""
+        """Close connections whose request or handshake is overdue, or idle for too long, a few
+        times per `header_seconds`; trim the heap after a flood."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(min(self.header_seconds, self.idle_seconds) / 4)
             try:
                 self._sweep_once(loop.time())
+                if self._peak - len(self) >= TRIM_AFTER:
+                    self._peak = len(self)
+                    await asyncio.to_thread(malloc.trim)
             except Exception:  # a bug here must not end the deadlines for good
                 log.exception("the connection sweep failed; it goes on")
 
     def _sweep_once(self, now: float) -> None:
         for transport, connection in list(self._open.items()):
             if connection.in_request or transport not in self._open:
+                continue
+            handshake = transport.handshake_since
+            if handshake is not None:
+                if handshake < now - self.handshake_seconds:
+                    self.closed_slow += 1
+                    self._close(transport)
                 continue
             since = connection.header_since
             if since is not None:
@@ -157,32 +173,44 @@ class Connections:
             elif connection.idle_since < now - self.idle_seconds:
                 self._close(transport)
 
-    def _add(self, transport: asyncio.Transport, connection: _Connection) -> bool:
-        if len(self._open) >= self.limit:
-            victim = next((t for t, c in self._open.items() if not c.in_request), None)
-            if victim is None:
-                self.refused += 1
-                return False
-            self.evicted += 1
-            self._close(victim)
+    def _add(self, transport: Stream, connection: _Connection) -> bool:
+        if len(self) >= self.limit and not self.make_room():
+            self.refused += 1
+            return False
         self._open[transport] = connection
+        self._peak = max(self._peak, len(self))
         return True
 
-    def _close(self, transport: asyncio.Transport) -> None:
-        """Close now; it stops counting against the cap at once, not when the loop gets to
-        `connection_lost`."""
-        self._closing[transport] = self._open.pop(transport)
+    def make_room(self) -> bool:
+        """Close a lingering connection, else the open one answered longest ago that has no
+        request being answered; whether there was one."""
+        victim = next(iter(self._lingering), None)
+        if victim is not None:
+            victim.abort()
+            self._lingering.pop(victim)
+            self.evicted += 1
+            return True
+        victim = next((t for t, c in self._open.items() if not c.in_request), None)
+        if victim is None:
+            return False
+        self.evicted += 1
+        self._close(victim)
+        return True
+
+    def _close(self, transport: Stream) -> None:
+        """Close now: its descriptor is freed at once, so it stops counting at once."""
+        del self._open[transport]
         transport.close()
 
-    def _release(self, transport: asyncio.Transport) -> None:
-        """A connection that is closing by itself (lingering) stops counting against the cap."""
+    def _release(self, transport: Stream) -> None:
+        """A connection lingering after its last answer: the first to make room."""
         connection = self._open.pop(transport, None)
         if connection is not None:
-            self._closing[transport] = connection
+            self._lingering[transport] = connection
 
-    def _remove(self, transport: asyncio.Transport) -> None:
+    def _remove(self, transport: Stream) -> None:
         self._open.pop(transport, None)
-        self._closing.pop(transport, None)
+        self._lingering.pop(transport, None)
         self._check_quiet()
 
     def _answering(self) -> int:
@@ -194,16 +222,16 @@ class Connections:
                 self._close(transport)
 
     def _abort_all(self) -> None:
-        for transport, connection in [*self._open.items(), *self._closing.items()]:
+        for transport, connection in [*self._open.items(), *self._lingering.items()]:
             connection.cancel()
             transport.abort()
         self._open.clear()
-        self._closing.clear()
+        self._lingering.clear()
 
     def fit_open_files(self) -> None:
         """Raise the open-file limit to what `limit` connections need if the hard limit allows;
-        else lower `limit` to fit. Past the open-file limit the listener could not accept at
-        all (asyncio stops accepting for a second at EMFILE, the probes' connections too)."""
+        else lower `limit` to fit, so that accepting meets the cap (and evicts) before it meets
+        the open-file limit."""
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         wanted = self.limit + SPARE_FILES
         if soft == resource.RLIM_INFINITY or soft >= wanted:
@@ -222,7 +250,8 @@ class Connections:
 
 class _Connection(asyncio.Protocol):
     """One client connection: its requests parsed as they arrive, each answered by the handler
-    in a task of its own, one at a time, the response written under flow control."""
+    in a task of its own, one at a time, the response written by reference under the write
+    deadline."""
 
     __slots__ = (
         "_buffer",
@@ -248,7 +277,7 @@ class _Connection(asyncio.Protocol):
         self._handler = handler
         self._connections = connections
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
+        self._transport: Stream | None = None
         self._buffer = bytearray()
         self._checked = 0
         """How much of an incomplete request head in the buffer `head_end` already checked."""
@@ -267,33 +296,33 @@ class _Connection(asyncio.Protocol):
         """A request is being answered: the connection is neither overdue nor evictable."""
         self.lingering = False
 
-    # -- asyncio's calls ------------------------------------------------------------------------
+    # -- the transport's calls ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        assert isinstance(transport, Stream)
         self._transport = transport
         if not self._connections._add(transport, self):
             transport.close()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | bytearray | memoryview) -> None:
+        """`data` is the transport's shared buffer: it is copied into the connection's own."""
         if self.lingering or self._transport is None:
             return
         if self.header_since is None and not self.in_request:
             self.header_since = self._loop.time()
         self._buffer += data
         if self.in_request:
-            if len(self._buffer) > MAX_PIPELINED and not self._paused_reading:
+            # The next request waits until this one is answered: read no more of them meanwhile.
+            if not self._paused_reading:
                 self._paused_reading = True
                 self._transport.pause_reading()
             return
         self._advance()
 
     def eof_received(self) -> bool:
-        """The client sent all it will: the requests it sent whole are still answered, then the
-        connection closes. (A TLS connection cannot stay half-open: asyncio closes it.)"""
+        """The client sent all it will (a FIN, or TLS's close_notify): the requests it sent whole
+        are still answered, then the connection closes."""
         self._eof = True
-        if self._transport is None or self._transport.get_extra_info("sslcontext") is not None:
-            return False
         # Everything whole was parsed as it arrived: what is left unanswered is being answered.
         return self.in_request and not self.lingering
 
@@ -360,7 +389,7 @@ class _Connection(asyncio.Protocol):
         )
         response = Response.text(text, status)
         assert self._transport is not None
-        self._transport.write(encode_head(response, request, close=True) + response.body)
+        self._transport.writelines((encode_head(response, request, close=True), response.body))
         self._linger()
 
     def _answer(self, request: Request) -> None:
@@ -371,7 +400,6 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         request.transport = transport
         request.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        request.send = functools.partial(self._send, request)
         self._task = self._loop.create_task(self._respond(request))
 
     async def _respond(self, request: Request) -> None:
@@ -391,11 +419,11 @@ class _Connection(asyncio.Protocol):
         self._finished()
 
     async def _send(self, request: Request, response: Response) -> None:
-        """Write `response` (once: later calls return at once), within `WRITE_SECONDS`."""
+        """Write `response` within `WRITE_SECONDS`: the transport keeps a reference to its body
+        until the kernel took it all."""
         transport = self._transport
-        if response.sent or transport is None:
+        if transport is None:
             return
-        response.sent = True
         self._close_after = (
             self._close_after
             or response.close
@@ -408,16 +436,7 @@ class _Connection(asyncio.Protocol):
         body = b"" if request.method == "HEAD" else response.body
         deadline = self._loop.call_later(WRITE_SECONDS, transport.abort)
         try:
-            if len(body) <= CHUNK:
-                transport.write(head + body)
-            else:
-                transport.write(head)
-                view = memoryview(body)
-                for start in range(0, len(body), CHUNK):
-                    await self._drained()
-                    if transport.is_closing():
-                        return
-                    transport.write(view[start : start + CHUNK])
+            transport.writelines((head, body))
             await self._drained()
         finally:
             deadline.cancel()
@@ -454,11 +473,8 @@ class _Connection(asyncio.Protocol):
         if self._paused_reading:
             self._paused_reading = False
             transport.resume_reading()
-        if transport.can_write_eof():
-            transport.write_eof()
-            self._loop.call_later(LINGER_SECONDS, transport.close)
-        else:
-            transport.close()
+        transport.write_eof()
+        self._loop.call_later(LINGER_SECONDS, transport.close)
 
     async def _drained(self) -> None:
         while self._paused_writing and self._transport is not None:
@@ -484,30 +500,29 @@ class Listener:
         self._handler = handler
         self.connections = connections
         self._ssl_context = ssl_context
-        self._server: asyncio.Server | None = None
+        self._acceptor: Acceptor | None = None
+        self._scratch = Scratch()
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self, host: str | None, port: int) -> None:
         """Listen; raises OSError when the address cannot be bound."""
         connections = self.connections
         connections.fit_open_files()
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Connection(self._handler, connections),
-            host,
-            port,
-            ssl=self._ssl_context,
-            ssl_handshake_timeout=TLS_HANDSHAKE_SECONDS if self._ssl_context else None,
-            reuse_address=True,
-            backlog=BACKLOG,
-        )
+        sockets = await bind(host, port)
+        self._acceptor = Acceptor(sockets, self._accepted, connections.make_room)
+        self._acceptor.start()
         self._sweep = asyncio.create_task(connections.sweep(), name="gpuscope-connection-sweep")
+
+    def _accepted(self, sock: socket.socket) -> None:
+        connection = _Connection(self._handler, self.connections)
+        Stream(sock, connection, scratch=self._scratch, tls=self._ssl_context).start()
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """Where it listens: (host, port) per socket."""
-        if self._server is None:
+        if self._acceptor is None:
             return []
-        return [bound.getsockname()[:2] for bound in self._server.sockets]
+        return [bound.getsockname()[:2] for bound in self._acceptor.sockets]
 
     def shown(self) -> str:
         """The addresses as one string for the log."""
@@ -516,11 +531,12 @@ class Listener:
     async def stop(self, grace: float) -> None:
         """Stop accepting; close idle connections; give requests being answered `grace`
         seconds to finish; then close the rest."""
-        if self._server is None:
+        if self._acceptor is None:
             return
         connections = self.connections
         connections.stopping = True
-        self._server.close()
+        self._acceptor.close()
+        self._acceptor = None
         connections._close_idle()
         connections._check_quiet()
         with contextlib.suppress(TimeoutError):
@@ -531,8 +547,6 @@ class Listener:
             self._sweep.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweep
-        await self._server.wait_closed()
-        self._server = None
 
 
 class CannotListen(Exception):
@@ -590,20 +604,34 @@ async def serve_until_stopped(
         loop.add_signal_handler(number, stop.set)
     reloads: set[asyncio.Task[bool]] = set()
 
+    def reloaded(task: asyncio.Task[bool]) -> None:
+        reloads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("a web config reload failed", exc_info=task.exception())
+
     def reload() -> None:
+        if stop.is_set():
+            return  # stopping: a reload now would only be abandoned
         if web_config_file is None:
             logger.info("SIGHUP: no --web.config.file to reload")
             return
-        task = asyncio.create_task(security.reload(reason="SIGHUP"))
+        task = asyncio.create_task(security.reload(reason="SIGHUP"), name="gpuscope-web-reload")
         reloads.add(task)
-        task.add_done_callback(reloads.discard)
+        task.add_done_callback(reloaded)
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     logger.info("stopping")
     started = loop.time()
+    # A reload under way is abandoned: its files are read in a daemon thread, which a file that
+    # never answers may keep for ever, but which keeps neither this stop nor the process's exit.
+    abandoned = set(reloads)
+    for task in abandoned:
+        task.cancel()
     stopping = asyncio.gather(
-        listener.stop(max(shutdown_seconds - 1.0, shutdown_seconds / 2)), then()
+        listener.stop(max(shutdown_seconds - 1.0, shutdown_seconds / 2)),
+        then(),
+        *((asyncio.wait(abandoned),) if abandoned else ()),
     )
     try:
         async with asyncio.timeout(shutdown_seconds):

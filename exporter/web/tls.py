@@ -8,6 +8,13 @@ its CA store (so a CA removed from the file is really gone). What OpenSSL copies
 listener into each connection before that callback — verify mode, protocol versions, cipher
 list — is updated on the listener itself.
 
+Certificates and keys reach OpenSSL through anonymous memory files (`memfd_create`, loaded by
+their `/proc/self/fd` path): OpenSSL loads a chain and its key only from files, and the chart
+runs the daemon on a read-only root with nothing writable at /tmp. So no key material is ever
+written to a disk, a key given inline in the YAML loads the same way, and what OpenSSL loads is
+exactly the bytes that were read and checked (`documents.read_bounded`: regular files only, at
+most `MAX_BYTES`), not whatever the path holds a moment later.
+
 Client certificates are asked for with `CERT_OPTIONAL` even for `RequireAndVerifyClientCert`:
 a certificate that is sent must verify or the handshake fails, and one that is not sent is
 refused by the HTTP layer on every path except the health probes, which the kubelet's HTTPS
@@ -18,10 +25,8 @@ from __future__ import annotations
 
 import os
 import ssl
-import tempfile
 from contextlib import contextmanager
 from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from exporter.documents import Invalid, read_bounded
@@ -64,16 +69,17 @@ def _pem_text(pem: Pem, inline_key: str, file_key: str) -> str:
 
 
 @contextmanager
-def _pem_file(text: str, what: str) -> Iterator[str]:
-    """The PEM text in a private temporary file (OpenSSL loads certificate chains and keys only
-    from files)."""
-    descriptor, name = tempfile.mkstemp(prefix=f"gpuscope-{what}-", suffix=".pem")
+def _in_memory(text: str, what: str) -> Iterator[str]:
+    """A path OpenSSL can open that holds `text`: an anonymous memory file of this process (no
+    file system, no disk), gone once its descriptor is closed."""
+    descriptor = os.memfd_create(f"gpuscope-{what}", os.MFD_CLOEXEC)
     try:
-        with os.fdopen(descriptor, "w", encoding="ascii") as file:  # mkstemp: mode 0600
-            file.write(text)
-        yield name
+        data = memoryview(text.encode("ascii", errors="replace"))
+        while data:
+            data = data[os.write(descriptor, data) :]
+        yield f"/proc/self/fd/{descriptor}"
     finally:
-        Path(name).unlink(missing_ok=True)
+        os.close(descriptor)
 
 
 def _where(pem: Pem, inline_key: str, file_key: str) -> str:
@@ -94,12 +100,18 @@ def server_context(config: TlsServerConfig) -> ssl.SSLContext:
     configure(context, config)
     cert_text = _pem_text(config.cert, "cert", "cert_file")
     key_text = _pem_text(config.key, "key", "key_file")
+    where = f"{_where(config.cert, 'cert', 'cert_file')} and its key"
     try:
-        with _pem_file(cert_text, "cert") as cert, _pem_file(key_text, "key") as key:
+        with _in_memory(cert_text, "cert") as cert, _in_memory(key_text, "key") as key:
             context.load_cert_chain(cert, key, password=_no_password)
-    except OSError as error:  # both readable: not PEM, or a key that is not the certificate's
-        where = f"{_where(config.cert, 'cert', 'cert_file')} and its key"
+    except ssl.SSLError as error:  # both read: not PEM, or a key that is not the certificate's
         raise WebConfigError(f"{where}: {_reason(error)}") from error
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise WebConfigError(
+            f"{where}: cannot hand them to OpenSSL in memory ({reason}; memfd_create and /proc "
+            "are needed)"
+        ) from error
     if config.client_ca is not None:
         cadata = _pem_text(config.client_ca, "client_ca", "client_ca_file")
         try:
