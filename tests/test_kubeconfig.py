@@ -19,6 +19,7 @@ import urllib3
 import yaml
 
 from exporter.attribution.cluster import ApiError, KubernetesClient, TokenFile, resolve_cluster
+from exporter.attribution.jsonstream import TEXT, Fields, Items
 from exporter.config import ConfigError
 from tests.helpers import ManualClock
 from tests.lazy_imports import loaded_lazily
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.timeout(60)
 
 NODE = "node-a"
 TIMEOUT = (5.0, 5.0)
+POD_LIST = Fields({"kind": TEXT, "items": Items(TEXT)})
 
 
 class Recorder(http.server.ThreadingHTTPServer):
@@ -133,7 +135,7 @@ def access(path: Path) -> ClusterAccess:
 def get(found: ClusterAccess, path: str = "/api/v1/pods") -> object:
     client = KubernetesClient(found)
     try:
-        return client.get_object(path, limit=1024, timeout=TIMEOUT)
+        return client.get_object(path, POD_LIST, limit=1024, timeout=TIMEOUT)
     finally:
         client.close()
 
@@ -345,8 +347,9 @@ def test_the_daemon_never_imports_the_kubernetes_package_nor_the_simulator(
         "from pathlib import Path\n"
         "import exporter.cli, exporter.app, exporter.attribution.live\n"
         "from exporter.attribution.cluster import KubernetesClient, resolve_cluster\n"
+        "from exporter.attribution.jsonstream import TEXT\n"
         f"access = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
-        "KubernetesClient(access).get_object('/api/v1/pods', limit=1024, timeout=(5, 5))\n"
+        "KubernetesClient(access).get_object('/api/v1/pods', TEXT, limit=1024, timeout=(5, 5))\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     result = subprocess.run(

@@ -97,7 +97,12 @@ class NoDevices:
 def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor:
     """The attributor of a node in a real cluster."""
     batch_seconds = min(BATCH_SECONDS, config.collect_interval / 2)
-    pods = pod_watch(KubernetesClient(access), access.node_name, batch_seconds=batch_seconds)
+    pods = pod_watch(
+        KubernetesClient(access),
+        access.node_name,
+        pod_labels=config.pod_labels,
+        batch_seconds=batch_seconds,
+    )
     devices: DeviceSource = NoDevices()
     claims = None
     if config.dra_drivers:
