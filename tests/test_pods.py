@@ -518,7 +518,7 @@ def test_an_expired_continue_token_lists_again_from_the_start(
     lists = [q for q in server.requests if "watch=true" not in q]
     assert ["continue=" in q for q in lists] == [False, True, False, True], lists
     expired = [r for r in caplog.records if "410 Gone" in r.getMessage()]
-    assert [r.expired for r in expired] == ["the list of pods's continue token"]  # type: ignore[attr-defined]
+    assert [r.expired for r in expired] == ["the continue token of the list of pods"]  # type: ignore[attr-defined]
 
 
 def tenant_pod(n: int, *, env_bytes: int = 1_400_000) -> dict[str, object]:

@@ -4,8 +4,7 @@ thread of its own, so a slow kubelet never delays a cycle; the same thread reads
 it names, once each) and `/proc` (read in the cycle: one `stat` per GPU process, a file only for
 a process not seen before).
 
-Imported only when a cluster is configured: the `kubernetes` package it pulls in costs about
-20 MiB of memory.
+Imported only when a cluster is configured.
 """
 
 from __future__ import annotations

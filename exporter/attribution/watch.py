@@ -348,7 +348,7 @@ class ListWatch(Generic[T, V]):
         response = self._get(
             query,
             LIST_READ_TIMEOUT_SECONDS,
-            what=f"the list of {self.kind.noun}'s continue token" if continued else what,
+            what=f"the continue token of the list of {self.kind.noun}" if continued else what,
         )
         limit = self.kind.page_objects * self.kind.max_object_bytes
         try:
