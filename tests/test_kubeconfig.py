@@ -491,6 +491,22 @@ def test_a_failing_plugin_is_one_line_naming_it(tmp_path: Path, body: str, probl
     assert "\n" not in message
 
 
+def test_a_plugin_failing_differently_each_run_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = ManualClock()
+    failing = plugin(
+        script(tmp_path, "sys.stderr.write(f'error at {time.time()}\\n')\nsys.exit(1)"),
+        clock=lambda: clock() + time.monotonic(),
+    )
+    for _ in range(3):
+        with pytest.raises(CredentialError, match="failed with exit status 1: error at"):
+            failing.authorization()
+        clock.advance(RETRY_SECONDS)
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+
 def test_a_plugin_that_is_not_there(tmp_path: Path) -> None:
     missing = ExecPlugin(
         ExecSpec(str(tmp_path / "aws-iam-authenticator")), tls=None, with_certificate=None

@@ -163,7 +163,7 @@ class ExecPlugin:
                 self._failed = (self._clock() + RETRY_SECONDS, str(error))
                 self._once(
                     logging.ERROR,
-                    ("exec", str(error)),
+                    ("exec", _kind(str(error))),
                     f"{error}: no credentials for the Kubernetes API, so pods are not attributed; "
                     f"running it again every {RETRY_SECONDS:g}s",
                     fields={"command": self.spec.command},
@@ -327,6 +327,12 @@ def _end(process: subprocess.Popen[bytes]) -> None:
             pipe.close()
 
 
+def _kind(problem: str) -> str:
+    """What a failure is, without its details (a plugin's stderr may differ every run): what
+    is said once, until the credentials come back."""
+    return problem.partition(": ")[0]
+
+
 def _last_line(stderr: bytes) -> str:
     lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
     return lines[-1][:_ERROR_TEXT] if lines else ""
@@ -391,7 +397,7 @@ class AuthProvider:
             self._failed = (time.monotonic() + RETRY_SECONDS, problem)
         self._once(
             logging.ERROR,
-            ("auth-provider", problem),
+            ("auth-provider", _kind(problem)),
             f"{problem}: no credentials for the Kubernetes API, so pods are not attributed; "
             f"asking it again every {RETRY_SECONDS:g}s",
             fields={"provider": self.provider},
