@@ -21,12 +21,11 @@ from exporter.attribution.pods import pod_watch
 from exporter.attribution.procfs import ProcessContainers
 from exporter.attribution.resourceslices import resource_slice_watch
 from tests.fake_kube.dra import serve_dra
-from tests.fake_kube.pods import NODE, pod, serve_pods
+from tests.fake_kube.pods import NODE, pod, serve_pods, tenant_pod
 from tests.fake_kube.server import FakeKube
 from tests.fake_kubelet import FakeKubelet, StallingKubelet
 from tests.helpers import CYCLES, eventually, running_daemon, value
 from tests.proc_fixture import container_id, pod_uid
-from tests.test_pods import tenant_pod
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -69,7 +68,9 @@ def test_tenant_pods_as_large_as_etcd_takes_them_cannot_grow_the_daemon(
 ) -> None:
     """35 pods naming the node, each with 1.4 MB of env entries: listed, then each changed once
     through the watch. The whole list parsed took the daemon to 506 MiB."""
-    tenants = [tenant_pod(n) for n in range(35)]
+    tenants = [
+        tenant_pod(f"tenant-{n}", pod_uid(100 + n), container_id(100 + n)) for n in range(35)
+    ]
     for document in tenants:
         api.put("pods", document)
     with running_daemon(*daemon_flags(api, tmp_path)) as daemon:

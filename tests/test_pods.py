@@ -27,7 +27,7 @@ from exporter.attribution.pod import (
 )
 from exporter.attribution.pods import PodWatch, pod_watch
 from exporter.config import ConfigError
-from tests.fake_kube.pods import NODE, pod, serve_pods
+from tests.fake_kube.pods import NODE, pod, serve_pods, tenant_pod
 from tests.fake_kube.server import FakeKube
 from tests.helpers import eventually
 from tests.proc_fixture import STATIC_UID, container_id, pod_uid
@@ -521,25 +521,8 @@ def test_an_expired_continue_token_lists_again_from_the_start(
     assert [r.expired for r in expired] == ["the continue token of the list of pods"]  # type: ignore[attr-defined]
 
 
-def tenant_pod(n: int, *, env_bytes: int = 1_400_000) -> dict[str, object]:
-    """A pod on the node whose one container carries `env_bytes` of small env entries."""
-    document = pod(
-        f"tenant-{n}",
-        pod_uid(100 + n),
-        containers={"main": container_id(100 + n)},
-        labels={"team": "t", "pod-template-hash": "abc", **{f"l{i}": "v" for i in range(500)}},
-        owner=("ReplicaSet", "tenant-abc"),
-    )
-    spec = document["spec"]
-    assert isinstance(spec, dict)
-    spec["containers"][0]["env"] = [
-        {"name": f"E{i:06d}", "value": "xxxx"} for i in range(env_bytes // 33)
-    ]
-    return document
-
-
 def test_only_what_attribution_uses_of_a_pod_is_kept(server: FakeKube, tmp_path: Path) -> None:
-    big = tenant_pod(1)
+    big = tenant_pod("tenant-1", pod_uid(101), container_id(101))
     big["metadata"]["annotations"] = {"note": "y" * 100_000}  # type: ignore[index]
     server.put("pods", big)
     cache = start_cache(server, tmp_path, pod_labels=re.compile("team"))
