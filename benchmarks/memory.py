@@ -13,7 +13,7 @@ virtualenv):
    on top of them: what the daemon imports only for a feature that needs it (`bcrypt` for basic
    auth, `exporter.dcgm` for `--compat.dcgm`, the profile reader for `--calibration.path`), then
    the `kubernetes` package (what the daemon loaded before it read kubeconfigs itself, and what
-   a kubeconfig with an exec plugin still loads) and `aiohttp.web` (what it served HTTP with
+   a kubeconfig with an auth-provider still loads) and `aiohttp.web` (what it served HTTP with
    before `exporter.web.http`); and `python -X importtime`'s slowest packages.
 2. **daemon**: `gpuscope serve` on `benchmarks/daemon.py --pods`'s node (8 simulated H100s, 64
    processes in pods of their own, `--pods` pods, `--pod-changes` changes a second through the

@@ -1,12 +1,15 @@
 """A real gRPC server on a unix socket serving the kubelet's PodResources v1 `List`, from the
 same proto gpuscope's client uses: device-plugin devices, and DRA claims' devices
-(`dynamic_resources`, with CDI device names and `share_id` where a device's capacity is shared)."""
+(`dynamic_resources`, with CDI device names and `share_id` where a device's capacity is shared);
+and a kubelet that stalls, never answering while never falling silent (`StallingKubelet`)."""
 
 from __future__ import annotations
 
+import functools
+import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -113,11 +116,12 @@ class FakeKubelet:
         self.trailing_bytes = b""
         """Appended to every answer: fields a newer kubelet might send (the client must ignore)."""
         self.calls = 0
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held while the answer is read or replaced."""
         self._server: grpc.Server | None = None
 
     def set(self, allocations: Allocations, claims: Claims | None = None) -> None:
-        with self._lock:
+        with self.lock:
             self.answer = response(allocations, claims)
 
     def start(self) -> FakeKubelet:
@@ -154,7 +158,7 @@ class FakeKubelet:
     def _list(
         self, _request: ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> ListPodResourcesResponse:
-        with self._lock:
+        with self.lock:
             self.calls += 1
             answer, failure, delay = self.answer, self.failure, self.delay
         if delay:
@@ -187,3 +191,76 @@ def claim_allocations(
             (namespace, claim), []
         ).extend(devices)
     return nested
+
+
+class StallingKubelet:
+    """A kubelet that never answers and never falls silent: on a unix socket, it opens HTTP/2
+    (a SETTINGS frame) and then sends PING frames as fast as the client takes them, reading and
+    dropping whatever the client sends. A client that waits for a quiet moment to time out
+    waits for ever; one that keeps a deadline gives up at it."""
+
+    _SETTINGS: bytes = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+    _PING: bytes = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"gpuscope"
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket = socket_path
+        self.connections = 0
+        self._stopping = threading.Event()
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> StallingKubelet:
+        self._server.bind(str(self.socket))
+        self._server.listen(8)
+        self._server.settimeout(0.2)
+        self._spawn(self._accept)
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(5)
+        self._server.close()
+
+    def __enter__(self) -> StallingKubelet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            self._spawn(functools.partial(self._drain, connection))
+            self._spawn(functools.partial(self._flood, connection))
+
+    def _drain(self, connection: socket.socket) -> None:
+        connection.settimeout(0.2)
+        while not self._stopping.is_set():
+            try:
+                if not connection.recv(65536):
+                    return
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def _flood(self, connection: socket.socket) -> None:
+        pings = self._PING * 32
+        try:
+            connection.sendall(self._SETTINGS)
+            while not self._stopping.is_set():
+                connection.sendall(pings)
+        except OSError:
+            return  # the client hung up
+        finally:
+            connection.close()

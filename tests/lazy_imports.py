@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 LAZY: Final = {
-    "kubernetes": "a kubeconfig whose user runs an exec plugin or an auth-provider",
+    "kubernetes": "a kubeconfig whose user has an auth-provider (at its first request)",
+    "google.protobuf": "nothing: the kubelet's answer is walked on the wire (its generated "
+    "messages serve the tests' gRPC server)",
     "exporter.simulator": "--simulate",
     "exporter.dcgm": "--compat.dcgm",
     "csv": "--compat.dcgm-counters",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -15,7 +16,13 @@ from exporter.attribution.proto.podresources_v1_pb2 import (
     ListPodResourcesRequest,
     ListPodResourcesResponse,
 )
-from tests.fake_kubelet import ClaimDevice, FakeKubelet, claim_allocations, gpu_allocations
+from tests.fake_kubelet import (
+    ClaimDevice,
+    FakeKubelet,
+    StallingKubelet,
+    claim_allocations,
+    gpu_allocations,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -105,6 +112,19 @@ def test_a_slow_server_is_a_deadline(kubelet: FakeKubelet) -> None:
     with pytest.raises(GrpcCallError) as caught:
         call(kubelet, timeout=0.2)
     assert caught.value.code == "DEADLINE_EXCEEDED"
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_never_answers_nor_falls_silent_is_a_deadline(tmp_path: Path) -> None:
+    """The deadline bounds the whole call: it used to bound only each wait for more bytes, and a
+    server sending a PING every millisecond held the call (and the kubelet poller) for ever."""
+    with StallingKubelet(tmp_path / "kubelet.sock") as stalling:
+        started = time.monotonic()
+        with pytest.raises(GrpcCallError) as caught:
+            unary_call(stalling.socket, LIST_METHOD, REQUEST, timeout=0.5, max_response_bytes=1000)
+        took = time.monotonic() - started
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+    assert took < 5, f"{took:.1f}s for a 0.5 s deadline"
 
 
 def test_an_answer_over_the_limit_is_refused(kubelet: FakeKubelet) -> None:

@@ -1,16 +1,23 @@
 """The daemon's own cluster configuration: kubeconfigs and the service account read without the
 `kubernetes` package, over real TLS (trustme's CA, server and client certificates) against a
-loopback HTTPS server that records what each request carried."""
+loopback HTTPS server that records what each request carried. Credentials that take running
+something — an exec plugin (client-go's protocol, run by gpuscope), an auth-provider (the
+kubernetes package's loader) — run only when a request needs them, bounded in time and output; a
+failure is one line naming the plugin, logged once, tried again later."""
 
 from __future__ import annotations
 
 import base64
 import http.server
 import json
+import logging
+import os
 import ssl
 import subprocess
 import sys
 import threading
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -18,9 +25,24 @@ import trustme
 import urllib3
 import yaml
 
-from exporter.attribution.cluster import ApiError, KubernetesClient, TokenFile, resolve_cluster
+from exporter.attribution import credentials
+from exporter.attribution.cluster import (
+    ApiError,
+    CredentialError,
+    KubernetesClient,
+    TokenFile,
+    resolve_cluster,
+)
+from exporter.attribution.credentials import (
+    API_VERSIONS,
+    RETRY_SECONDS,
+    AuthProvider,
+    ExecPlugin,
+    ExecSpec,
+)
+from exporter.attribution.jsonstream import TEXT, Fields, Items
 from exporter.config import ConfigError
-from tests.helpers import ManualClock
+from tests.helpers import ManualClock, eventually
 from tests.lazy_imports import loaded_lazily
 
 if TYPE_CHECKING:
@@ -33,6 +55,7 @@ pytestmark = pytest.mark.timeout(60)
 
 NODE = "node-a"
 TIMEOUT = (5.0, 5.0)
+POD_LIST = Fields({"kind": TEXT, "items": Items(TEXT)})
 
 
 class Recorder(http.server.ThreadingHTTPServer):
@@ -133,7 +156,7 @@ def access(path: Path) -> ClusterAccess:
 def get(found: ClusterAccess, path: str = "/api/v1/pods") -> object:
     client = KubernetesClient(found)
     try:
-        return client.get_object(path, limit=1024, timeout=TIMEOUT)
+        return client.get_object(path, POD_LIST, limit=1024, timeout=TIMEOUT)
     finally:
         client.close()
 
@@ -293,7 +316,7 @@ def test_kubeconfigs_merge_as_kubectl_python_client(tmp_path: Path, plain: Recor
     assert plain.seen[-1]["authorization"] == "Bearer first"
 
 
-def test_an_exec_plugin_goes_to_the_kubernetes_loader(tmp_path: Path, plain: Recorder) -> None:
+def test_an_exec_plugin_gives_the_token(tmp_path: Path, plain: Recorder) -> None:
     plugin = tmp_path / "plugin.py"
     plugin.write_text(
         "import json\nprint(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1beta1',"
@@ -345,8 +368,9 @@ def test_the_daemon_never_imports_the_kubernetes_package_nor_the_simulator(
         "from pathlib import Path\n"
         "import exporter.cli, exporter.app, exporter.attribution.live\n"
         "from exporter.attribution.cluster import KubernetesClient, resolve_cluster\n"
+        "from exporter.attribution.jsonstream import TEXT\n"
         f"access = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
-        "KubernetesClient(access).get_object('/api/v1/pods', limit=1024, timeout=(5, 5))\n"
+        "KubernetesClient(access).get_object('/api/v1/pods', TEXT, limit=1024, timeout=(5, 5))\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     result = subprocess.run(
@@ -355,3 +379,345 @@ def test_the_daemon_never_imports_the_kubernetes_package_nor_the_simulator(
     # Nor anything else another feature alone needs (tests/lazy_imports.py) but csv, which
     # urllib3 imports through importlib.metadata.
     assert loaded_lazily(json.loads(result.stdout), but=["csv"]) == []
+
+
+# -- exec plugins and auth-providers: run when a request needs them ------------------------------
+
+
+V1 = API_VERSIONS[0]
+
+
+def credential(status: dict[str, Any], api_version: str = V1) -> str:
+    return json.dumps({"apiVersion": api_version, "kind": "ExecCredential", "status": status})
+
+
+def script(tmp_path: Path, body: str, name: str = "plugin.py") -> Path:
+    path = tmp_path / name
+    path.write_text(f"import json, os, sys, time\nfrom pathlib import Path\n{body}\n")
+    return path
+
+
+def plugin(path: Path, **options: Any) -> ExecPlugin:
+    return ExecPlugin(
+        ExecSpec(sys.executable, (str(path),)), tls=None, with_certificate=None, **options
+    )
+
+
+def runs(counter: Path) -> int:
+    return len(counter.read_text()) if counter.exists() else 0
+
+
+def counted(counter: Path, then: str) -> str:
+    return f"with open({str(counter)!r}, 'a') as f:\n    f.write('x')\n{then}"
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting for its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_hanging_plugin_is_killed_with_what_it_started_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    child = tmp_path / "child.pid"
+    counter = tmp_path / "runs"
+    hanging = script(
+        tmp_path,
+        counted(
+            counter,
+            "import subprocess\n"
+            "sleeper = subprocess.Popen(['sleep', '600'])\n"
+            f"Path({str(child)!r}).write_text(str(sleeper.pid))\n"
+            "time.sleep(600)",
+        ),
+    )
+    clock = ManualClock(100.0)
+    hung = plugin(hanging, timeout=1.0, clock=lambda: clock() + time.monotonic())
+    started = time.monotonic()
+    with pytest.raises(CredentialError) as caught:
+        hung.authorization()
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert message == f"the kubeconfig's exec plugin {sys.executable!r} did not answer within 1s"
+    eventually(lambda: not alive(int(child.read_text())), 10, "the plugin's child killed too")
+    for _ in range(3):  # within RETRY_SECONDS: the same answer, nothing run again
+        with pytest.raises(CredentialError, match="did not answer"):
+            hung.authorization()
+    assert runs(counter) == 1
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(logged) == 1
+    assert logged[0].getMessage().startswith(message)
+    assert "\n" not in logged[0].getMessage()
+    assert logged[0].command == sys.executable  # type: ignore[attr-defined]
+    clock.advance(RETRY_SECONDS)
+    with pytest.raises(CredentialError):
+        hung.authorization()
+    assert runs(counter) == 2, "asked again after RETRY_SECONDS"
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1, "said once"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            (
+                "sys.stderr.write('warming up\\nerror: the token service is unreachable\\n')\n"
+                "sys.exit(3)"
+            ),
+            "failed with exit status 3: error: the token service is unreachable",
+        ),
+        ("print('Please open https://login.example.com in a browser')", "not JSON"),
+        (
+            f"print({credential({'token': 't'}, api_version=API_VERSIONS[1])!r})",
+            f"apiVersion: {API_VERSIONS[1]!r}, not {V1!r}",
+        ),
+        ("print(json.dumps({'apiVersion': 'v1', 'kind': 'Pod'}))", "apiVersion: 'v1', not"),
+        (f"print({credential({})!r})", "neither a token nor clientCertificateData"),
+        (f"print({credential({'token': 't', 'expirationTimestamp': 'soon'})!r})", "RFC 3339"),
+        ("sys.stdout.write('x' * (2 * 1024 * 1024))", "answered more than 1 MiB"),
+    ],
+)
+def test_a_failing_plugin_is_one_line_naming_it(tmp_path: Path, body: str, problem: str) -> None:
+    with pytest.raises(CredentialError) as caught:
+        plugin(script(tmp_path, body)).authorization()
+    message = str(caught.value)
+    assert message.startswith(f"the kubeconfig's exec plugin {sys.executable!r}")
+    assert problem in message
+    assert "\n" not in message
+
+
+def test_a_plugin_failing_differently_each_run_is_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = ManualClock()
+    failing = plugin(
+        script(tmp_path, "sys.stderr.write(f'error at {time.time()}\\n')\nsys.exit(1)"),
+        clock=lambda: clock() + time.monotonic(),
+    )
+    for _ in range(3):
+        with pytest.raises(CredentialError, match="failed with exit status 1: error at"):
+            failing.authorization()
+        clock.advance(RETRY_SECONDS)
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+
+def test_a_plugin_that_is_not_there(tmp_path: Path) -> None:
+    missing = ExecPlugin(
+        ExecSpec(str(tmp_path / "aws-iam-authenticator")), tls=None, with_certificate=None
+    )
+    with pytest.raises(CredentialError, match=r"aws-iam-authenticator' could not be started: No"):
+        missing.authorization()
+
+
+def test_credentials_are_kept_until_they_expire_or_are_refused(tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    expires = "2030-01-01T00:10:00Z"
+    status = f"{{'token': 'run-' + str(len(open({str(counter)!r}).read())), 'expirationTimestamp': {expires!r}}}"
+    body = counted(
+        counter,
+        f"print(json.dumps({{'apiVersion': {V1!r}, 'kind': 'ExecCredential', 'status': {status}}}))",
+    )
+    clock = ManualClock()
+    now = datetime(2030, 1, 1, tzinfo=UTC).timestamp()
+    fresh = plugin(script(tmp_path, body), clock=clock, wall_clock=lambda: now + clock())
+    assert fresh.authorization() == "Bearer run-1"
+    clock.advance(500)  # ten minutes' token, renewed a minute before it expires
+    assert fresh.authorization() == "Bearer run-1"
+    assert runs(counter) == 1
+    clock.advance(41)
+    assert fresh.authorization() == "Bearer run-2"
+    fresh.rejected()  # the API server answered 401
+    assert fresh.authorization() == "Bearer run-3"
+    assert fresh.client_tls() is None
+
+
+def test_the_request_says_who_asks_and_for_which_cluster(tmp_path: Path, plain: Recorder) -> None:
+    echo = script(
+        tmp_path,
+        "info = os.environ['KUBERNETES_EXEC_INFO']\n"
+        "token = __import__('base64').b64encode(info.encode()).decode()\n"
+        f"print(json.dumps({{'apiVersion': {V1!r}, 'kind': 'ExecCredential', "
+        "'status': {'token': token + '.' + os.environ['EXTRA']}}))",
+    )
+    (tmp_path / "ca.pem").write_text("not read by a plain-HTTP request\n")
+    path = kubeconfig(
+        tmp_path / "config",
+        {
+            "server": url(plain, "http"),
+            "certificate-authority": "ca.pem",
+            "extensions": [
+                {"name": "client.authentication.k8s.io/exec", "extension": {"audience": "x"}}
+            ],
+        },
+        {
+            "exec": {
+                "apiVersion": V1,
+                "command": sys.executable,
+                "args": [str(echo)],
+                "env": [{"name": "EXTRA", "value": "e"}],
+                "interactiveMode": "Never",
+                "provideClusterInfo": True,
+            }
+        },
+    )
+    found = access(path)
+    get(found)
+    header = plain.seen[-1]["authorization"]
+    encoded, _, extra = header.removeprefix("Bearer ").partition(".")
+    assert extra == "e"
+    info = json.loads(base64.b64decode(encoded))
+    assert info["apiVersion"] == V1
+    assert info["kind"] == "ExecCredential"
+    assert info["spec"]["interactive"] is False
+    assert info["spec"]["cluster"]["server"] == url(plain, "http")
+    assert base64.b64decode(info["spec"]["cluster"]["certificate-authority-data"]) == (
+        b"not read by a plain-HTTP request\n"
+    )
+    assert info["spec"]["cluster"]["config"] == {"audience": "x"}
+
+
+def test_a_client_certificate_from_the_plugin_is_presented(
+    tmp_path: Path, ca: trustme.CA, https: Recorder
+) -> None:
+    client = ca.issue_cert("gpuscope@cluster")
+    status = {
+        "clientCertificateData": client.cert_chain_pems[0].bytes().decode(),
+        "clientKeyData": client.private_key_pem.bytes().decode(),
+    }
+    issuing = script(tmp_path, f"print({credential(status)!r})")
+    path = kubeconfig(
+        tmp_path / "config",
+        {
+            "server": url(https),
+            "certificate-authority-data": base64.b64encode(ca.cert_pem.bytes()).decode(),
+        },
+        {"exec": {"apiVersion": V1, "command": sys.executable, "args": [str(issuing)]}},
+    )
+    get(access(path))
+    assert https.seen[-1]["peer"], "the plugin's certificate was presented"
+    assert https.seen[-1]["authorization"] is None
+
+
+def test_reading_the_kubeconfig_runs_nothing(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    hanging = tmp_path / "bin" / "hang.sh"
+    hanging.parent.mkdir()
+    hanging.write_text(f"#!/bin/sh\ntouch {ran}\nsleep 600\n")
+    hanging.chmod(0o755)
+    path = kubeconfig(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:1"},
+        {"exec": {"apiVersion": V1, "command": "./bin/hang.sh"}},
+    )
+    started = time.monotonic()
+    found = access(path)
+    assert time.monotonic() - started < 5
+    assert not ran.exists()
+    with pytest.raises(CredentialError, match=r"exec plugin '.*/bin/hang\.sh' did not answer"):
+        ExecPlugin(
+            ExecSpec(str(tmp_path / "bin" / "hang.sh")),
+            tls=None,
+            with_certificate=None,
+            timeout=0.5,
+        ).authorization()
+    assert found.configuration.client_tls is not None
+
+
+@pytest.mark.parametrize(
+    ("exec_section", "problem"),
+    [
+        (
+            {"apiVersion": "client.authentication.k8s.io/v1alpha1", "command": "x"},
+            "user.exec.apiVersion: 'client.authentication.k8s.io/v1alpha1' is not one of",
+        ),
+        ({"apiVersion": V1}, "user.exec.command: expected a string"),
+        (
+            {"apiVersion": V1, "command": "x", "interactiveMode": "Always"},
+            "user.exec.interactiveMode: 'Always' needs a terminal",
+        ),
+        ({"apiVersion": V1, "command": "x", "env": [{"name": "A"}]}, "missing field value"),
+        ({"apiVersion": V1, "command": "x", "args": "--all"}, "user.exec.args: expected a list"),
+    ],
+)
+def test_an_exec_section_that_cannot_work_is_a_config_error(
+    tmp_path: Path, exec_section: dict[str, Any], problem: str
+) -> None:
+    path = kubeconfig(
+        tmp_path / "config", {"server": "https://127.0.0.1:1"}, {"exec": exec_section}
+    )
+    with pytest.raises(ConfigError) as caught:
+        resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
+    assert problem in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def jwt(claims: dict[str, Any]) -> str:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'none'})}.{part(claims)}.signature"
+
+
+def test_an_auth_provider_token_comes_from_the_kubernetes_loader_when_asked(
+    tmp_path: Path, plain: Recorder
+) -> None:
+    token = jwt({"exp": int(time.time()) + 3600, "sub": "gpuscope"})
+    provider = {"name": "oidc", "config": {"id-token": token, "idp-issuer-url": "https://x"}}
+    path = kubeconfig(
+        tmp_path / "config", {"server": url(plain, "http")}, {"auth-provider": provider}
+    )
+    program = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from exporter.attribution.cluster import resolve_cluster\n"
+        f"found = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
+        "print('kubernetes' in sys.modules)\n"
+        "print(found.configuration.authorization())\n"
+        "print('kubernetes' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.split() == ["False", "Bearer", token, "True"]
+
+
+def test_an_auth_provider_that_fails_or_hangs_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = kubeconfig(
+        tmp_path / "config",
+        {"server": "http://127.0.0.1:1"},
+        {"auth-provider": {"name": "oidc", "config": {}}},
+    )
+    with pytest.raises(CredentialError) as caught:
+        AuthProvider(str(path), "oidc")()
+    assert str(caught.value).startswith("the kubeconfig's auth-provider 'oidc' failed: ")
+    assert "\n" not in str(caught.value)
+
+    def hang(_self: AuthProvider, _call: object) -> None:
+        time.sleep(600)
+
+    monkeypatch.setattr(credentials.AuthProvider, "_token", hang)
+    hanging = AuthProvider(str(path), "gcp", timeout=0.3)
+    for _ in range(2):
+        with pytest.raises(CredentialError, match=r"^the kubeconfig's auth-provider 'gcp' did not"):
+            hanging()
+    said = [r for r in caplog.records if "auth-provider 'gcp'" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_the_plugins_environment_is_the_daemons_plus_its_own(tmp_path: Path) -> None:
+    token = "os.environ['HOME'] + ':' + os.environ['ONE']"
+    body = (
+        f"print(json.dumps({{'apiVersion': {V1!r}, 'kind': 'ExecCredential', "
+        f"'status': {{'token': {token}}}}}))"
+    )
+    spec = ExecSpec(sys.executable, (str(script(tmp_path, body)),), env=(("ONE", "1"),))
+    found = ExecPlugin(spec, tls=None, with_certificate=None).authorization()
+    assert found == f"Bearer {os.environ['HOME']}:1"

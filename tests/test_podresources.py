@@ -1,5 +1,6 @@
-"""kubelet PodResources: the committed generated code matches the .proto, answers are read
-field by field, and the client against a real gRPC server on a unix socket."""
+"""kubelet PodResources: the committed generated code matches the .proto, answers are walked on
+the wire (finding what protobuf's own decoder finds, building nothing else, however large the
+answer), and the client against a real gRPC server on a unix socket."""
 
 from __future__ import annotations
 
@@ -7,17 +8,23 @@ import importlib.util
 import logging
 import subprocess
 import sys
+import tracemalloc
 from typing import TYPE_CHECKING
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.attribution.podresources import (
+    MAX_MESSAGE_BYTES,
     MIN_PERIOD_SECONDS,
+    PACE,
     STALE_SECONDS,
+    AnswerError,
     DeviceAllocation,
     PodResourcesClient,
-    allocations_from_response,
+    allocations_from_answer,
     resource_matcher,
 )
 from exporter.attribution.proto import podresources_v1_pb2
@@ -31,8 +38,9 @@ from tests.fake_kubelet import (
 from tests.helpers import ROOT, ManualClock
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
+
 
 PROTO_DIR = ROOT / "exporter" / "attribution" / "proto"
 GPU = "nvidia.com/gpu"
@@ -72,6 +80,15 @@ def test_generated_module_matches_the_proto(tmp_path: Path) -> None:
     service = podresources_v1_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert service.full_name == "v1.PodResourcesLister"
     assert {method.name for method in service.methods} == {"List", "GetAllocatableResources", "Get"}
+
+
+def allocations_from_response(
+    response: podresources_v1_pb2.ListPodResourcesResponse,
+    matches: Callable[[str], bool],
+    drivers: frozenset[str] = frozenset({"gpu.nvidia.com"}),
+) -> tuple[DeviceAllocation, ...]:
+    """What the client makes of an answer, from the message the kubelet serialized."""
+    return allocations_from_answer(response.SerializeToString(), matches, drivers)
 
 
 def test_only_gpu_resources_and_configured_extras_are_read() -> None:
@@ -220,3 +237,157 @@ def test_a_missing_socket_disables_only_this_source_until_it_appears(
     assert (
         len([r for r in caplog.records if "no kubelet pod-resources socket" in r.getMessage()]) == 1
     )
+
+
+# -- the answer walked on the wire: the same allocations, nothing else built -----------------------
+
+
+def reference(
+    response: podresources_v1_pb2.ListPodResourcesResponse,
+    matches: Callable[[str], bool],
+    drivers: frozenset[str],
+) -> tuple[DeviceAllocation, ...]:
+    """What the client made of an answer when it decoded it whole (protobuf's own parser)."""
+    found: list[DeviceAllocation] = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            for devices in container.devices:
+                if matches(devices.resource_name):
+                    found.extend(
+                        DeviceAllocation(
+                            pod.namespace, pod.name, container.name, devices.resource_name, id_
+                        )
+                        for id_ in devices.device_ids
+                    )
+            for claim in container.dynamic_resources if drivers else ():
+                found.extend(
+                    DeviceAllocation(
+                        pod.namespace,
+                        pod.name,
+                        container.name,
+                        device.driver_name,
+                        device.device_name,
+                        device.driver_name,
+                        device.pool_name,
+                        claim.claim_name,
+                        claim.claim_namespace,
+                        device.share_id,
+                    )
+                    for device in claim.claim_resources
+                    if device.driver_name in drivers and device.device_name
+                )
+    return tuple(found)
+
+
+NAMES = st.text(alphabet="ab*\x12-/:é", max_size=6)
+DEVICES = st.builds(
+    podresources_v1_pb2.ContainerDevices,
+    resource_name=st.sampled_from([GPU, "nvidia.com/mig-1g.10gb", "example.com/nic", ""]),
+    device_ids=st.lists(NAMES, max_size=3),
+)
+CLAIM_DEVICES = st.builds(
+    podresources_v1_pb2.ClaimResource,
+    driver_name=st.sampled_from(["gpu.nvidia.com", "other.example.com", ""]),
+    pool_name=NAMES,
+    device_name=NAMES,
+    share_id=st.none() | NAMES,
+)
+CONTAINERS = st.builds(
+    podresources_v1_pb2.ContainerResources,
+    name=NAMES,
+    devices=st.lists(DEVICES, max_size=2),
+    cpu_ids=st.lists(st.integers(0, 2**40), max_size=3),
+    memory=st.lists(
+        st.builds(
+            podresources_v1_pb2.ContainerMemory, memory_type=NAMES, size=st.integers(0, 2**64 - 1)
+        ),
+        max_size=1,
+    ),
+    dynamic_resources=st.lists(
+        st.builds(
+            podresources_v1_pb2.DynamicResource,
+            claim_name=NAMES,
+            claim_namespace=NAMES,
+            claim_resources=st.lists(CLAIM_DEVICES, max_size=2),
+        ),
+        max_size=2,
+    ),
+)
+RESPONSES = st.builds(
+    podresources_v1_pb2.ListPodResourcesResponse,
+    pod_resources=st.lists(
+        st.builds(
+            podresources_v1_pb2.PodResources,
+            name=NAMES,
+            namespace=NAMES,
+            containers=st.lists(CONTAINERS, max_size=3),
+        ),
+        max_size=4,
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(response=RESPONSES, drivers=st.sampled_from([frozenset(), frozenset({"gpu.nvidia.com"})]))
+def test_the_wire_walk_finds_what_a_whole_decode_finds(
+    response: podresources_v1_pb2.ListPodResourcesResponse, drivers: frozenset[str]
+) -> None:
+    matches = resource_matcher()
+    answer = response.SerializeToString() + b"\x78\x01"  # and a field this proto does not know
+    assert allocations_from_answer(answer, matches, drivers) == reference(
+        response, matches, drivers
+    )
+
+
+@pytest.mark.parametrize(
+    "answer", [b"\x0a\x05ab", b"\x0a\x80", b"\x0b", b"\x0a\x02\x1a\x05"], ids=str
+)
+def test_an_answer_that_is_not_protobuf_is_one_error(answer: bytes) -> None:
+    with pytest.raises(AnswerError):
+        allocations_from_answer(answer, resource_matcher())
+
+
+def test_a_blown_up_answer_costs_neither_memory_nor_the_kubelet_s_rate(
+    kubelet: FakeKubelet,
+) -> None:
+    """Tenant pods of thousands of containers each: 15 MiB of answer, every container walked past
+    without anything built for it, and the kubelet asked again only after PACE times as long."""
+    huge = podresources_v1_pb2.ListPodResourcesResponse(
+        pod_resources=[
+            podresources_v1_pb2.PodResources(
+                name=f"tenant-{n}",
+                namespace="tenant",
+                containers=[
+                    podresources_v1_pb2.ContainerResources(name=f"c{i}", cpu_ids=[1, 2])
+                    for i in range(12_000)
+                ],
+            )
+            for n in range(100)
+        ]
+        + list(response(ALLOCATIONS).pod_resources)
+    )
+    answer = huge.SerializeToString()
+    assert 14 * 2**20 < len(answer) < MAX_MESSAGE_BYTES
+    tracemalloc.start()
+    try:
+        found = allocations_from_answer(answer, resource_matcher())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert {a.device_id for a in found} == {"GPU-aaaa", "GPU-bbbb::0", "MIG-cccc"}
+    assert peak < 2 * 2**20, f"{peak:,} bytes held walking a {len(answer):,}-byte answer"
+
+    with kubelet.lock:
+        kubelet.answer = huge
+    ticks = ManualClock()
+
+    def clock() -> float:  # every reading a second later: each answer "takes" a second
+        ticks.advance(1.0)
+        return ticks()
+
+    client = PodResourcesClient(kubelet.socket, clock=clock)
+    client.allocations()
+    for _ in range(8):
+        client.allocations()
+    assert kubelet.calls == 1, "asked again only PACE x 1 s later"
+    assert PACE * 1.0 > MIN_PERIOD_SECONDS

@@ -1,11 +1,13 @@
 """The pod cache: pure parsing of the API's pods and workloads, then list + watch (the watch
-engine, exporter/attribution/watch.py) with the real kubernetes client against the stand-in API
-server, including every way it misbehaves."""
+engine, exporter/attribution/watch.py) against the stand-in API server, including every way it
+misbehaves, and the bounds on what is read: lists in pages, and of each pod only what
+attribution uses."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -13,12 +15,19 @@ import pytest
 import trustme
 
 from exporter.attribution import watch
-from exporter.attribution.cluster import KubernetesClient, resolve_cluster
+from exporter.attribution.cluster import MAX_OBJECT_BYTES, KubernetesClient, resolve_cluster
+from exporter.attribution.jsonstream import JsonStream
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
-from exporter.attribution.pod import PodFormatError, PodIndex, pod_from_api
+from exporter.attribution.pod import (
+    MAX_CONTAINERS,
+    PodFormatError,
+    PodIndex,
+    pod_from_api,
+    pod_shape,
+)
 from exporter.attribution.pods import PodWatch, pod_watch
 from exporter.config import ConfigError
-from tests.fake_kube.pods import NODE, pod, serve_pods
+from tests.fake_kube.pods import NODE, pod, serve_pods, tenant_pod
 from tests.fake_kube.server import FakeKube
 from tests.helpers import eventually
 from tests.proc_fixture import STATIC_UID, container_id, pod_uid
@@ -230,7 +239,14 @@ def server() -> Iterator[FakeKube]:
         yield fake
 
 
-def start_cache(server: FakeKube, tmp_path: Path, *, max_list_bytes: int | None = None) -> PodWatch:
+def start_cache(
+    server: FakeKube,
+    tmp_path: Path,
+    *,
+    page_objects: int = watch.PAGE_OBJECTS,
+    max_object_bytes: int = MAX_OBJECT_BYTES,
+    pod_labels: re.Pattern[str] | None = None,
+) -> PodWatch:
     access = resolve_cluster(
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
     )
@@ -238,8 +254,10 @@ def start_cache(server: FakeKube, tmp_path: Path, *, max_list_bytes: int | None 
     cache = pod_watch(
         KubernetesClient(access),
         NODE,
+        pod_labels=pod_labels,
         backoff=FAST_BACKOFF,
-        max_list_bytes=max_list_bytes or watch.MAX_LIST_BYTES,
+        page_objects=page_objects,
+        max_object_bytes=max_object_bytes,
     )
     cache.start()
     return cache
@@ -343,7 +361,7 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
     server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    cache = start_cache(server, tmp_path)
+    cache = start_cache(server, tmp_path, max_object_bytes=1024 * 1024)
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         server.send_endless_line(watch.MAX_EVENT_BYTES + 1024 * 1024)
@@ -351,26 +369,44 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
         eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")
     finally:
         cache.stop()
-    refused = [r for r in caplog.records if "larger than 4 MiB" in str(r.__dict__)]
+    refused = [r for r in caplog.records if "malformed" in r.getMessage()]
     assert refused, [r.__dict__ for r in caplog.records]
 
 
-def test_a_pod_list_past_its_limit_is_refused_until_it_fits(
+def test_a_watch_event_past_its_limit_is_refused_before_it_is_read_whole(
     server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    one_pod = len(json.dumps(server.objects("pods")[0]))
-    limit = 2 * one_pod  # the node's two pods and the list's envelope do not fit; one pod does
-    cache = start_cache(server, tmp_path, max_list_bytes=limit)
+    cache = start_cache(server, tmp_path)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
+        endless = b'{"type": "ADDED", "object": {"metadata": {"name": "'
+        server.send_raw(endless + b"x" * (watch.MAX_EVENT_BYTES + 1024 * 1024))
+        server.put("pods", pod("after", pod_uid(30)))
+        eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")
+    finally:
+        cache.stop()
+    refused = [r for r in caplog.records if "larger than 8 MiB" in str(r.__dict__)]
+    assert refused, [r.__dict__ for r in caplog.records]
+
+
+def test_an_object_past_its_limit_is_refused_until_it_fits(
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    large = pod("large", pod_uid(40))
+    large["metadata"]["annotations"] = {"note": "x" * 20_000}
+    server.put("pods", large)
+    cache = start_cache(server, tmp_path, page_objects=1, max_object_bytes=10_000)
     try:
         eventually(
-            lambda: any("list of pods is larger than" in str(r.__dict__) for r in caplog.records),
+            lambda: any("larger than" in str(r.__dict__) for r in caplog.records),
             10,
-            "the list refused",
+            "the page with the large pod refused",
         )
         assert names(cache) == set()
-        server.delete("pods", "default", "b")
-        eventually(lambda: names(cache) == {"a"}, 10, "names(cache) == {'a'}")
+        server.delete("pods", "default", "large")
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
     finally:
         cache.stop()
 
@@ -447,3 +483,66 @@ def test_stop_interrupts_an_open_watch_promptly(server: FakeKube, tmp_path: Path
     started = time.monotonic()
     cache.stop()
     assert time.monotonic() - started < 1.0
+
+
+# -- bounded reads: pages, and only what attribution uses of each pod -------------------------------
+
+
+def test_the_list_is_read_in_pages_from_one_snapshot(server: FakeKube, tmp_path: Path) -> None:
+    for n in range(5):
+        server.put("pods", pod(f"p{n}", pod_uid(50 + n)))
+    cache = start_cache(server, tmp_path, page_objects=2)
+    try:
+        eventually(lambda: len(names(cache)) == 7, 10, "the seven pods of the node listed")
+    finally:
+        cache.stop()
+    lists = [q for q in server.requests if "watch=true" not in q]
+    assert len(lists) == 4, lists  # 7 pods (and one elsewhere, not selected), 2 a page
+    assert all("limit=2" in q for q in lists)
+    assert "continue=" not in lists[0]
+    assert all("continue=" in q for q in lists[1:])
+    watches = [q for q in server.requests if "watch=true" in q]
+    assert watches[0].count("resourceVersion=") == 1, "watched from the list's resourceVersion"
+
+
+def test_an_expired_continue_token_lists_again_from_the_start(
+    server: FakeKube, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    server.expire_continue_tokens(1)
+    cache = start_cache(server, tmp_path, page_objects=1)
+    try:
+        eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
+    finally:
+        cache.stop()
+    lists = [q for q in server.requests if "watch=true" not in q]
+    assert ["continue=" in q for q in lists] == [False, True, False, True], lists
+    expired = [r for r in caplog.records if "410 Gone" in r.getMessage()]
+    assert [r.expired for r in expired] == ["the continue token of the list of pods"]  # type: ignore[attr-defined]
+
+
+def test_only_what_attribution_uses_of_a_pod_is_kept(server: FakeKube, tmp_path: Path) -> None:
+    big = tenant_pod("tenant-1", pod_uid(101), container_id(101))
+    big["metadata"]["annotations"] = {"note": "y" * 100_000}  # type: ignore[index]
+    server.put("pods", big)
+    cache = start_cache(server, tmp_path, pod_labels=re.compile("team"))
+    try:
+        eventually(lambda: "tenant-1" in names(cache), 30, "the large pod listed")
+        kept = cache.view().by_name[("default", "tenant-1")]
+    finally:
+        cache.stop()
+    assert kept.labels == {"team": "t", "pod-template-hash": "abc"}, "500 other labels dropped"
+    assert kept.workload == Workload("Deployment", "tenant")
+    assert kept.containers == {container_id(101): "main"}
+    assert kept.images == (("main", "example.com/app:1"),)
+
+
+def test_a_pods_containers_are_read_up_to_a_limit() -> None:
+    document = pod(
+        "many", pod_uid(1), containers={f"c{n}": container_id(n) for n in range(MAX_CONTAINERS + 5)}
+    )
+    read = JsonStream([json.dumps(document).encode()], max_value_bytes=2**20, what="x")
+    parsed = pod_from_api(read.value(pod_shape()))  # type: ignore[arg-type]
+    assert len(parsed.containers) == MAX_CONTAINERS
+    assert len(parsed.images) == MAX_CONTAINERS
+    assert parsed.containers[container_id(0)] == "c0"

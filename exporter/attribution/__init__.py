@@ -4,9 +4,9 @@ processes + their cgroups), and which pod and workload that is (Kubernetes API).
 Modules: `cgroups` (pure cgroup-path parser), `procfs` (process -> container), `pods` (the pod
 cache: list + watch), `owners` (pod -> workload), `podresources` (kubelet allocations), `join`
 (everything -> who holds and uses each GPU), `cluster` (API configuration and requests),
-`attributor` (one cycle of all of it). The daemon never imports the `kubernetes` package (about
-16 MiB resident) but for a kubeconfig whose user runs an exec plugin or an auth-provider
-(`kubeconfig`).
+`jsonstream` (answers read as they arrive, keeping only what is used), `attributor` (one cycle
+of all of it). The daemon never imports the `kubernetes` package (about 16 MiB resident) but for
+a kubeconfig whose user has an auth-provider, at its first request (`credentials`).
 """
 
 from __future__ import annotations

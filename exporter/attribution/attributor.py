@@ -8,14 +8,14 @@ The sources are small protocols: on a node they are the pod and ResourceSlice wa
 kubelet's PodResources API and `/proc` (`exporter.attribution.live`); under `--simulate` they are
 the fleet file's pods (`exporter.simulator.cluster`). The join is the same either way. Sources
 that block (the watches, the kubelet's gRPC API) do so in threads of their own: the cycle only
-takes what they last learned.
+takes what they last published, and never waits for them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from exporter.attribution.join import Join
 from exporter.logs import LogOnce
@@ -34,30 +34,40 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class PodSource(Protocol):
-    """The pods of this node, kept current in the background."""
+STOP_SECONDS: Final = 1.0
+"""How long `Attributor.stop` waits for the sources' threads, all of them together."""
+
+
+class Background(Protocol):
+    """A source kept current in the background. Stopping is two steps, so that several are
+    stopped in the time of one: `request_stop` tells its threads and returns at once, `join`
+    waits for them until a deadline on `time.monotonic`'s clock (they are daemon threads: one
+    still stuck then cannot hold the process)."""
 
     def start(self) -> None: ...
-    def stop(self) -> None: ...
+    def request_stop(self) -> None: ...
+    def join(self, deadline: float) -> None: ...
+
+
+class PodSource(Background, Protocol):
+    """The pods of this node, kept current in the background."""
+
     def view(self) -> PodIndex: ...
     def status(self) -> WatchStatus | None: ...
 
 
-class DeviceSource(Protocol):
+class DeviceSource(Background, Protocol):
     """The DRA devices of this node (its ResourceSlices), kept current in the background."""
 
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
     def view(self) -> DeviceIndex: ...
     def status(self) -> WatchStatus | None:
         """None while DRA is off (no driver configured, or the cluster serves no slices)."""
 
 
-class AllocationSource(Protocol):
-    """Which container was given which device, kept current in the background."""
+class AllocationSource(Background, Protocol):
+    """Which container was given which device, kept current in the background. A cycle takes
+    the answer last published and never waits for the source."""
 
-    def start(self) -> None: ...
-    def stop(self) -> None: ...
     def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
         """(the allocations, or None while unknown; whether the source answers)."""
 
@@ -97,10 +107,15 @@ class Attributor:
         self.devices.start()
         self._allocations.start()
 
-    def stop(self) -> None:
-        self._allocations.stop()
-        self.devices.stop()
-        self.pods.stop()
+    def stop(self, *, timeout: float = STOP_SECONDS) -> None:
+        """Stop the sources' background work: every thread is told first, then all are waited
+        for until one deadline, `timeout` from now; returns by then whatever they do."""
+        deadline = time.monotonic() + timeout
+        sources: tuple[Background, ...] = (self._allocations, self.devices, self.pods)
+        for source in sources:
+            source.request_stop()
+        for source in sources:
+            source.join(deadline)
 
     def kubernetes(self) -> KubernetesStatus:
         """How current the watches are."""

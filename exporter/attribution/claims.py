@@ -8,7 +8,9 @@ one GET, when it first appears there (a claim's requests and allocation do not c
 is allocated): the allocation result for the device names the request, the request its
 DeviceClass. A DeviceClass is one GET too, read again after `CLASS_SECONDS`. Nothing is listed
 or watched: a node reads only the claims its own pods hold. Blocking: runs in the kubelet
-poller's thread, at most `READS_PER_ROUND` requests a round, never in a cycle.
+poller's thread, at most `READS_PER_ROUND` requests a round, never in a cycle. A claim is a
+tenant's object: only what names its devices' classes is read of it as it arrives
+(`CLAIM_SHAPE`: as many requests and results as the API lets a claim hold), the rest scanned past.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import TYPE_CHECKING, Final
 
 import urllib3
 
-from exporter.attribution.cluster import ApiError
+from exporter.attribution.cluster import MAX_OBJECT_BYTES, ApiError, CredentialError
+from exporter.attribution.jsonstream import TEXT, Fields, Items, nested
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
@@ -33,8 +36,24 @@ log = logging.getLogger(__name__)
 
 API: Final = "/apis/resource.k8s.io/v1"
 TIMEOUT_SECONDS: Final = (2.0, 5.0)
-MAX_OBJECT_BYTES: Final = 2 * 1024 * 1024
-"""One claim or class: etcd holds at most 1.5 MiB per object."""
+MAX_REQUESTS: Final = 32
+"""Requests a claim may hold, and devices an allocation may give it (the API's limits)."""
+MAX_SUBREQUESTS: Final = 8
+"""Choices of a `firstAvailable` request (the API's limit)."""
+_REQUEST: Final = Fields(
+    {
+        "name": TEXT,
+        "exactly": Fields({"deviceClassName": TEXT}),
+        "firstAvailable": Items(
+            Fields({"name": TEXT, "deviceClassName": TEXT}), max_items=MAX_SUBREQUESTS
+        ),
+    }
+)
+_RESULT: Final = Fields(dict.fromkeys(("request", "driver", "pool", "device", "shareID"), TEXT))
+CLAIM_SHAPE: Final = nested(
+    "spec.devices.requests", Items(_REQUEST, max_items=MAX_REQUESTS)
+).merged(nested("status.allocation.devices.results", Items(_RESULT, max_items=MAX_REQUESTS)))
+CLASS_SHAPE: Final = nested("spec.extendedResourceName", TEXT)
 CLASS_SECONDS: Final = 600.0
 """A DeviceClass is read again after this long (its extendedResourceName may be edited)."""
 RETRY_SECONDS: Final = 30.0
@@ -135,7 +154,7 @@ class ClaimResources:
             return known
         self._budget -= 1
         path = f"{API}/namespaces/{namespace}/resourceclaims/{name}"
-        document = self._read(path, ("claim", namespace, name))
+        document = self._read(path, CLAIM_SHAPE, ("claim", namespace, name))
         if document is _MISSING:
             claim = _Claim()
         elif document is None:
@@ -157,7 +176,7 @@ class ClaimResources:
             self._wake(now)
             return known
         self._budget -= 1
-        document = self._read(f"{API}/deviceclasses/{name}", ("class", name))
+        document = self._read(f"{API}/deviceclasses/{name}", CLASS_SHAPE, ("class", name))
         if document is None:  # keep what was known, ask again soon
             found = _Class(known.extended_resource if known else None, now, failed=True)
         else:
@@ -170,11 +189,15 @@ class ClaimResources:
         if at is not None and (self._due is None or at < self._due):
             self._due = at
 
-    def _read(self, path: str, cause: tuple[str, ...]) -> object:
-        """The object at `path`; `_MISSING` when there is none; None when it could not be read
-        (logged once per cause)."""
+    def _read(self, path: str, shape: Fields, cause: tuple[str, ...]) -> object:
+        """What `shape` reads of the object at `path`; `_MISSING` when there is none; None when
+        it could not be read (logged once per cause)."""
         try:
-            return self._client.get_object(path, limit=MAX_OBJECT_BYTES, timeout=TIMEOUT_SECONDS)
+            return self._client.get_object(
+                path, shape, limit=MAX_OBJECT_BYTES, timeout=TIMEOUT_SECONDS
+            )
+        except CredentialError:
+            return None  # said once where the credentials are made; asked again later
         except ApiError as error:
             if error.status == _NOT_FOUND:
                 return _MISSING

@@ -9,17 +9,19 @@ and watch, and a claim or DeviceClass now and then), as GETs answered with JSON,
 HTTP through urllib3 itself and reads the service account and kubeconfigs itself
 (`exporter.attribution.kubeconfig`): the `kubernetes` package would cost every GPU node ~16 MiB
 of resident memory for that (its client, models and configuration loaders). Only a kubeconfig
-whose user authenticates through an `exec` plugin or an `auth-provider` is handed to that
-package's loader, imported then and only then, so such kubeconfigs work exactly as with kubectl's
-Python client. Bodies are read as JSON and only the fields gpuscope needs are kept
-(`exporter.attribution.pod`).
+whose user authenticates through an `auth-provider` has that package get its token, imported
+then and only then (`exporter.attribution.credentials`, which also runs `exec` plugins).
+Resolving the configuration reads files only: credentials that take running something are got
+by the first request that needs them, in a background thread, so the daemon serves from its
+start whatever they cost. Bodies are read as they arrive and only the fields gpuscope needs are
+kept (`exporter.attribution.jsonstream`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from exporter.attribution import (
     ClusterAccess,
     cluster_configured,
 )
+from exporter.attribution.jsonstream import CHUNK_BYTES, JsonStream
 from exporter.config import ConfigError
 
 if TYPE_CHECKING:
@@ -44,12 +47,20 @@ if TYPE_CHECKING:
 
     from urllib3 import BaseHTTPResponse
 
+    from exporter.attribution.jsonstream import Shape
+
 PODS_PATH: Final = "/api/v1/pods"
 SERVICE_CA: Final = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 IN_CLUSTER_PORT_ENV: Final = "KUBERNETES_SERVICE_PORT"
 TOKEN_SECONDS: Final = 60.0
 """A token file (the service account's is rotated by the kubelet) is read again after this long."""
 MAX_TOKEN_BYTES: Final = 64 * 1024
+UNAUTHORIZED: Final = 401
+MAX_OBJECT_BYTES: Final = 8 * 1024 * 1024
+"""One object as the API serves it in JSON. etcd holds at most 1.5 MiB of an object (encoded as
+protobuf), which JSON can spell about three times longer (a list of tiny entries repeats its
+field names); past this it is no object etcd could hold, and is refused. Only a limit on what is
+read: objects are read as they arrive, and only what attribution uses of them is kept."""
 
 
 class ApiError(Exception):
@@ -64,6 +75,11 @@ class ApiError(Exception):
         return f"HTTP {self.status} {self.reason}"
 
 
+class CredentialError(Exception):
+    """Credentials for the API server cannot be had now (an exec plugin failed, or did not
+    answer in time); `str()` says why in one line. Whatever makes them has logged it once."""
+
+
 @dataclass(frozen=True, slots=True)
 class ApiConfig:
     """How to reach one API server: its URL, TLS and the Authorization header."""
@@ -76,7 +92,14 @@ class ApiConfig:
     """The name the server's certificate is checked against, when not the host's."""
     proxy: str | None = None
     authorization: Callable[[], str | None] = lambda: None
-    """The Authorization header of the next request (a token is re-read when due)."""
+    """The Authorization header of the next request (a token is re-read when due, an exec
+    plugin run when its credentials expire); may raise `CredentialError`."""
+    client_tls: Callable[[], ssl.SSLContext | None] | None = None
+    """For credentials that bring a client certificate (an exec plugin's): the TLS context of
+    the next request, a new one whenever the certificate changes; may raise `CredentialError`."""
+    rejected: Callable[[], None] = lambda: None
+    """Told when the API server refuses the credentials (401): credentials that can be made
+    again (an exec plugin's) are, for the next request."""
 
 
 class TokenFile:
@@ -171,17 +194,37 @@ def tls_context(
     ca_data: str | None = None,
     cert_file: str | None = None,
     key_file: str | None = None,
+    cert_data: str | None = None,
+    key_data: str | None = None,
     verify: bool = True,
 ) -> ssl.SSLContext:
     """A client TLS context: the server checked against the CA given (else the system's), and a
-    client certificate if given; `verify` False checks nothing (insecure-skip-tls-verify)."""
+    client certificate if given, from files or PEM text; `verify` False checks nothing
+    (insecure-skip-tls-verify)."""
     context = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    if cert_file is not None:
-        context.load_cert_chain(cert_file, key_file)
+    if cert_data is None and key_data is None:
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
+        return context
+    # The ssl module loads a client certificate from files only: a private directory that
+    # lives for the loading alone.
+    with tempfile.TemporaryDirectory(prefix="gpuscope-") as scratch:
+        if cert_data is not None:
+            cert_file = _private_file(Path(scratch) / "client.crt", cert_data)
+        if key_data is not None:
+            key_file = _private_file(Path(scratch) / "client.key", key_data)
+        if cert_file is not None:
+            context.load_cert_chain(cert_file, key_file)
     return context
+
+
+def _private_file(path: Path, content: str) -> str:
+    path.touch(mode=0o600)
+    path.write_text(content)
+    return str(path)
 
 
 def _problem(error: Exception) -> str:
@@ -197,29 +240,39 @@ class KubernetesClient:
     def __init__(self, access: ClusterAccess) -> None:
         config = access.configuration
         self._config = config
+        self._tls = config.tls
+        self._pool = self._new_pool(config.tls)
+
+    def _new_pool(self, tls: ssl.SSLContext | None) -> urllib3.PoolManager:
+        config = self._config
         options: dict[str, Any] = {"maxsize": 2, "block": False}
-        if config.tls is not None:
-            options["ssl_context"] = config.tls
-            options["cert_reqs"] = config.tls.verify_mode
+        if tls is not None:
+            options["ssl_context"] = tls
+            options["cert_reqs"] = tls.verify_mode
             if config.tls_server_name:
                 options["server_hostname"] = config.tls_server_name
-            if not config.tls.check_hostname and config.tls.verify_mode == ssl.CERT_NONE:
+            if not tls.check_hostname and tls.verify_mode == ssl.CERT_NONE:
                 options["assert_hostname"] = False
-        self._pool: urllib3.PoolManager = (
-            _proxy_manager(config.proxy, options)
-            if config.proxy
-            else urllib3.PoolManager(**options)
-        )
+        if config.proxy:
+            return _proxy_manager(config.proxy, options)
+        return urllib3.PoolManager(**options)
 
     def get(
         self, path: str, query: list[tuple[str, str]], *, timeout: tuple[float, float]
     ) -> BaseHTTPResponse:
-        """The response to `GET path?query`; raises `ApiError` for a status outside 2xx and
-        urllib3's errors for a connection that fails."""
+        """The response to `GET path?query`; raises `ApiError` for a status outside 2xx,
+        `CredentialError` when there are no credentials to send, and urllib3's errors for a
+        connection that fails."""
         headers = {"Accept": "application/json", "User-Agent": "gpuscope"}
         authorization = self._config.authorization()
         if authorization:
             headers["Authorization"] = authorization
+        if self._config.client_tls is not None:
+            tls = self._config.client_tls()
+            if tls is not self._tls:  # a new client certificate: new connections present it
+                self._pool.clear()
+                self._pool = self._new_pool(tls)
+                self._tls = tls
         url = self._config.host + path + (f"?{urlencode(query)}" if query else "")
         response = self._pool.request(
             "GET",
@@ -232,15 +285,22 @@ class KubernetesClient:
         if not 200 <= response.status <= 299:
             response.drain_conn()
             response.release_conn()
+            if response.status == UNAUTHORIZED:
+                self._config.rejected()
             raise ApiError(response.status, response.reason or "")
         return response
 
-    def get_object(self, path: str, *, limit: int, timeout: tuple[float, float]) -> object:
-        """One object's JSON (`GET path`), read at most `limit` bytes; raises as `get` does, and
-        `ValueError` for an answer that is not JSON or is larger."""
+    def get_object(
+        self, path: str, shape: Shape, *, limit: int, timeout: tuple[float, float]
+    ) -> object:
+        """What `shape` keeps of one object (`GET path`), read as it arrives and refused past
+        `limit` bytes; raises as `get` does, and `ValueError` (`JsonError`) for an answer that
+        is not JSON or is larger."""
         response = self.get(path, [], timeout=timeout)
         try:
-            return json.loads(read_bounded(response, limit, path))
+            return JsonStream(response.stream(CHUNK_BYTES), max_value_bytes=limit, what=path).value(
+                shape
+            )
         finally:
             response.release_conn()
 
@@ -254,18 +314,3 @@ def _proxy_manager(proxy: str, options: dict[str, Any]) -> urllib3.PoolManager:
 
         return SOCKSProxyManager(proxy, **options)
     return urllib3.ProxyManager(proxy, **options)
-
-
-class AnswerTooLarge(ValueError):
-    """An answer past its size limit; `str()` names it and the limit."""
-
-
-def read_bounded(response: BaseHTTPResponse, limit: int, what: str) -> bytes:
-    """The whole body of an answer, refused (`AnswerTooLarge`) past `limit` bytes before more
-    is read; `what` names the answer in the error."""
-    body = bytearray()
-    for chunk in response.stream(64 * 1024):
-        body += chunk
-        if len(body) > limit:
-            raise AnswerTooLarge(f"{what} is larger than {documents.size_text(limit)}")
-    return bytes(body)

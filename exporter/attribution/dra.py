@@ -10,6 +10,10 @@ may also be written with the driver's domain, `gpu.nvidia.com/uuid`). `DeviceInd
 pool's newest generation only, as the API asks consumers to. The ResourceSlice watch
 (`exporter.attribution.resourceslices`) feeds it from the API server, the simulator
 (`exporter.simulator.cluster`) from a fleet file.
+
+`SLICE_SHAPE` is what the watch reads of a slice as it arrives: its name, driver and pool, and of
+each device its name and the attributes above (at most `MAX_DEVICES` devices, as many as the API
+lets a slice hold); the rest of a slice is scanned past, never built.
 """
 
 from __future__ import annotations
@@ -17,12 +21,46 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
+
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
 UUID: Final = "uuid"
 PARENT_UUID: Final = "parentUUID"
 PROFILE: Final = "profile"
+MAX_DEVICES: Final = 128
+"""Devices a ResourceSlice may list (the API's limit)."""
+_NAMING: Final = frozenset({UUID, PARENT_UUID, PROFILE})
+
+
+def _names_a_gpu(attribute: str) -> bool:
+    """An attribute `_string_attribute` may read: a naming one, bare or with a domain."""
+    return attribute.rpartition("/")[2] in _NAMING
+
+
+SLICE_SHAPE: Final = Fields(
+    {
+        "metadata": Fields({"name": TEXT}),
+        "spec": Fields(
+            {
+                "driver": TEXT,
+                "pool": Fields({"name": TEXT, "generation": Scalar()}),
+                "devices": Items(
+                    Fields(
+                        {
+                            "name": TEXT,
+                            "attributes": Entries(
+                                Fields({"string": TEXT}), keep=_names_a_gpu, max_entries=16
+                            ),
+                        }
+                    ),
+                    max_items=MAX_DEVICES,
+                ),
+            }
+        ),
+    }
+)
 
 
 class SliceFormatError(ValueError):

@@ -56,9 +56,10 @@ class GrpcCallError(Exception):
 
 def unary_call(
     path: Path, method: str, request: bytes, *, timeout: float, max_response_bytes: int
-) -> bytes:
+) -> bytearray:
     """Send `request` to `method` (`/package.Service/Method`) on the server listening at the unix
-    socket `path`; the serialized response message. Raises `GrpcCallError`."""
+    socket `path`; the serialized response message (the buffer it arrived in, not a copy).
+    Raises `GrpcCallError`; `timeout` bounds the whole call, however the server trickles."""
     deadline = time.monotonic() + timeout
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
@@ -75,7 +76,7 @@ def unary_call(
 
 def _exchange(
     connection: socket.socket, method: str, request: bytes, deadline: float, limit: int
-) -> bytes:
+) -> bytearray:
     session = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding=None)
     )
@@ -101,11 +102,7 @@ def _exchange(
     status: str | None = None
     detail = ""
     while True:
-        connection.settimeout(max(deadline - time.monotonic(), 0.001))
-        data = connection.recv(65536)
-        if not data:
-            raise GrpcCallError("UNAVAILABLE", "the server closed the connection")
-        for event in session.receive_data(data):
+        for event in session.receive_data(_receive(connection, deadline)):
             if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
                 headers = {
                     bytes(name).decode("latin-1"): bytes(value).decode("utf-8", "replace")
@@ -133,7 +130,20 @@ def _exchange(
             connection.sendall(pending)
 
 
-def _message(body: bytearray, status: str | None, detail: str) -> bytes:
+def _receive(connection: socket.socket, deadline: float) -> bytes:
+    """What the server sent next, before `deadline` (a server sending a byte now and then must
+    not hold the call for ever)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    connection.settimeout(left)
+    data = connection.recv(65536)
+    if not data:
+        raise GrpcCallError("UNAVAILABLE", "the server closed the connection")
+    return data
+
+
+def _message(body: bytearray, status: str | None, detail: str) -> bytearray:
     if status is None:
         raise GrpcCallError("INTERNAL", "the answer ended without a grpc-status")
     if status != "OK":
@@ -145,4 +155,5 @@ def _message(body: bytearray, status: str | None, detail: str) -> bytes:
     length = int.from_bytes(body[1:_PREFIX], "big")
     if len(body) != _PREFIX + length:
         raise GrpcCallError("INTERNAL", "the answer is not exactly one message")
-    return bytes(body[_PREFIX:])
+    del body[:_PREFIX]  # in place: no second copy of an answer of up to 16 MiB
+    return body

@@ -8,19 +8,19 @@ file's directory.
 
 Read here: the cluster's `server`, `certificate-authority(-data)`, `insecure-skip-tls-verify`,
 `tls-server-name`, `proxy-url`; the user's `token` or `tokenFile` (re-read every minute),
-`client-certificate(-data)` and `client-key(-data)`, `username` and `password`. A user that
-authenticates through an `exec` plugin (without a token) or an `auth-provider` is read by the
-`kubernetes` package's own loader instead, imported only then: the plugins' protocol, caching
-and refresh are that package's.
+`client-certificate(-data)` and `client-key(-data)`, `username` and `password`, and its `exec`
+plugin (without a token) or `auth-provider`, checked here and run only when a request needs
+credentials (`exporter.attribution.credentials`): reading a kubeconfig never runs anything, so
+the daemon starts and serves whatever its credentials cost.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import os
 import ssl
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +28,7 @@ import urllib3
 
 from exporter import documents
 from exporter.attribution.cluster import ApiConfig, TokenFile, tls_context
+from exporter.attribution.credentials import API_VERSIONS, AuthProvider, ExecPlugin, ExecSpec
 from exporter.config import ConfigError
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ MAX_KUBECONFIG_BYTES: Final = 4 * 2**20
 """A kubeconfig with embedded certificates is a few KiB; many clusters, still far below this."""
 _KEYS: Final = ("clusters", "contexts", "users")
 _KEYS_TEXT: Final = "clusters, contexts and users"
-_DELEGATED: Final = ("exec", "auth-provider")
+_EXEC_EXTENSION: Final = "client.authentication.k8s.io/exec"
+"""The cluster extension whose value an exec plugin gets as `spec.cluster.config`."""
 
 
 class _Merged:
@@ -94,7 +96,7 @@ def load_kubeconfig(paths: str, setting: str) -> ApiConfig:
     if not read:
         raise ConfigError(setting, f"{paths}: No such file or directory")
     try:
-        return _configuration(merged, paths, setting)
+        return _configuration(merged, paths)
     except documents.Invalid as problem:
         raise ConfigError(setting, f"{paths}: {problem}") from None
     except (ssl.SSLError, OSError, ValueError) as error:
@@ -107,7 +109,7 @@ def _kubeconfig(document: object) -> dict[str, Any]:
     return document
 
 
-def _configuration(merged: _Merged, paths: str, setting: str) -> ApiConfig:
+def _configuration(merged: _Merged, paths: str) -> ApiConfig:
     if merged.current is None:
         raise documents.Invalid("current-context", "not set")
     context, _ = merged.get("contexts", merged.current)
@@ -118,62 +120,140 @@ def _configuration(merged: _Merged, paths: str, setting: str) -> ApiConfig:
     user_dir = cluster_dir
     if context.get("user") and merged.entries["users"].get(context["user"]) is not None:
         user, user_dir = merged.get("users", documents.text(context["user"], "context.user"))
-    if "auth-provider" in user or ("exec" in user and not ("token" in user or "tokenFile" in user)):
-        return _delegated(paths, setting)
     server = documents.text(cluster.get("server"), "cluster.server", max_length=2048).rstrip("/")
     tls = None
     if server.startswith("https"):
         tls = _tls(cluster, cluster_dir, user, user_dir)
     elif not server.startswith("http://"):
         raise documents.Invalid("cluster.server", f"{documents.quote(server)} is not a URL")
-    return ApiConfig(
+    config = ApiConfig(
         server,
         tls=tls,
         tls_server_name=_optional_text(cluster, "tls-server-name"),
         proxy=_optional_text(cluster, "proxy-url"),
-        authorization=_authorization(user, user_dir),
+    )
+    if "auth-provider" in user:
+        provider = documents.mapping(user["auth-provider"], "user.auth-provider")
+        name = documents.text(provider.get("name"), "user.auth-provider.name")
+        return dataclasses.replace(config, authorization=AuthProvider(paths, name))
+    if "exec" in user and not ("token" in user or "tokenFile" in user):
+        spec = _exec_spec(user["exec"], user_dir, cluster, cluster_dir, server)
+
+        def with_certificate(cert: str, key: str) -> ssl.SSLContext:
+            return _tls(cluster, cluster_dir, {}, user_dir, cert=cert, key=key)
+
+        plugin = ExecPlugin(spec, tls=tls, with_certificate=with_certificate if tls else None)
+        return dataclasses.replace(
+            config,
+            authorization=plugin.authorization,
+            client_tls=plugin.client_tls,
+            rejected=plugin.rejected,
+        )
+    return dataclasses.replace(config, authorization=_authorization(user, user_dir))
+
+
+def _exec_spec(
+    value: object, directory: Path, cluster: dict[str, Any], cluster_dir: Path, server: str
+) -> ExecSpec:
+    """A user's `exec` section, checked as client-go checks it."""
+    path = "user.exec"
+    entry = documents.mapping(value, path)
+    api_version = documents.choice(
+        entry.get("apiVersion"), documents.join(path, "apiVersion"), API_VERSIONS
+    )
+    command = documents.text(entry.get("command"), documents.join(path, "command"), max_length=4096)
+    if os.sep in command and not os.path.isabs(command):
+        command = str(directory / command)  # a path, not a program on PATH: client-go's rule
+    args_path = documents.join(path, "args")
+    args = tuple(
+        documents.text(arg, documents.join(args_path, index), max_length=65536)
+        for index, arg in enumerate(documents.sequence(entry.get("args") or [], args_path))
+    )
+    env_path = documents.join(path, "env")
+    env: list[tuple[str, str]] = []
+    for index, item in enumerate(documents.sequence(entry.get("env") or [], env_path)):
+        where = documents.join(env_path, index)
+        variable = documents.mapping(item, where, required=("name", "value"))
+        name = documents.text(variable["name"], documents.join(where, "name"))
+        env.append(
+            (
+                name,
+                documents.text(
+                    variable["value"],
+                    documents.join(where, "value"),
+                    max_length=65536,
+                    allow_empty=True,
+                ),
+            )
+        )
+    if entry.get("interactiveMode") == "Always":
+        raise documents.Invalid(
+            documents.join(path, "interactiveMode"),
+            "'Always' needs a terminal to ask someone at, and a daemon has none",
+        )
+    provided = documents.boolean(
+        entry.get("provideClusterInfo", False), documents.join(path, "provideClusterInfo")
+    )
+    return ExecSpec(
+        command,
+        args,
+        tuple(env),
+        api_version,
+        _cluster_info(cluster, cluster_dir, server) if provided else None,
     )
 
 
+def _cluster_info(cluster: dict[str, Any], directory: Path, server: str) -> dict[str, object]:
+    """The cluster as an exec plugin gets it (`spec.cluster`, with `provideClusterInfo`): its
+    CA as base64 data even where the kubeconfig names a file, as client-go gives it."""
+    info: dict[str, object] = {"server": server}
+    ca_file = _file(cluster, "certificate-authority", directory)
+    if "certificate-authority-data" in cluster:
+        info["certificate-authority-data"] = documents.text(
+            cluster["certificate-authority-data"],
+            "cluster.certificate-authority-data",
+            max_length=MAX_KUBECONFIG_BYTES,
+        )
+    elif ca_file is not None:
+        data = documents.read_bounded(Path(ca_file), MAX_KUBECONFIG_BYTES)
+        info["certificate-authority-data"] = base64.b64encode(data).decode()
+    for key in ("tls-server-name", "proxy-url"):
+        if cluster.get(key):
+            info[key] = _optional_text(cluster, key)
+    if cluster.get("insecure-skip-tls-verify") is True:
+        info["insecure-skip-tls-verify"] = True
+    extensions = documents.sequence(cluster.get("extensions") or [], "cluster.extensions")
+    for index, extension in enumerate(extensions):
+        named = documents.mapping(extension, documents.join("cluster.extensions", index))
+        if named.get("name") == _EXEC_EXTENSION:
+            info["config"] = named.get("extension")
+    return info
+
+
 def _tls(
-    cluster: dict[str, Any], cluster_dir: Path, user: dict[str, Any], user_dir: Path
+    cluster: dict[str, Any],
+    cluster_dir: Path,
+    user: dict[str, Any],
+    user_dir: Path,
+    *,
+    cert: str | None = None,
+    key: str | None = None,
 ) -> ssl.SSLContext:
+    """The cluster's TLS context with the user's client certificate, or with `cert` and `key`
+    (PEM text: an exec plugin's) when given."""
     insecure = cluster.get("insecure-skip-tls-verify", False)
     verify = not documents.boolean(insecure, "cluster.insecure-skip-tls-verify")
     ca_data = _data(cluster, "certificate-authority-data")
     ca_file = _file(cluster, "certificate-authority", cluster_dir)
-    cert = _data(user, "client-certificate-data")
-    key = _data(user, "client-key-data")
-    cert_file = _file(user, "client-certificate", user_dir)
-    key_file = _file(user, "client-key", user_dir)
-    if cert is None and key is None:
-        return tls_context(
-            ca_file=None if ca_data else ca_file,
-            ca_data=ca_data,
-            cert_file=cert_file,
-            key_file=key_file,
-            verify=verify,
-        )
-    # The ssl module loads a client certificate from files only: a private directory that
-    # lives for the loading alone.
-    with tempfile.TemporaryDirectory(prefix="gpuscope-") as scratch:
-        if cert is not None:
-            cert_file = _write(Path(scratch) / "client.crt", cert)
-        if key is not None:
-            key_file = _write(Path(scratch) / "client.key", key)
-        return tls_context(
-            ca_file=None if ca_data else ca_file,
-            ca_data=ca_data,
-            cert_file=cert_file,
-            key_file=key_file,
-            verify=verify,
-        )
-
-
-def _write(path: Path, content: str) -> str:
-    path.touch(mode=0o600)
-    path.write_text(content)
-    return str(path)
+    return tls_context(
+        ca_file=None if ca_data else ca_file,
+        ca_data=ca_data,
+        cert_file=_file(user, "client-certificate", user_dir),
+        key_file=_file(user, "client-key", user_dir),
+        cert_data=cert if cert is not None else _data(user, "client-certificate-data"),
+        key_data=key if key is not None else _data(user, "client-key-data"),
+        verify=verify,
+    )
 
 
 def _authorization(user: dict[str, Any], directory: Path) -> Callable[[], str | None]:
@@ -219,48 +299,3 @@ def _problem(error: Exception) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return str(error) or type(error).__name__
-
-
-def _delegated(paths: str, setting: str) -> ApiConfig:
-    """A kubeconfig whose user runs an exec plugin or an auth-provider, read by the kubernetes
-    package's loader (imported only here) and its refreshing token asked per request."""
-    import yaml  # noqa: PLC0415
-    from kubernetes.client import Configuration  # noqa: PLC0415 - costs ~16 MiB
-    from kubernetes.config.config_exception import ConfigException  # noqa: PLC0415
-    from kubernetes.config.kube_config import load_kube_config  # noqa: PLC0415
-
-    configuration = Configuration()
-    try:
-        # persist_config=False: never write refreshed credentials back into the user's file.
-        load_kube_config(
-            config_file=paths, client_configuration=configuration, persist_config=False
-        )
-    except yaml.YAMLError as error:
-        raise ConfigError(setting, f"{paths}: not valid YAML") from error
-    except (TypeError, AttributeError, KeyError) as error:
-        raise ConfigError(
-            setting, f"{paths} is not a kubeconfig: its {_KEYS_TEXT} are not lists of named entries"
-        ) from error
-    except (ConfigException, OSError, ValueError) as error:
-        raise ConfigError(setting, f"{paths}: {_problem(error)}") from error
-    host: str = configuration.host
-    tls = None
-    if host.startswith("https"):
-        tls = tls_context(
-            ca_file=configuration.ssl_ca_cert,
-            cert_file=configuration.cert_file,
-            key_file=configuration.key_file,
-            verify=configuration.verify_ssl,
-        )
-
-    def authorization() -> str | None:
-        header: str | None = configuration.get_api_key_with_prefix("BearerToken")
-        return header
-
-    return ApiConfig(
-        host,
-        tls=tls,
-        tls_server_name=configuration.tls_server_name,
-        proxy=configuration.proxy,
-        authorization=authorization,
-    )

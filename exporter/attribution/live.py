@@ -4,13 +4,13 @@ thread of its own, so a slow kubelet never delays a cycle; the same thread reads
 it names, once each) and `/proc` (read in the cycle: one `stat` per GPU process, a file only for
 a process not seen before).
 
-Imported only when a cluster is configured: the `kubernetes` package it pulls in costs about
-20 MiB of memory.
+Imported only when a cluster is configured.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.attributor import Attributor
@@ -21,7 +21,7 @@ from exporter.attribution.podresources import PodResourcesClient
 from exporter.attribution.pods import pod_watch
 from exporter.attribution.procfs import ProcessContainers
 from exporter.attribution.resourceslices import resource_slice_watch
-from exporter.attribution.watch import BATCH_SECONDS
+from exporter.attribution.watch import BATCH_SECONDS, STOP_SECONDS
 from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
@@ -34,38 +34,43 @@ if TYPE_CHECKING:
 
 POLL_SECONDS: Final = 1.0
 """How often the poller asks the client (which itself calls the kubelet at most every 5 s)."""
-FIRST_ANSWER_SECONDS: Final = 2.0
-"""How long the first cycle waits for the kubelet's first answer."""
 
 
 class PodResourcesPoller:
-    """The kubelet's allocations, asked in a thread of its own; the cycle takes the latest."""
+    """The kubelet's allocations, asked in a thread of its own; a cycle takes the answer last
+    published and never waits for one (before the first, it has none: allocations unknown)."""
 
     def __init__(self, client: PodResourcesClient, *, claims: ClaimResources | None = None) -> None:
         self._client = client
         self._claims = claims
         """Gives DRA allocations their resource names (blocking: asks the API server)."""
         self._latest: tuple[tuple[DeviceAllocation, ...] | None, bool] = (None, False)
-        self._answered = threading.Event()
+        """Replaced whole by the poller, read by the sampler: a tuple of immutable tuples."""
         self._stopping = threading.Event()
-        self._started = False
         self._thread = SupervisedThread("gpuscope-podresources", self._run)
 
     def start(self) -> None:
-        self._started = True
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Tell the poller to end; returns at once (a call to the kubelet ends within its 1 s
+        timeout, a claim's GET within its own)."""
         self._stopping.set()
-        self._thread.stop(2.0)
+        self._thread.stop(0)  # no restart after this; the thread is joined in `join`
+
+    def join(self, deadline: float) -> None:
+        """Wait for the poller until `deadline` (on `time.monotonic`'s clock), then close the
+        claims' connections."""
+        self._thread.stop(max(0.0, deadline - time.monotonic()))
         if self._claims is not None:
             self._claims.close()
 
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        self.request_stop()
+        self.join(time.monotonic() + timeout)
+
     def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
-        """The latest answer (an immutable tuple, replaced whole by the poller); the first cycle
-        waits briefly for the first."""
-        if self._started:
-            self._answered.wait(FIRST_ANSWER_SECONDS)
+        """The answer last published (an immutable tuple, replaced whole by the poller)."""
         return self._latest
 
     def _run(self) -> None:
@@ -74,7 +79,6 @@ class PodResourcesPoller:
             if allocations is not None and self._claims is not None:
                 allocations = self._claims.resolve(allocations)
             self._latest = (allocations, healthy)
-            self._answered.set()
             self._stopping.wait(POLL_SECONDS)
 
 
@@ -84,8 +88,11 @@ class NoDevices:
     def start(self) -> None:
         """Nothing to watch."""
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
         """Nothing to stop."""
+
+    def join(self, deadline: float) -> None:
+        """Nothing to wait for."""
 
     def view(self) -> DeviceIndex:
         return NO_DEVICES
@@ -97,7 +104,12 @@ class NoDevices:
 def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor:
     """The attributor of a node in a real cluster."""
     batch_seconds = min(BATCH_SECONDS, config.collect_interval / 2)
-    pods = pod_watch(KubernetesClient(access), access.node_name, batch_seconds=batch_seconds)
+    pods = pod_watch(
+        KubernetesClient(access),
+        access.node_name,
+        pod_labels=config.pod_labels,
+        batch_seconds=batch_seconds,
+    )
     devices: DeviceSource = NoDevices()
     claims = None
     if config.dra_drivers:

@@ -1,9 +1,16 @@
 """One pod as attribution needs it, read from the Kubernetes API's JSON; pure.
 
 `pod_from_api` keeps what attribution uses of a `v1.Pod` (its UID, name, labels, workload, the
-ids of its containers and their images); `PodIndex` finds the running pods of a node by UID or name. The pod
-watch (`exporter.attribution.pods`) feeds them from the API server, the simulator
+ids of its containers and their images); `PodIndex` finds the running pods of a node by UID or
+name. The pod watch (`exporter.attribution.pods`) feeds them from the API server, the simulator
 (`exporter.simulator.cluster`) from a fleet file: the same parsing either way.
+
+`pod_shape` is what the watch reads of a pod as it arrives, and so all a tenant's pod can make the
+daemon hold: the fields above, each string cut (`jsonstream.MAX_TEXT`), at most
+`MAX_CONTAINERS` containers and statuses of each kind, two owner references (the first and the
+controller), the mirror annotation, and only the labels gpuscope reads (the revision labels and
+those `--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes, managed fields,
+other labels and annotations are scanned past, never built.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Mapping, Sequence
 
 MIRROR_ANNOTATION: Final = "kubernetes.io/config.mirror"
 """On a static pod's mirror: the kubelet's own UID for it, the one in its cgroup path."""
@@ -29,6 +37,14 @@ MAX_IMAGE_LENGTH: Final = 128
 """An image reference is cut to this many characters (after its digest is dropped): a label value
 a person reads, never a document."""
 _CONTAINER_KINDS: Final = ("containers", "initContainers", "ephemeralContainers")
+_STATUS_KINDS: Final = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+MAX_CONTAINERS: Final = 64
+"""Containers (and container statuses) of each kind read of a pod. Pods run a few; ephemeral
+containers pile up with each `kubectl debug` and are never removed. A container past these is
+not matched to its processes (its pod's other containers are)."""
+MAX_LABELS: Final = 64
+"""Labels kept of a pod among those `--kubernetes.pod-labels` names (each one a label of
+`gpu_pod_info`)."""
 
 
 class PodFormatError(ValueError):
@@ -78,7 +94,7 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
     status = status if isinstance(status, dict) else {}
     containers: dict[str, str] = {}
     problems: list[tuple[str, str]] = []
-    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+    for key in _STATUS_KINDS:
         for container in status.get(key) or ():
             if not isinstance(container, dict):
                 continue
@@ -107,6 +123,50 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
         ended=status.get("phase") in _ENDED_PHASES,
         problems=tuple(problems),
     )
+
+
+def pod_shape(*, labels: re.Pattern[str] | None = None) -> Fields:
+    """What is read of a pod as the API serves it: what `pod_from_api` uses, with the labels
+    gpuscope reads (the revision labels, and those `labels` matches in full)."""
+
+    def read_label(name: str) -> bool:
+        return name in REVISION_LABELS or (labels is not None and bool(labels.fullmatch(name)))
+
+    container = Fields({"name": TEXT, "image": TEXT})
+    container_status = Fields({"name": TEXT, "containerID": TEXT})
+    owner = Fields({"kind": TEXT, "name": TEXT, "controller": Scalar()})
+    return Fields(
+        {
+            "metadata": Fields(
+                {
+                    "uid": TEXT,
+                    "namespace": TEXT,
+                    "name": TEXT,
+                    "labels": Entries(TEXT, keep=read_label, max_entries=MAX_LABELS),
+                    "annotations": Entries(TEXT, keep=MIRROR_ANNOTATION.__eq__, max_entries=1),
+                    "ownerReferences": Items(owner, max_items=2, select=_first_or_controller),
+                }
+            ),
+            "spec": Fields(
+                {key: Items(container, max_items=MAX_CONTAINERS) for key in _CONTAINER_KINDS}
+            ),
+            "status": Fields(
+                {
+                    "phase": TEXT,
+                    **{
+                        key: Items(container_status, max_items=MAX_CONTAINERS)
+                        for key in _STATUS_KINDS
+                    },
+                }
+            ),
+        }
+    )
+
+
+def _first_or_controller(owner: object, kept: Sequence[object]) -> object | None:
+    """The owner references `workload_of` looks at: the controller, else the first."""
+    controller = isinstance(owner, dict) and owner.get("controller") is True
+    return owner if not kept or controller else None
 
 
 def revision(labels: Mapping[str, str]) -> str:

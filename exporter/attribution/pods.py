@@ -7,18 +7,27 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final
 
-from exporter.attribution.cluster import PODS_PATH
-from exporter.attribution.pod import EMPTY_INDEX, Pod, PodFormatError, PodIndex, pod_from_api
+from exporter.attribution.cluster import MAX_OBJECT_BYTES, PODS_PATH
+from exporter.attribution.pod import (
+    EMPTY_INDEX,
+    Pod,
+    PodFormatError,
+    PodIndex,
+    pod_from_api,
+    pod_shape,
+)
 from exporter.attribution.watch import (
     BACKOFF_SECONDS,
     BATCH_SECONDS,
-    MAX_LIST_BYTES,
+    PAGE_OBJECTS,
     Kind,
     ListWatch,
 )
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
+    import re
+
     from exporter.attribution.cluster import KubernetesClient
 
 log = logging.getLogger(__name__)
@@ -32,20 +41,24 @@ def pod_watch(
     client: KubernetesClient,
     node: str,
     *,
+    pod_labels: re.Pattern[str] | None = None,
     backoff: tuple[float, ...] = BACKOFF_SECONDS,
     batch_seconds: float = BATCH_SECONDS,
-    max_list_bytes: int = MAX_LIST_BYTES,
+    page_objects: int = PAGE_OBJECTS,
+    max_object_bytes: int = MAX_OBJECT_BYTES,
 ) -> PodWatch:
-    """The list + watch of `node`'s pods."""
+    """The list + watch of `node`'s pods, keeping of their labels those `pod_labels` names."""
     kind = Kind(
         resource="pods",
         noun="pods",
         path=PODS_PATH,
         selector=f"spec.nodeName={node}",
+        shape=pod_shape(labels=pod_labels),
         parse=_PodParser(),
         index=PodIndex.of,
         empty=EMPTY_INDEX,
-        max_list_bytes=max_list_bytes,
+        page_objects=page_objects,
+        max_object_bytes=max_object_bytes,
     )
     return ListWatch(client, kind, thread=THREAD, backoff=backoff, batch_seconds=batch_seconds)
 

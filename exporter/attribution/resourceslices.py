@@ -13,7 +13,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final
 
-from exporter.attribution.dra import NO_DEVICES, DeviceIndex, ResourceSlice, SliceFormatError
+from exporter.attribution.dra import (
+    NO_DEVICES,
+    SLICE_SHAPE,
+    DeviceIndex,
+    ResourceSlice,
+    SliceFormatError,
+)
 from exporter.attribution.dra import slice_from_api as parse_slice
 from exporter.attribution.watch import BACKOFF_SECONDS, BATCH_SECONDS, Kind, ListWatch
 from exporter.logs import LogOnce
@@ -51,6 +57,7 @@ def resource_slice_watch(
         noun="ResourceSlices",
         path=RESOURCE_SLICES_PATH,
         selector=selector,
+        shape=SLICE_SHAPE,
         parse=_SliceParser(frozenset(drivers)),
         index=DeviceIndex.of,
         empty=NO_DEVICES,

@@ -1,22 +1,30 @@
 """List + watch of one kind of Kubernetes object, kept current in a cache, never polled per scrape.
 
-One dedicated thread per kind lists `<path>?fieldSelector=<selector>`, then watches from the
-list's resourceVersion, applying each event to the cache; the sampler's worker thread takes an
-immutable index of it once per cycle (`view`), rebuilt only after a change. When the API server
-is away the last known objects stay, reconnection follows `BACKOFF_SECONDS`, and a watch
-answered with `410 Gone` (in the status line or as an ERROR event) starts again from a fresh
-list. Failures are logged once per cause, and the return of the API server once. Lists and
-events are read bounded (`MAX_LIST_BYTES`, `MAX_EVENT_BYTES`).
+One dedicated thread per kind lists `<path>?fieldSelector=<selector>` in pages (`limit` and
+`continue`, as client-go's pager does), then watches from the list's resourceVersion, applying
+each event to the cache; the sampler's worker thread takes an immutable index of it once per
+cycle (`view`), rebuilt only after a change. When the API server is away the last known objects
+stay, reconnection follows `BACKOFF_SECONDS`, and a watch answered with `410 Gone` (in the status
+line or as an ERROR event), or a list whose continue token expired, starts again from a fresh
+list. Failures are logged once per cause, and the return of the API server once.
+
+Everything is read as it arrives (`exporter.attribution.jsonstream`): of each object only what
+its `Kind.shape` names is built, so what a tenant puts in a pod (1.5 MiB of env entries or
+annotations) is scanned past, never held; each object read is bounded (`MAX_OBJECT_BYTES`), and
+so is a page (`PAGE_OBJECTS` of them).
 
 The pods of this node (`exporter.attribution.pods`) and its ResourceSlices
 (`exporter.attribution.resourceslices`) are both kept this way. A kind the cluster may not
 serve (`Kind.optional`: resource.k8s.io before Kubernetes 1.34, or without the RBAC for it)
 turns itself off at the first 404 or 403, with one log line, and costs nothing after.
+
+Stopping is two steps, so that an owner stopping several watches waits once: `request_stop`
+tells the thread and cuts its open connection, `join` waits for it until a deadline. The thread
+is a daemon thread: one stuck past the deadline (in a connect) cannot hold the process.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -26,14 +34,23 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import urllib3
 
-from exporter.attribution.cluster import AnswerTooLarge, ApiError, read_bounded
-from exporter.documents import size_text
+from exporter.attribution.cluster import MAX_OBJECT_BYTES, ApiError, CredentialError
+from exporter.attribution.jsonstream import (
+    CHUNK_BYTES,
+    TEXT,
+    Fields,
+    Incomplete,
+    Items,
+    JsonError,
+    JsonStream,
+    Scalar,
+)
 from exporter.logs import LogOnce
 from exporter.model import WatchStatus
 from exporter.supervise import SupervisedThread
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Sequence
 
     from urllib3 import BaseHTTPResponse
 
@@ -60,13 +77,18 @@ WATCH_SECONDS: Final = (300, 600)
 STOP_SECONDS: Final = 1.0
 BATCH_SECONDS: Final = 0.5
 """After an event that arrived while the watch was idle, wait this long for more (see _watch)."""
-MAX_LIST_BYTES: Final = 64 * 1024 * 1024
-"""A list of this node's objects: a pod is a few KiB (at most 1.5 MiB, etcd's limit), a node runs
-110 by default; a ResourceSlice holds at most 128 devices. Past this the list is refused (and
-retried with backoff) rather than read into memory."""
-MAX_EVENT_BYTES: Final = 4 * 1024 * 1024
-"""One watch event: an object and its envelope, well within etcd's 1.5 MiB per object."""
+PAGE_OBJECTS: Final = 100
+"""Objects asked for per page of a list (`limit`): a node's few hundred pods in a few requests."""
+MAX_EVENT_BYTES: Final = MAX_OBJECT_BYTES
+"""One watch event: an object (of at most 1.5 MiB in etcd) and its envelope of a few bytes."""
+MAX_CONTINUE: Final = 64 * 1024
+"""A continue token is a few hundred characters; one longer is cut, and the server refuses it."""
 _BLOCKED_SECONDS: Final = 0.002
+_ENVELOPE: Final = Fields(
+    {"metadata": Fields({"resourceVersion": TEXT}), "code": Scalar(), "message": TEXT}
+)
+"""What the watch itself reads of every object besides its kind's fields: the resourceVersion,
+and a Status's code and message (an ERROR event's object)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +103,11 @@ class Kind(Generic[T, V]):
     """The collection, `/api/v1/pods`."""
     selector: str
     """The field selector: `spec.nodeName=<node>`."""
+    shape: Fields
+    """What is read of each object (everything else is skipped as it arrives)."""
     parse: Callable[[object], tuple[str, T] | None]
-    """An object of the API's JSON -> (its key in the cache, what is kept of it); None for one
-    to skip (the parser says why, once)."""
+    """What `shape` kept of an object -> (its key in the cache, what is kept of it); None for
+    one to skip (the parser says why, once)."""
     index: Callable[[Iterable[T]], V]
     """The immutable view the sampler reads, built from the objects kept."""
     empty: V
@@ -92,15 +116,25 @@ class Kind(Generic[T, V]):
     """Turned off for good by a 404 or 403 (an API the cluster may not serve)."""
     absent: str = ""
     """For an optional kind: the one log line saying it is off, and what that costs."""
-    max_list_bytes: int = MAX_LIST_BYTES
+    page_objects: int = PAGE_OBJECTS
+    max_object_bytes: int = MAX_OBJECT_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class _Page(Generic[T]):
+    objects: list[tuple[str, T]]
+    version: str
+    token: str
+    """The continue token: "" on the last page."""
 
 
 class _Expired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
+    """The watch's resourceVersion, or a list's continue token, is too old (410 Gone): list
+    again. `str()` names which."""
 
 
 class _BadStream(Exception):
-    """The watch stream sent something that is not a watch event."""
+    """The API server sent something that is not what was asked for."""
 
 
 class _Absent(Exception):
@@ -132,6 +166,7 @@ class ListWatch(Generic[T, V]):
         self._stopping = threading.Event()
         self._thread = SupervisedThread(thread, self._run, on_crash=self._crashed)
         self._response: BaseHTTPResponse | None = None
+        """The answer being read (a page of the list, or the watch), cut by `request_stop`."""
         self._objects: dict[str, T] = {}
         self._version = 0
         self._index: tuple[int, V] = (0, kind.empty)
@@ -142,6 +177,16 @@ class ListWatch(Generic[T, V]):
         """When the cache was last known current (None before the first list)."""
         self._attempt = 0
         self._failures = 0
+        object_shape = kind.shape.merged(_ENVELOPE)
+        self._event_shape = Fields({"type": TEXT, "object": object_shape})
+        self._page_shape = Fields(
+            {
+                "metadata": Fields(
+                    {"resourceVersion": TEXT, "continue": Scalar(max_length=MAX_CONTINUE)}
+                ),
+                "items": Items(kind.shape, select=self._parsed),
+            }
+        )
 
     # -- the sampler's side -------------------------------------------------------------------
 
@@ -185,9 +230,10 @@ class ListWatch(Generic[T, V]):
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = STOP_SECONDS) -> None:
-        """Stop the watch thread, interrupting a blocked read; waits at most `timeout`."""
+    def request_stop(self) -> None:
+        """Tell the watch thread to end, cutting the answer it reads; returns at once."""
         self._stopping.set()
+        self._thread.stop(0)  # no restart after this; the thread is joined in `join`
         with self._lock:
             response = self._response
         if response is not None:
@@ -195,8 +241,17 @@ class ListWatch(Generic[T, V]):
                 response.shutdown()
             except OSError as error:
                 log.debug("closing the watch connection failed", extra={"error": str(error)})
-        self._thread.stop(timeout)
+
+    def join(self, deadline: float) -> None:
+        """Wait for the watch thread until `deadline` (on `time.monotonic`'s clock), then close
+        the connections."""
+        self._thread.stop(max(0.0, deadline - time.monotonic()))
         self._client.close()
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the watch thread, interrupting a blocked read; waits at most `timeout`."""
+        self.request_stop()
+        self.join(time.monotonic() + timeout)
 
     # -- the watch thread ---------------------------------------------------------------------
 
@@ -206,13 +261,15 @@ class ListWatch(Generic[T, V]):
             try:
                 if self._resource_version is None:
                     self._list()
+                    if self._resource_version is None:
+                        continue  # stopped between two pages
                 self._watch()
                 self._attempt = 0  # the server ended the watch as asked: all is well
                 expired_before = False
-            except _Expired:
+            except _Expired as expired:
                 log.info(
-                    "a watch expired (410 Gone); listing again",
-                    extra={"resource": self.kind.resource},
+                    "410 Gone: listing again",
+                    extra={"resource": self.kind.resource, "expired": str(expired)},
                 )
                 self._resource_version = None
                 if expired_before:  # twice in a row: do not hammer the server with lists
@@ -235,48 +292,82 @@ class ListWatch(Generic[T, V]):
             self._up = False
         self._resource_version = None
 
-    def _get(self, query: list[tuple[str, str]], read_timeout: float) -> BaseHTTPResponse:
+    def _get(
+        self, query: list[tuple[str, str]], read_timeout: float, *, what: str
+    ) -> BaseHTTPResponse:
         try:
-            return self._client.get(
+            response = self._client.get(
                 self.kind.path,
                 [("fieldSelector", self.kind.selector), *query],
                 timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
             )
         except ApiError as error:
             if error.status == GONE:
-                raise _Expired from error
+                raise _Expired(what) from error
             if self.kind.optional and error.status in ABSENT_STATUS:
                 self._turn_off(error)
                 raise _Absent from error
             raise
+        with self._lock:
+            self._response = response
+        if self._stopping.is_set():  # request_stop came before the response was known
+            response.shutdown()
+        return response
+
+    def _read(self, response: BaseHTTPResponse, limit: int, what: str) -> JsonStream:
+        return JsonStream(response.stream(CHUNK_BYTES), max_value_bytes=limit, what=what)
+
+    def _done(self, response: BaseHTTPResponse) -> None:
+        with self._lock:
+            self._response = None
+        response.release_conn()
 
     def _list(self) -> None:
-        response = self._get([], LIST_READ_TIMEOUT_SECONDS)
-        what = f"the list of {self.kind.noun}"
-        try:
-            document = json.loads(read_bounded(response, self.kind.max_list_bytes, what))
-        except AnswerTooLarge as error:
-            raise _BadStream(str(error)) from error
-        except ValueError as error:
-            raise _BadStream(f"{what} is not JSON") from error
-        finally:
-            response.release_conn()
-        items = document.get("items") if isinstance(document, dict) else None
-        version = (
-            (document.get("metadata") or {}).get("resourceVersion") if items is not None else None
-        )
-        if not isinstance(items, list) or not isinstance(version, str):
-            raise _BadStream(f"the list of {self.kind.noun} has no items or no resourceVersion")
+        """List every object in pages; the cache is replaced once the last page is read."""
         objects: dict[str, T] = {}
-        for item in items:
-            parsed = self.kind.parse(item)
-            if parsed is not None:
-                objects[parsed[0]] = parsed[1]
+        version = token = ""
+        while True:
+            query = [("limit", str(self.kind.page_objects))]
+            if token:
+                query.append(("continue", token))
+            page = self._page(query, continued=bool(token))
+            objects.update(page.objects)
+            version, token = page.version, page.token
+            if not token:
+                break
+            if self._stopping.is_set():
+                return
         with self._lock:
             self._objects = objects
             self._version += 1
         self._resource_version = version
         self._connected(listed=len(objects))
+
+    def _page(self, query: list[tuple[str, str]], *, continued: bool) -> _Page[T]:
+        what = f"a page of the list of {self.kind.noun}"
+        response = self._get(
+            query,
+            LIST_READ_TIMEOUT_SECONDS,
+            what=f"the continue token of the list of {self.kind.noun}" if continued else what,
+        )
+        limit = self.kind.page_objects * self.kind.max_object_bytes
+        try:
+            document = self._read(response, limit, what).value(self._page_shape)
+        except JsonError as error:
+            raise _BadStream(str(error)) from error
+        finally:
+            self._done(response)
+        metadata = document.get("metadata") if isinstance(document, dict) else None
+        items = document.get("items") if isinstance(document, dict) else None
+        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        token = metadata.get("continue") if isinstance(metadata, dict) else None
+        if not isinstance(items, list) or not isinstance(version, str):
+            raise _BadStream(f"the list of {self.kind.noun} has no items or no resourceVersion")
+        return _Page(items, version, token if isinstance(token, str) else "")
+
+    def _parsed(self, obj: object, _kept: Sequence[object]) -> tuple[str, T] | None:
+        """A listed object as the cache keeps it, made as soon as it is read."""
+        return self.kind.parse(obj)
 
     def _watch(self) -> None:
         assert self._resource_version is not None
@@ -288,18 +379,18 @@ class ListWatch(Generic[T, V]):
                 ("watch", "true"),
             ],
             self._watch_read_timeout,
+            what="a watch",
         )
-        with self._lock:
-            self._response = response
-        if self._stopping.is_set():  # stop() came before the response was known
-            response.shutdown()
         self._connected()
+        events = self._read(response, self.kind.max_object_bytes, "a watch event").values(
+            self._event_shape
+        )
         try:
             waited_from = self._clock()
-            for line in _lines(response):
+            for event in events:
                 if self._stopping.is_set():
                     return
-                self._apply(line)
+                self._apply(event)
                 self._attempt = 0
                 if self._clock() - waited_from > _BLOCKED_SECONDS and self._batch_seconds:
                     # The event came after a wait: let the next ones gather in the socket and
@@ -309,23 +400,21 @@ class ListWatch(Generic[T, V]):
                 waited_from = self._clock()
         except urllib3.exceptions.ReadTimeoutError:
             return  # a quiet node: watch again from the same resourceVersion
+        except Incomplete:
+            return  # cut off mid-event: watching again from the last one applied sends it again
+        except JsonError as error:
+            raise _BadStream(str(error)) from error
         finally:
-            with self._lock:
-                self._response = None
-            response.release_conn()
+            self._done(response)
 
-    def _apply(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError as error:
-            raise _BadStream("a watch event is not JSON") from error
+    def _apply(self, event: object) -> None:
         if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
-            raise _BadStream("a watch line is not an event with an object")
+            raise _BadStream("a watch event has no object")
         kind, obj = event.get("type"), event["object"]
         if kind == "ERROR":
             code = obj.get("code")
             if code == GONE:
-                raise _Expired
+                raise _Expired("a watch")
             raise ApiError(
                 status=code if isinstance(code, int) else 0, reason=str(obj.get("message", ""))
             )
@@ -399,6 +488,10 @@ class ListWatch(Generic[T, V]):
         wait = self._backoff[min(attempt, len(self._backoff) - 1)]
         noun, resource = self.kind.noun, self.kind.resource
         fields: dict[str, object] = {"selector": self.kind.selector, "attempt": self._failures}
+        if isinstance(error, CredentialError):
+            # Said once by what makes the credentials, whichever thread asked first.
+            log.debug("no credentials for the Kubernetes API", extra={"problem": str(error)})
+            return wait * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not a secret
         if isinstance(error, ApiError) and error.status not in RETRYABLE_STATUS:
             wait = self._backoff[-1]
             fields["status"] = error.status
@@ -426,20 +519,3 @@ def _describe(error: Exception) -> str:
         return f"HTTP {error.status} {error.reason}"
     reason = getattr(error, "reason", None)
     return f"{type(error).__name__}: {reason or error}"
-
-
-def _lines(response: BaseHTTPResponse, limit: int = MAX_EVENT_BYTES) -> Iterator[bytes]:
-    """The non-empty lines of a streamed body, as they arrive. A last line cut off without its
-    newline is dropped: its event was not applied, so watching again from the last applied
-    resourceVersion delivers it again. A line longer than `limit` is refused."""
-    pending = b""
-    for chunk in response.stream(None):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            if len(line) > limit:
-                raise _BadStream(f"a watch event is larger than {size_text(limit)}")
-            if line.strip():
-                yield line
-        if len(pending) > limit:
-            raise _BadStream(f"a watch event is larger than {size_text(limit)}")

@@ -150,8 +150,11 @@ class SimulatedPods:
     def start(self) -> None:
         """Nothing to watch."""
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
         """Nothing to stop."""
+
+    def join(self, deadline: float) -> None:
+        """Nothing to wait for."""
 
     def view(self) -> PodIndex:
         return self._index
@@ -224,8 +227,11 @@ class SimulatedDevices:
     def start(self) -> None:
         """Nothing to watch."""
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
         """Nothing to stop."""
+
+    def join(self, deadline: float) -> None:
+        """Nothing to wait for."""
 
     def view(self) -> DeviceIndex:
         return self._index
@@ -273,8 +279,11 @@ class SimulatedAllocations:
     def start(self) -> None:
         """Nothing to ask in the background."""
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
         """Nothing to stop."""
+
+    def join(self, deadline: float) -> None:
+        """Nothing to wait for."""
 
     def allocations(self) -> tuple[tuple[DeviceAllocation, ...] | None, bool]:
         return self._allocations, True

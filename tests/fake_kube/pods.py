@@ -110,3 +110,22 @@ def serve_pods(server: FakeKube, *pods: dict[str, Any]) -> FakeKube:
     for item in pods:
         server.put("pods", item)
     return server
+
+
+def tenant_pod(
+    name: str, uid: str, container_id: str, *, env_bytes: int = 1_400_000
+) -> dict[str, Any]:
+    """A pod on the node as a tenant may make it: its one container carries about `env_bytes` of
+    small env entries (4-character values, as many as fit), beside `team` and
+    `pod-template-hash` it has 500 labels gpuscope does not read, and a ReplicaSet owns it."""
+    document = pod(
+        name,
+        uid,
+        containers={"main": container_id},
+        labels={"team": "t", "pod-template-hash": "abc", **{f"l{i}": "v" for i in range(500)}},
+        owner=("ReplicaSet", f"{name.rpartition('-')[0]}-abc"),
+    )
+    document["spec"]["containers"][0]["env"] = [
+        {"name": f"E{i:06d}", "value": "xxxx"} for i in range(env_bytes // 33)
+    ]
+    return document

@@ -7,13 +7,21 @@ from one server-wide counter and is kept in a history, so that a watch from an o
 resourceVersion replays what it missed, and a watch from before `expire()` gets `410 Gone` —
 as a status line or as an ERROR event, like the real server.
 
+Lists are paged as the real server pages them: `limit=N` answers the first N objects in key
+order (namespace, then name) with an opaque `metadata.continue` token while more remain (and
+`remainingItemCount` when no selector was given, as the real server only counts then); every
+page of one list is cut from the snapshot the first page was taken at, and carries its
+resourceVersion. A continue token from before `expire()` (etcd compacted that revision) is
+answered `410 Expired`, as is the next continue request after `expire_continue_tokens()`.
+
 Single objects are served by name too (`GET <collection>/<name>`). Acting as an older cluster,
 it serves none of the API groups in `withheld` (`resource.k8s.io` before Kubernetes 1.34): every
 path under `/apis/<group>/` answers 404 as the real server does; a resource in `forbidden`
 answers 403, as RBAC without a rule for it does.
 
-Faults: `drop_connections()`, `expire()`, `answer_gone(n)`, `send_garbage()`, `go_away()` /
-`come_back()`, a `delay` before every answer, and a `failure` status answered to every request.
+Faults: `drop_connections()`, `expire()`, `answer_gone(n)`, `expire_continue_tokens(n)`,
+`send_garbage()`, `go_away()` / `come_back()`, a `delay` before every answer, and a `failure`
+status answered to every request.
 Test code calls the synchronous methods from its own thread; they run on the server's loop and
 return when done.
 """
@@ -21,7 +29,10 @@ return when done.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import itertools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -38,6 +49,11 @@ if TYPE_CHECKING:
 
 GARBAGE: Final = b"{this is not json\n"
 _CLOSE: Final = object()
+CONTINUE_EXPIRED: Final = (
+    "The provided continue parameter is too old to display a consistent list result. You can "
+    "start a new list without the continue parameter."
+)
+"""What the real server says when etcd compacted the revision a continue token was cut at."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,10 @@ class FakeKube:
         self._version = 1000
         self._expired_below = 0
         self._gone_answers = 0
+        self._continues_gone = 0
+        self._snapshots: dict[int, list[dict[str, Any]]] = {}
+        """The objects of each paged list, in key order, as its first page saw them."""
+        self._snapshot_ids = itertools.count(1)
         self._watchers: set[_Watcher] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -174,7 +194,11 @@ class FakeKube:
     def send_endless_line(self, size: int) -> None:
         """Write `size` bytes without a newline into every open watch stream (an event that
         never ends)."""
-        self._call(self._broadcast(b"x" * size))
+        self.send_raw(b"x" * size)
+
+    def send_raw(self, data: bytes) -> None:
+        """Write `data` as it is into every open watch stream."""
+        self._call(self._broadcast(data))
 
     def expire(self) -> None:
         """Forget the history (as etcd compaction does): open watches get a 410 ERROR event and
@@ -190,6 +214,10 @@ class FakeKube:
     def answer_gone(self, times: int = 1) -> None:
         """Answer the next `times` watch requests with 410 Gone, whatever their version."""
         self._gone_answers += times
+
+    def expire_continue_tokens(self, times: int = 1) -> None:
+        """Answer the next `times` continue requests with 410 Expired, whatever their token."""
+        self._continues_gone += times
 
     def go_away(self) -> None:
         """Stop listening and close every connection (the API server is down)."""
@@ -317,17 +345,53 @@ class FakeKube:
                 return _status(400, "BadRequest", str(error))
             if request.query.get("watch") in ("true", "1"):
                 return await self._watch(collection, matches, request)
-            items = [obj for obj in self._objects[collection.plural].values() if matches(obj)]
-            return web.json_response(
-                {
-                    "kind": f"{collection.kind}List",
-                    "apiVersion": collection.prefix.removeprefix("/api/").removeprefix("/apis/"),
-                    "metadata": {"resourceVersion": str(self._version)},
-                    "items": items,
-                }
-            )
+            return self._list(collection, matches, request)
 
         return handle
+
+    def _list(
+        self,
+        collection: Collection,
+        matches: Callable[[dict[str, Any]], bool],
+        request: web.Request,
+    ) -> web.Response:
+        """A list, or one page of it."""
+        token = request.query.get("continue")
+        if token:
+            try:
+                position = json.loads(base64.b64decode(token, validate=True))
+                version, snapshot, start = position["rv"], position["id"], position["start"]
+            except (ValueError, binascii.Error, KeyError, TypeError):
+                return _status(400, "BadRequest", "invalid continue token")
+            if self._continues_gone > 0 or version < self._expired_below:
+                self._continues_gone = max(self._continues_gone - 1, 0)
+                return _status(410, "Expired", CONTINUE_EXPIRED)
+            items = self._snapshots[snapshot][start:]
+        else:
+            version, snapshot, start = self._version, 0, 0
+            items = sorted(
+                (obj for obj in self._objects[collection.plural].values() if matches(obj)),
+                key=lambda obj: (obj["metadata"].get("namespace", ""), obj["metadata"]["name"]),
+            )
+        metadata: dict[str, Any] = {"resourceVersion": str(version)}
+        limit = int(request.query.get("limit") or 0)
+        if 0 < limit < len(items):
+            if not snapshot:
+                snapshot = next(self._snapshot_ids)
+                self._snapshots[snapshot] = items
+            position = {"rv": version, "id": snapshot, "start": start + limit}
+            metadata["continue"] = base64.b64encode(json.dumps(position).encode()).decode()
+            if not request.query.get("fieldSelector") and not request.query.get("labelSelector"):
+                metadata["remainingItemCount"] = len(items) - limit
+            items = items[:limit]
+        return web.json_response(
+            {
+                "kind": f"{collection.kind}List",
+                "apiVersion": collection.prefix.removeprefix("/api/").removeprefix("/apis/"),
+                "metadata": metadata,
+                "items": items,
+            }
+        )
 
     async def _watch(
         self,
