@@ -22,7 +22,7 @@ from exporter.metrics.exposition import negotiate
 from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
 from exporter.sampling import SamplingLoop
-from exporter.supervise import TaskHealth, in_daemon_thread, supervised
+from exporter.supervise import TaskHealth, background_task, in_daemon_thread, supervised
 from exporter.web import counters
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
@@ -183,7 +183,7 @@ class App:
     async def _web_config(self) -> AsyncIterator[None]:
         """Re-read the web config when its files change; restarted if the watch fails."""
         security = self.security
-        task = asyncio.create_task(
+        task = background_task(
             supervised(self.web_watch, security.watch), name="gpuscope-web-config"
         )
         try:

@@ -234,6 +234,7 @@ class SamplingLoop:
         if not task.cancelled() and task.exception() is not None:
             error = task.exception()
             assert error is not None
+            self._nvml.count_error()
             self._once.unexpected(("loop",), "the sampling loop died; /-/healthy now fails", error)
 
     async def run(self) -> None:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,30 @@ class SupervisedThread:
                 self._restarts.restarting()
                 continue
             return
+
+
+def background_task(
+    coroutine: Coroutine[Any, Any, None],
+    *,
+    name: str,
+    failed: Callable[[BaseException], None] | None = None,
+) -> asyncio.Task[None]:
+    """`coroutine` in a task of its own whose end is never silent: an exception it ends with is
+    logged (with the task's name) and handed to `failed` (to count it), once, by a done-callback
+    — so the task's owner may cancel and forget it without retrieving its result."""
+    task = asyncio.create_task(coroutine, name=name)
+
+    def ended(done: asyncio.Task[None]) -> None:
+        if done.cancelled() or (error := done.exception()) is None:
+            return
+        log.error(
+            "a background task failed", extra={"task": name}, exc_info=(type(error), error, None)
+        )
+        if failed is not None:
+            failed(error)
+
+    task.add_done_callback(ended)
+    return task
 
 
 async def supervised(

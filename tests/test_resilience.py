@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import logging
 import os
 import random
 import re
@@ -27,7 +28,7 @@ from exporter.nvml.sampler import NvmlSampler
 from exporter.sampling import HealthBounds, SamplingLoop
 from exporter.simulator import SimulatedNvml, default_fleet
 from exporter.simulator.fleet import parse_fleet
-from exporter.supervise import SupervisedThread, TaskHealth, supervised
+from exporter.supervise import SupervisedThread, TaskHealth, background_task, supervised
 from tests.fake_nvml import FakeDevice, FakeNvmlState
 from tests.fake_nvml.node import fake_env
 from tests.helpers import (
@@ -474,6 +475,29 @@ async def test_a_crashing_task_is_restarted_and_reported() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_background_task_that_fails_is_logged_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Its owner may cancel and forget it: the done-callback has already told of the failure."""
+    failures: list[BaseException] = []
+
+    async def broken() -> None:
+        raise KeyError("nobody expected this")
+
+    with caplog.at_level(logging.ERROR):
+        task = background_task(broken(), name="gpuscope-test", failed=failures.append)
+        await asyncio.wait([task])
+        await asyncio.sleep(0)
+    assert [type(error) for error in failures] == [KeyError]
+    assert [(r.getMessage(), getattr(r, "task", None)) for r in caplog.records] == [
+        ("a background task failed", "gpuscope-test")
+    ]
+    cancelled = background_task(asyncio.sleep(10), name="gpuscope-quiet", failed=failures.append)
+    cancelled.cancel()
+    await asyncio.wait([cancelled])
+    assert len(failures) == 1, "a cancelled task is no failure"
 
 
 async def test_background_tasks_show_as_collectors(app_client: Any, tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ from exporter.rightsize.prometheus import PrometheusError
 from exporter.rightsize.strategy import IDLE, UNDERUSED
 from exporter.series import Family
 from exporter.settings import ConfigError
-from exporter.supervise import DaemonExecutor, TaskHealth, supervised
+from exporter.supervise import DaemonExecutor, TaskHealth, background_task, supervised
 from exporter.web import counters
 from exporter.web.config import WebConfigError
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
@@ -546,10 +546,10 @@ class App:
         once the server listens, so that a server that cannot listen never queries Prometheus."""
         self._background.extend(
             (
-                asyncio.create_task(
+                background_task(
                     supervised(self.tasks, self.refresher.run), name="gpuscope-refresh-loop"
                 ),
-                asyncio.create_task(
+                background_task(
                     supervised(TaskHealth("web_config"), self.security.watch),
                     name="gpuscope-web-config",
                 ),

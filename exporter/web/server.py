@@ -50,6 +50,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Final
 
 from exporter import malloc
+from exporter.supervise import background_task
 from exporter.web.http import (
     BadRequest,
     Handler,
@@ -511,7 +512,7 @@ class Listener:
         sockets = await bind(host, port)
         self._acceptor = Acceptor(sockets, self._accepted, connections.make_room)
         self._acceptor.start()
-        self._sweep = asyncio.create_task(connections.sweep(), name="gpuscope-connection-sweep")
+        self._sweep = background_task(connections.sweep(), name="gpuscope-connection-sweep")
 
     def _accepted(self, sock: socket.socket) -> None:
         connection = _Connection(self._handler, self.connections)
