@@ -29,13 +29,9 @@ from exporter.dcgm_counters import COUNTERS_LIMIT, read_counters
 from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import OPENMETRICS, TEXT
 from exporter.model import GpuIdentity, GpuSample, PodIdentity, PodUsage, Snapshot, Unattributed
-from exporter.readings import (
-    CLOCK_EVENT_REASONS,
-    COMPUTE_MODES,
-    GRAPHICS_ACTIVE,
-    MEMORY_USED,
-    UTILIZATION,
-)
+from exporter.readings.clocks import CLOCK_EVENT_REASONS
+from exporter.readings.device import COMPUTE_MODES, MEMORY_USED, UTILIZATION
+from exporter.readings.gpm import GRAPHICS_ACTIVE
 from tests.dcgm_fleet import NODE, dcgm_exposition, dcgm_series, declared_types
 from tests.golden_fleet import render_fleet
 from tests.helpers import ROOT, series, value

@@ -15,44 +15,20 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import pynvml
 
-from exporter.readings import (
-    CLOCK_EVENT_REASONS,
-    CLOCK_EVENTS,
-    CLOCKS,
+from exporter.readings.clocks import CLOCK_EVENT_REASONS, CLOCK_EVENTS, CLOCKS, MAX_CLOCKS
+from exporter.readings.declare import link_series
+from exporter.readings.device import (
     COMPUTE_MODE,
     COMPUTE_MODES,
     DECODER,
-    DRAM_ACTIVE,
-    ECC_AGGREGATE_CORRECTED,
-    ECC_AGGREGATE_UNCORRECTED,
-    ECC_CORRECTED,
-    ECC_UNCORRECTED,
     ENCODER,
     ENERGY,
-    FP16_ACTIVE,
-    FP32_ACTIVE,
-    FP64_ACTIVE,
-    GRAPHICS_ACTIVE,
-    MAX_CLOCKS,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TEMPERATURE,
     MEMORY_TOTAL,
     MEMORY_USED,
     MEMORY_UTILIZATION,
-    MIG_MODE,
-    NVLINK_ERRORS,
-    NVLINK_RECEIVE,
-    NVLINK_RECEIVE_TOTAL,
-    NVLINK_TRANSMIT,
-    NVLINK_TRANSMIT_TOTAL,
-    PCIE_GENERATION,
-    PCIE_MAX_GENERATION,
-    PCIE_MAX_WIDTH,
-    PCIE_RECEIVE,
-    PCIE_REPLAYS,
-    PCIE_TRANSMIT,
-    PCIE_WIDTH,
     PERSISTENCE_MODE,
     POWER,
     POWER_LIMIT,
@@ -60,6 +36,28 @@ from exporter.readings import (
     POWER_LIMIT_MAX,
     POWER_LIMIT_MIN,
     PSTATE,
+    TEMPERATURE,
+    UTILIZATION,
+    fan_series,
+)
+from exporter.readings.gpm import (
+    DRAM_ACTIVE,
+    FP16_ACTIVE,
+    FP32_ACTIVE,
+    FP64_ACTIVE,
+    GRAPHICS_ACTIVE,
+    NVLINK_RECEIVE,
+    NVLINK_TRANSMIT,
+    SM_ACTIVE,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVE,
+)
+from exporter.readings.health import (
+    ECC_AGGREGATE_CORRECTED,
+    ECC_AGGREGATE_UNCORRECTED,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    PCIE_REPLAYS,
     REMAPPED_CORRECTABLE,
     REMAPPED_FAILED,
     REMAPPED_PENDING,
@@ -67,14 +65,17 @@ from exporter.readings import (
     RETIRED_DOUBLE_BIT,
     RETIRED_PENDING,
     RETIRED_SINGLE_BIT,
-    SM_ACTIVE,
-    SM_OCCUPANCY,
-    TEMPERATURE,
-    TENSOR_ACTIVE,
     THROTTLE,
-    UTILIZATION,
-    fan_series,
-    link_series,
+)
+from exporter.readings.mig import MIG_MODE
+from exporter.readings.nvlink import NVLINK_ERRORS, NVLINK_RECEIVE_TOTAL, NVLINK_TRANSMIT_TOTAL
+from exporter.readings.pcie import (
+    PCIE_GENERATION,
+    PCIE_MAX_GENERATION,
+    PCIE_MAX_WIDTH,
+    PCIE_RECEIVE,
+    PCIE_TRANSMIT,
+    PCIE_WIDTH,
 )
 
 if TYPE_CHECKING:

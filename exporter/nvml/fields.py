@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 import pynvml
 
 from exporter.nvml.reads import FieldRequest, FieldSlot
-from exporter.readings import link_series
+from exporter.readings.declare import link_series
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from exporter.nvml.driver import NvmlDriver
     from exporter.nvml.reads import Device, Reads
-    from exporter.readings import Reading
+    from exporter.readings.declare import Reading
     from exporter.series import Series
 
 CALL: Final = "field_values"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from exporter.model import GpuIdentity, GpuSample
     from exporter.nvml.gpm import GpmReader
     from exporter.nvml.workers import GpuWorker
-    from exporter.readings import Reading
+    from exporter.readings.declare import Reading
     from exporter.series import Series
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 import pynvml
 
 from exporter.catalog import ARCHITECTURES
-from exporter.readings import FIELD_READINGS, SIMULATED_CALLS, not_supported
+from exporter.readings import FIELD_READINGS, SIMULATED_CALLS
+from exporter.readings.simulated import not_supported
 from exporter.simulator import activity
 from exporter.simulator.behaviour import demand, lag, noise, running
 from exporter.simulator.fleet import EXCEPTIONS
@@ -91,6 +92,9 @@ _FIELD_ANSWERS: Final = {
     if reading.simulated is not None
 }
 """Declared field id -> (the oldest architecture's place, per link, the simulated answer)."""
+_REFUSALS: Final = {"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+"""What the driver answers arguments no declaration names, where that is not INVALID_ARGUMENT
+(the memory call's argument is a struct version)."""
 
 
 def _fail(code: int) -> pynvml.NVMLError:
@@ -241,7 +245,7 @@ class _Device:
         if self.temperature >= _HW_THERMAL_CELSIUS:
             self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS] += nanoseconds
 
-    # -- what the declarations' simulated answers read (`exporter.readings.SimulatedGpu`) ------
+    # -- what the declarations' simulated answers read (`readings.simulated.SimulatedGpu`) -----
 
     @property
     def model(self) -> GpuModel:
@@ -424,26 +428,40 @@ class SimulatedNvml:
         """What the driver names each process (every simulated process is visible)."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        """The driver functions declared in `exporter.readings`, answered from their
-        declarations: the same checks as every call (faults, a lost or hung GPU, a MIG handle
-        where only a whole GPU answers), and NotSupported on an architecture older than the
-        reading's."""
-        reading = SIMULATED_CALLS.get(name)
-        if reading is None or reading.simulated is None:
+        """The driver functions declared in `exporter.readings`, each call answered from the
+        declaration of its arguments (`SIMULATED_CALLS`): the same checks as every call (faults,
+        a lost or hung GPU, a MIG handle where only a whole GPU answers), NotSupported on an
+        architecture older than the reading's, and the driver's refusal of arguments no
+        declaration names."""
+        declared = SIMULATED_CALLS.get(name)
+        if not declared:
             raise AttributeError(name)
-        answer = reading.simulated
-        since = ARCHITECTURES.index(reading.since)
+        answers = {
+            args: (reading.mig, ARCHITECTURES.index(reading.since), reading.simulated)
+            for args, reading in declared.items()
+            if reading.simulated is not None
+        }
+        # The declarations of one function agree on it (`exporter.readings.declare`).
+        per = next(iter(declared.values())).per is not None
+        refusal = _REFUSALS.get(name, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
         def call(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            if reading.mig:
+            given = (*args, *kwargs.values())  # pynvml's one keyword (`version`) comes last
+            index = given[:1] if per else ()
+            answer = answers.get(given[len(index) :])
+            if answer is None:
+                self._target(handle, name)  # faults, a lost or hung GPU: as for any call
+                raise _fail(refusal)
+            mig, since, simulated = answer
+            if mig:
                 device, position = self._target(handle, name)
                 if ARCHITECTURES.index(device.gpu.model.architecture) < since:
                     raise not_supported()
-                return answer(device, position, *args, **kwargs)
+                return simulated(device, position, *index)
             device = self._device(handle, name)
             if ARCHITECTURES.index(device.gpu.model.architecture) < since:
                 raise not_supported()
-            return answer(device, *args, **kwargs)
+            return simulated(device, *index)
 
         self.__dict__[name] = call  # made once: the next lookup finds it without __getattr__
         return call
