@@ -78,6 +78,15 @@ def test_a_fallback_is_checked_like_any_reading() -> None:
     with pytest.raises(ValueError, match=r"'core_v1': .* is already read by 'core'"):
         declared.reading(newer)
     assert "core_v2" not in {reading.name for reading in declared.readings}, "nothing half-added"
+    itself = Reading(
+        "hot_v2",
+        "nvmlDeviceGetTemperature",
+        (Output(Series(TEMPERATURE), float),),
+        args=(9,),
+        fallback=temperature("hot_v1", 9),
+    )
+    with pytest.raises(ValueError, match=r"'hot_v1': .*\(9\) is already read by 'hot_v2'"):
+        declared.reading(itself)
 
 
 def test_a_field_read_twice_is_refused() -> None:

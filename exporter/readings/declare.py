@@ -142,9 +142,10 @@ class Declarations:
         return family
 
     def reading(self, reading: Reading) -> Reading:
-        for made in reading.chain():
-            self._check(made)
-        for made in reading.chain():
+        chain = tuple(reading.chain())
+        for position, made in enumerate(chain):
+            self._check(made, earlier=chain[:position])
+        for made in chain:
             self._names[made.name] = made
             if made.field is not None:
                 self.fields[made.field] = made
@@ -153,9 +154,10 @@ class Declarations:
         self.readings.append(reading)
         return reading
 
-    def _check(self, reading: Reading) -> None:
+    def _check(self, reading: Reading, *, earlier: tuple[Reading, ...]) -> None:
+        """Against what is declared and the readings before it in its own fallback chain."""
         name = reading.name
-        if name in self._names:
+        if name in self._names or any(other.name == name for other in earlier):
             raise ValueError(f"reading {name!r} is declared twice")
         for output in reading.outputs:
             if output.series.family not in self.families:
@@ -164,13 +166,20 @@ class Declarations:
                     "(declare it with family(...))"
                 )
         if reading.field is not None:
-            other = self.fields.get(reading.field)
+            fields = {
+                **self.fields,
+                **{other.field: other for other in earlier if other.field is not None},
+            }
+            other = fields.get(reading.field)
             if other is not None:
                 raise ValueError(
                     f"reading {name!r}: field {reading.field} is already read by {other.name!r}"
                 )
             return
-        declared = self.calls.get(reading.call, {})
+        declared = {
+            **self.calls.get(reading.call, {}),
+            **{other.args: other for other in earlier if other.call == reading.call},
+        }
         other = declared.get(reading.args)
         if other is not None:
             raise ValueError(
@@ -191,7 +200,8 @@ def _shown(args: Args) -> str:
 
 DECLARED: Final = Declarations()
 """This package's declarations: each group module adds its own as it is imported, and
-`exporter.readings` imports every group before anything reads them."""
+`exporter.readings` imports every group before anything reads them. Nothing declares after
+that, so every thread reads them as they stand (immutable once the package is imported)."""
 
 
 def family(
