@@ -36,7 +36,7 @@ def divided_by(divisor: float) -> Convert:
     return convert
 
 
-def member(name: str, divisor: float = 1.0) -> Convert:
+def member(name: str, *, divisor: float = 1.0) -> Convert:
     """A member of the driver's struct, divided by `divisor`."""
 
     def read(struct: Any) -> float | None:
@@ -45,7 +45,7 @@ def member(name: str, divisor: float = 1.0) -> Convert:
     return read
 
 
-def item(position: int, divisor: float = 1.0) -> Convert:
+def item(position: int, *, divisor: float = 1.0) -> Convert:
     """An item of the driver's list or tuple, divided by `divisor`."""
 
     def read(answer: Any) -> float | None:

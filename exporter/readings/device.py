@@ -64,8 +64,8 @@ reading(
     "utilization",
     "nvmlDeviceGetUtilizationRates",
     (
-        Output(UTILIZATION, member("gpu", 100.0)),
-        Output(MEMORY_UTILIZATION, member("memory", 100.0)),
+        Output(UTILIZATION, member("gpu", divisor=100.0)),
+        Output(MEMORY_UTILIZATION, member("memory", divisor=100.0)),
     ),
     simulated=_simulated_utilization,
 )
@@ -232,8 +232,8 @@ reading(
     "power_limits",
     "nvmlDeviceGetPowerManagementLimitConstraints",
     (
-        Output(POWER_LIMIT_MIN, item(0, 1000.0)),
-        Output(POWER_LIMIT_MAX, item(1, 1000.0)),
+        Output(POWER_LIMIT_MIN, item(0, divisor=1000.0)),
+        Output(POWER_LIMIT_MAX, item(1, divisor=1000.0)),
     ),
     once=True,
     simulated=_simulated_power_constraints,
@@ -332,7 +332,7 @@ ENCODER: Final = plain(
         "absent, on boards without NVENC (A100, H100)",
         collector="device",
     ),
-    item(0, 100.0),
+    item(0, divisor=100.0),
     simulated=_simulated_engine,
 )
 DECODER: Final = plain(
@@ -345,7 +345,7 @@ DECODER: Final = plain(
         doc="the same for the video decoders (NVDEC)",
         collector="device",
     ),
-    item(0, 100.0),
+    item(0, divisor=100.0),
     simulated=_simulated_engine,
 )
 
