@@ -390,41 +390,6 @@ def state_timeline(
     }
 
 
-def heatmap(title: str, description: str, query: Query, *, unit: str) -> Json:
-    return {
-        "type": "heatmap",
-        "title": title,
-        "description": description,
-        "datasource": DATASOURCE,
-        "targets": _targets((query,)),
-        "fieldConfig": {
-            "defaults": {"custom": {"hideFrom": {"legend": False, "tooltip": False, "viz": False}}},
-            "overrides": [],
-        },
-        "options": {
-            "calculate": True,
-            "calculation": {
-                "yBuckets": {"mode": "size", "value": "0.1", "scale": {"type": "linear"}}
-            },
-            "cellGap": 1,
-            "color": {
-                "exponent": 0.5,
-                "fill": "dark-orange",
-                "mode": "scheme",
-                "reverse": False,
-                "scale": "exponential",
-                "scheme": "Oranges",
-                "steps": 64,
-            },
-            "exemplars": {"color": "rgba(255,0,255,0.7)"},
-            "legend": {"show": True},
-            "showValue": "never",
-            "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
-            "yAxis": {"axisPlacement": "left", "min": 0, "max": 1, "unit": unit},
-        },
-    }
-
-
 def piechart(title: str, description: str, *queries: Query) -> Json:
     return {
         "type": "piechart",

@@ -3,9 +3,9 @@
 There is no Grafana here, so this draws what Grafana would: every panel at its grid position
 with its title, filled from the panel's own queries run against a real Prometheus — by default
 the live stack the tests use (simulated nodes from tests/fixtures/fleets, scraped every second
-for `--seconds`). Lines, stacked areas, stats, bar gauges, tables, state timelines, heatmaps
-and donuts are drawn in Grafana's dark theme; a panel whose queries return nothing says
-"No data", as Grafana would.
+for `--seconds`). Lines, stacked areas, stats, bar gauges, tables, state timelines and donuts
+are drawn in Grafana's dark theme; a panel whose queries return nothing says "No data", as
+Grafana would.
 """
 
 from __future__ import annotations
@@ -454,25 +454,6 @@ def draw_state_timeline(axes: Axes, panel: Json, source: Source, dashboard: Json
     axes.xaxis.set_major_formatter(_minutes)
 
 
-def draw_heatmap(axes: Axes, panel: Json, source: Source, dashboard: Json) -> None:
-    results = source.series(dashboard, panel["targets"][0]["expr"])
-    points = [(float(t), float(v)) for r in results for t, v in r["values"]]
-    if not points:
-        _no_data(axes)
-        return
-    _style(axes)
-    times = [(t - source.window.end) / 60 for t, _ in points]
-    axes.hist2d(
-        times,
-        [v for _, v in points],
-        bins=(40, 10),
-        range=((min(times), 0), (0, 1)),
-        cmap="Oranges",
-        cmin=1,
-    )
-    axes.yaxis.set_major_formatter(lambda value, _: f"{value * 100:.0f}%")
-
-
 def draw_piechart(axes: Axes, panel: Json, source: Source, dashboard: Json) -> None:
     slices = [
         (legend(target["legendFormat"], r["metric"]), float(r["value"][1]))
@@ -497,7 +478,6 @@ DRAW: Final = {
     "bargauge": draw_bargauge,
     "table": draw_table,
     "state-timeline": draw_state_timeline,
-    "heatmap": draw_heatmap,
     "piechart": draw_piechart,
 }
 

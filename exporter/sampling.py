@@ -14,11 +14,11 @@ say whether cycles keep completing, for `/-/ready` and `/-/healthy`.
 One helper thread waits for XID and ECC events: an event re-publishes the last snapshot at once
 with the new counts, so an XID or an ECC error is visible before the next cycle.
 
-Threading rules (also in README "How gpuscope runs"): `exposition` and the timestamps of the
-last cycle are written on the event loop only; the snapshot and everything the cycle builds are
-made in the worker thread and immutable once published; an `Exposition` renders under its own
-lock, and scrapes record the formats they took by replacing an immutable set (never by changing
-one the worker may be reading).
+Threading rules (all of them in docs/architecture.md, "Threading model"): `exposition` and the
+timestamps of the last cycle are written on the event loop only; the snapshot and everything the
+cycle builds are made in the worker thread and immutable once published; an `Exposition`
+renders under its own lock, and scrapes record the formats they took by replacing an immutable
+set (never by changing one the worker may be reading).
 """
 
 from __future__ import annotations

@@ -369,11 +369,6 @@ def parse_file(value: object) -> Path:
     return path
 
 
-def optional_file(value: object) -> Path | None:
-    """A readable file, or nothing when given as an empty string."""
-    return parse_file(value) if text(value) else None
-
-
 MAX_REGEX_LENGTH: Final = 1024
 MAX_UNBOUNDED_REPEATS: Final = 3
 

@@ -39,7 +39,6 @@ PANEL_TYPES = {
     "table": ("table", "Table", True),
     "bargauge": ("bargauge", "BarGauge", False),
     "state-timeline": ("statetimeline", "StateTimeline", True),
-    "heatmap": ("heatmap", "Heatmap", True),
     "piechart": ("piechart", "PieChart", True),
 }
 

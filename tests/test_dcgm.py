@@ -24,17 +24,14 @@ from exporter.dcgm import (
     Field,
     xid_message,
 )
+from exporter.dcgm.xids import TEXTS, XidCatalogError, load_catalog
 from exporter.dcgm_counters import COUNTERS_LIMIT, read_counters
 from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import OPENMETRICS, TEXT
 from exporter.model import GpuIdentity, GpuSample, PodIdentity, PodUsage, Snapshot, Unattributed
-from exporter.readings import (
-    CLOCK_EVENT_REASONS,
-    COMPUTE_MODES,
-    GRAPHICS_ACTIVE,
-    MEMORY_USED,
-    UTILIZATION,
-)
+from exporter.readings.clocks import CLOCK_EVENT_REASONS
+from exporter.readings.device import COMPUTE_MODES, MEMORY_USED, UTILIZATION
+from exporter.readings.gpm import GRAPHICS_ACTIVE
 from tests.dcgm_fleet import NODE, dcgm_exposition, dcgm_series, declared_types
 from tests.golden_fleet import render_fleet
 from tests.helpers import ROOT, series, value
@@ -146,6 +143,34 @@ def test_xid_messages_are_nvidias() -> None:
     assert xid_message(136) == "ALI Training Fail"
     assert xid_message(172) == "Uncorrectable SRAM Error"
     assert xid_message(173) == xid_message(-1) == "Unknown Error"
+    assert xid_message(70) == "CE3: Unknown Error", "a text with a colon, quoted in the YAML"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("- No Error\n", "xids.yaml: expected a mapping of XID to text, got a list"),
+        ("{}\n", "xids.yaml: lists no XID"),
+        ("0: No Error\n2: Unused\n", "xids.yaml: XID 2: expected XID 1 here"),
+        ("1: No Error\n", "xids.yaml: XID 1: expected XID 0 here"),
+        ("0: No Error\nnext: Unused\n", "xids.yaml: XID 'next': expected a whole number"),
+        ("0: No Error\n1: ''\n", "xids.yaml: XID 1: must not be empty"),
+        ("0: No Error\n1: [Unused]\n", "xids.yaml: XID 1: expected a string, got a list"),
+        ("0: No Error\n0: Unused\n", "xids.yaml: key 0 appears twice in one mapping (line 2)"),
+    ],
+)
+def test_the_xid_catalog_is_refused_where_it_is_wrong(text: str, problem: str) -> None:
+    with pytest.raises(XidCatalogError) as refused:
+        load_catalog(text.encode())
+    assert str(refused.value).startswith(problem)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_shipped_xid_catalog_lists_every_xid_from_0() -> None:
+    shipped = (ROOT / "exporter" / "dcgm" / "xids.yaml").read_bytes()
+    assert load_catalog(shipped) == TEXTS
+    assert len(TEXTS) == 173
+    assert [xid_message(xid) for xid in range(len(TEXTS))] == list(TEXTS)
 
 
 # -- what the golden fleet serves ---------------------------------------------------------------

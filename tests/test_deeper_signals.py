@@ -19,19 +19,19 @@ from exporter.model import GpuIdentity, GpuSample, ProcessSample, Snapshot
 from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
 from exporter.nvml.sampler import NvmlSampler
-from exporter.readings import (
-    BUSY,
+from exporter.readings.device import BUSY, MEMORY_TOTAL, MEMORY_USED, POWER, UTILIZATION
+from exporter.readings.events import LAST_XID, XID_FAMILY, xid_series
+from exporter.readings.gpm import (
     DRAM_ACTIVE,
     DRAM_ACTIVE_SECONDS,
-    ECC_CORRECTED,
-    LAST_XID,
-    MEMORY_TOTAL,
-    MEMORY_USED,
-    MIG_MODE,
     NVLINK_TRANSMIT,
-    PCIE_RECEIVE,
-    PCIE_TRANSMIT,
-    POWER,
+    SM_ACTIVE,
+    SM_ACTIVE_SECONDS,
+    TENSOR_ACTIVE,
+    TENSOR_ACTIVE_SECONDS,
+)
+from exporter.readings.health import (
+    ECC_CORRECTED,
     REMAPPED_CORRECTABLE,
     REMAPPED_FAILED,
     REMAPPED_PENDING,
@@ -39,16 +39,11 @@ from exporter.readings import (
     RETIRED_DOUBLE_BIT,
     RETIRED_PENDING,
     RETIRED_SINGLE_BIT,
-    SM_ACTIVE,
-    SM_ACTIVE_SECONDS,
-    TENSOR_ACTIVE,
-    TENSOR_ACTIVE_SECONDS,
     THROTTLE,
     THROTTLE_FAMILY,
-    UTILIZATION,
-    XID_FAMILY,
-    xid_series,
 )
+from exporter.readings.mig import MIG_MODE
+from exporter.readings.pcie import PCIE_RECEIVE, PCIE_TRANSMIT
 from exporter.sampling import SamplingLoop
 from exporter.simulator import FleetError, SimulatedNvml
 from exporter.simulator.fleet import parse_fleet

@@ -8,27 +8,24 @@ import pynvml
 import pytest
 
 from exporter.metrics.families import ALL_FAMILIES, BuildInfo, snapshot_families
+from exporter.metrics.gpu import WRITTEN_FIRST, in_exposition_order
 from exporter.model import CollectorStatus, GpuIdentity, GpuSample, ProcessSample, Snapshot
-from exporter.readings import (
+from exporter.readings import READINGS, VALUE_FAMILIES, all_readings
+from exporter.readings.clocks import CLOCKS
+from exporter.readings.declare import Output, Reading, link_series
+from exporter.readings.device import (
     BUSY,
-    CLOCKS,
     COMPUTE_MODE,
-    ECC_CORRECTED,
     ENERGY,
-    NVLINK_ERRORS,
-    NVLINK_TRANSMIT_TOTAL,
     POWER,
-    READINGS,
     TEMPERATURE,
     UTILIZATION,
-    VALUE_FAMILIES,
-    Output,
-    Reading,
-    all_readings,
     fan_series,
-    link_series,
-    xid_series,
 )
+from exporter.readings.events import xid_series
+from exporter.readings.health import ECC_CORRECTED
+from exporter.readings.nvlink import NVLINK_ERRORS, NVLINK_TRANSMIT_TOTAL
+from exporter.series import Family
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -291,3 +288,13 @@ def test_exporter_self_metrics() -> None:
     assert values(found["gpuscope_last_sample_timestamp_seconds"])[0][1] == 1000.0
     assert values(found["gpuscope_sample_cycles"])[0][1] == 7
     assert values(found["gpuscope_sample_overruns"])[0][1] == 1
+
+
+def test_families_are_written_in_their_order_and_a_new_one_after_them() -> None:
+    newer = Family("gpu_newer_ratio", "A family declared after the others.", collector="device")
+    written = [family.name for family in in_exposition_order((*reversed(VALUE_FAMILIES), newer))]
+    assert written[: len(WRITTEN_FIRST)] == list(WRITTEN_FIRST)
+    assert written[-1] == "gpu_newer_ratio"
+    assert sorted(written) == sorted(family.name for family in (newer, *VALUE_FAMILIES))
+    with pytest.raises(ValueError, match="WRITTEN_FIRST names families nobody declares: gpu_"):
+        in_exposition_order(VALUE_FAMILIES[1:])

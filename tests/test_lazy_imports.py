@@ -83,4 +83,6 @@ def test_configured_features_import_what_they_need_and_work(
         "csv",
         "exporter.calibration.parse",
         "exporter.dcgm",
+        "exporter.dcgm.fields",
+        "exporter.dcgm.xids",
     ]

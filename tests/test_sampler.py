@@ -11,34 +11,19 @@ import pytest
 from exporter.nvml.device import GPU_COLLECTORS
 from exporter.nvml.driver import NvmlUnavailable
 from exporter.nvml.sampler import NvmlSampler
-from exporter.readings import (
+from exporter.readings.clocks import CLOCK_EVENTS, CLOCKS, MAX_CLOCKS
+from exporter.readings.declare import link_series
+from exporter.readings.device import (
     BUSY,
-    CLOCK_EVENTS,
-    CLOCKS,
     COMPUTE_MODE,
     DECODER,
-    ECC_AGGREGATE_CORRECTED,
-    ECC_AGGREGATE_UNCORRECTED,
-    ECC_CORRECTED,
-    ECC_UNCORRECTED,
     ENCODER,
     ENERGY,
-    GRAPHICS_ACTIVE,
-    MAX_CLOCKS,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TEMPERATURE,
     MEMORY_TOTAL,
     MEMORY_USED,
-    NVLINK_ERRORS,
-    NVLINK_RECEIVE_TOTAL,
-    NVLINK_TRANSMIT,
-    NVLINK_TRANSMIT_TOTAL,
-    PCIE_GENERATION,
-    PCIE_MAX_GENERATION,
-    PCIE_MAX_WIDTH,
-    PCIE_REPLAYS,
-    PCIE_WIDTH,
     PERSISTENCE_MODE,
     POWER,
     POWER_LIMIT,
@@ -49,8 +34,17 @@ from exporter.readings import (
     TEMPERATURE,
     UTILIZATION,
     fan_series,
-    link_series,
 )
+from exporter.readings.gpm import GRAPHICS_ACTIVE, NVLINK_TRANSMIT
+from exporter.readings.health import (
+    ECC_AGGREGATE_CORRECTED,
+    ECC_AGGREGATE_UNCORRECTED,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    PCIE_REPLAYS,
+)
+from exporter.readings.nvlink import NVLINK_ERRORS, NVLINK_RECEIVE_TOTAL, NVLINK_TRANSMIT_TOTAL
+from exporter.readings.pcie import PCIE_GENERATION, PCIE_MAX_GENERATION, PCIE_MAX_WIDTH, PCIE_WIDTH
 from exporter.simulator import SimulatedNvml
 from exporter.simulator.fleet import parse_fleet
 from tests.helpers import ManualClock

@@ -19,11 +19,13 @@ import torch
 
 from exporter.calibration.profile import Reading
 from exporter.nvml.driver import error_name
-from exporter.readings import BY_NAME, CLOCK_EVENTS, CLOCKS, POWER, TEMPERATURE, read_now
+from exporter.readings import BY_NAME, read_now
+from exporter.readings.clocks import CLOCK_EVENTS, CLOCKS
+from exporter.readings.device import POWER, TEMPERATURE
 
 if TYPE_CHECKING:
     from exporter.nvml.driver import NvmlDriver
-    from exporter.readings import Reading as ReadingDeclaration
+    from exporter.readings.declare import Reading as ReadingDeclaration
     from exporter.series import Series
 
 log = logging.getLogger(__name__)

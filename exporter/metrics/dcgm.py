@@ -38,7 +38,7 @@ from prometheus_client.samples import Sample
 
 from exporter.metrics.exposition import PlainCounter
 from exporter.metrics.labels import CACHE_LIMIT, LabelCache
-from exporter.readings import XID_FAMILY
+from exporter.readings.events import XID_FAMILY
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence

@@ -1,7 +1,8 @@
 """A snapshot's GPUs -> their families: identity, every value the GPUs gave, their processes.
 
 The value families come straight from the declarations (`exporter.readings.VALUE_FAMILIES`):
-each series a GPU filled becomes a sample of its family, so a new reading needs nothing here.
+each series a GPU filled becomes a sample of its family, so a new reading needs nothing here. They
+are written in `WRITTEN_FIRST`'s order, then any family declared since, in declaration order.
 """
 
 from __future__ import annotations
@@ -13,11 +14,93 @@ from exporter.readings import VALUE_FAMILIES
 from exporter.series import Family
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
 
     from prometheus_client.core import Metric
 
     from exporter.model import GpuSample
+
+WRITTEN_FIRST: Final = (
+    "gpu_utilization_ratio",
+    "gpu_busy_seconds",
+    "gpu_memory_utilization_ratio",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_memory_reserved_bytes",
+    "gpu_memory_free_bytes",
+    "gpu_power_watts",
+    "gpu_power_limit_watts",
+    "gpu_power_limit_min_watts",
+    "gpu_power_limit_max_watts",
+    "gpu_power_limit_default_watts",
+    "gpu_energy_joules",
+    "gpu_temperature_celsius",
+    "gpu_memory_temperature_celsius",
+    "gpu_encoder_utilization_ratio",
+    "gpu_decoder_utilization_ratio",
+    "gpu_compute_mode_info",
+    "gpu_persistence_mode_enabled",
+    "gpu_clock_hertz",
+    "gpu_clock_max_hertz",
+    "gpu_clock_event_active",
+    "gpu_fan_speed_ratio",
+    "gpu_ecc_errors",
+    "gpu_ecc_errors_aggregate",
+    "gpu_pcie_replays",
+    "gpu_pcie_link_generation",
+    "gpu_pcie_link_max_generation",
+    "gpu_pcie_link_width",
+    "gpu_pcie_link_max_width",
+    "gpu_performance_state",
+    "gpu_graphics_active_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_sm_occupancy_ratio",
+    "gpu_tensor_active_ratio",
+    "gpu_dram_active_ratio",
+    "gpu_fp64_active_ratio",
+    "gpu_fp32_active_ratio",
+    "gpu_fp16_active_ratio",
+    "gpu_pcie_transmit_bytes_per_second",
+    "gpu_pcie_receive_bytes_per_second",
+    "gpu_nvlink_transmit_bytes_per_second",
+    "gpu_nvlink_receive_bytes_per_second",
+    "gpu_sm_active_seconds",
+    "gpu_tensor_active_seconds",
+    "gpu_dram_active_seconds",
+    "gpu_nvlink_transmit_bytes",
+    "gpu_nvlink_receive_bytes",
+    "gpu_nvlink_errors",
+    "gpu_xid_errors",
+    "gpu_last_xid_timestamp_seconds",
+    "gpu_throttle_seconds",
+    "gpu_remapped_rows",
+    "gpu_remapped_rows_pending",
+    "gpu_remapped_rows_failed",
+    "gpu_retired_pages",
+    "gpu_retired_pages_pending",
+    "gpu_mig_mode_enabled",
+)
+"""The value families' order on `/metrics` and in the README's table, kept as it was when the
+declarations were one module (the golden files and the README hold it). A family not named here
+is written after these, in declaration order: a new reading needs no line here."""
+
+
+def in_exposition_order(families: Iterable[Family]) -> tuple[Family, ...]:
+    """`families` in the order they are written: `WRITTEN_FIRST`, then the others."""
+    declared = tuple(families)
+    by_name = {family.name: family for family in declared}
+    unknown = [name for name in WRITTEN_FIRST if name not in by_name]
+    if unknown:
+        raise ValueError(f"WRITTEN_FIRST names families nobody declares: {', '.join(unknown)}")
+    named = frozenset(WRITTEN_FIRST)
+    return (
+        *(by_name[name] for name in WRITTEN_FIRST),
+        *(family for family in declared if family.name not in named),
+    )
+
+
+GPU_VALUE_FAMILIES: Final = in_exposition_order(VALUE_FAMILIES)
+"""Every family a GPU's `values` fill, in the order they are written."""
 
 INFO: Final = Family(
     "gpu_info",
@@ -74,7 +157,7 @@ FAMILIES: Final = (
     INFO,
     UP,
     DOWN_REASON,
-    *VALUE_FAMILIES,
+    *GPU_VALUE_FAMILIES,
     PROCESSES,
     PROCESS_MEMORY,
     PROCESS_UTILIZATION,
@@ -108,7 +191,7 @@ def _identity(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
 
 
 def _values(gpus: tuple[GpuSample, ...]) -> Iterator[Metric]:
-    metrics = {family: new_metric(family) for family in VALUE_FAMILIES}
+    metrics = {family: new_metric(family) for family in GPU_VALUE_FAMILIES}
     for sample in gpus:
         labels = gpu_labels(sample.identity)
         for series, value in sample.values.items():

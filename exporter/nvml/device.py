@@ -24,24 +24,19 @@ from exporter.nvml.fields import read_fields, request
 from exporter.nvml.health import read_throttle
 from exporter.nvml.mig import enumerate_instances
 from exporter.nvml.processes import read_processes
-from exporter.readings import (
-    BUSY,
-    HEALTH_PERIOD_SECONDS,
-    INTEGRATED_ACTIVITY,
-    MIG_MODE,
-    PCIE_RECEIVE,
-    PCIE_TRANSMIT,
-    READINGS,
-    UTILIZATION,
-    each,
-)
+from exporter.readings import READINGS
+from exporter.readings.declare import HEALTH_PERIOD_SECONDS, each
+from exporter.readings.device import BUSY, UTILIZATION
+from exporter.readings.gpm import INTEGRATED_ACTIVITY
+from exporter.readings.mig import MIG_MODE
+from exporter.readings.pcie import PCIE_RECEIVE, PCIE_TRANSMIT
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.nvml.driver import NvmlDriver
     from exporter.nvml.reads import Device, Reads
-    from exporter.readings import Reading
+    from exporter.readings.declare import Reading
     from exporter.series import Series
 
 GPU_COLLECTORS: Final = (
@@ -62,11 +57,12 @@ _Groups = tuple[tuple[str, tuple["Reading", ...]], ...]
 
 
 def _by_collector(readings: list[Reading]) -> _Groups:
-    """The readings grouped by collector, each group in declaration order."""
-    groups: dict[str, list[Reading]] = {}
+    """The readings grouped by collector, in `GPU_COLLECTORS`' order (any other after them),
+    each group in declaration order."""
+    groups: dict[str, list[Reading]] = {collector: [] for collector in GPU_COLLECTORS}
     for reading in readings:
         groups.setdefault(reading.collector, []).append(reading)
-    return tuple((collector, tuple(group)) for collector, group in groups.items())
+    return tuple((collector, tuple(group)) for collector, group in groups.items() if group)
 
 
 @dataclass(frozen=True, slots=True)

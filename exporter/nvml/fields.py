@@ -9,20 +9,20 @@ another error costs that value for the cycle, as a failed call would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.readings import link_series
+from exporter.nvml.reads import FieldRequest, FieldSlot
+from exporter.readings.declare import link_series
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Iterable
 
     from exporter.nvml.driver import NvmlDriver
     from exporter.nvml.reads import Device, Reads
-    from exporter.readings import Reading
+    from exporter.readings.declare import Reading
     from exporter.series import Series
 
 CALL: Final = "field_values"
@@ -51,32 +51,10 @@ def answers(values: Any) -> Any:
     return (plain_layout(pynvml.c_nvmlFieldValue_t) * len(values)).from_buffer(values)
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """One field asked for: which reading (and link) it is, and the series its value fills."""
-
-    what: str
-    """The reading's name, with the link for a per-link one (its own unavailability)."""
-    reading: Reading
-    outputs: tuple[tuple[Series, Callable[[Any], float | None]], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class FieldRequest:
-    """What one GPU asks `nvmlDeviceGetFieldValues` each cycle."""
-
-    ids: tuple[tuple[int, int], ...]
-    """(field id, scope id) per field, as pynvml takes them."""
-    slots: tuple[_Slot, ...]
-    """What each answer is, in the same order."""
-    collectors: tuple[str, ...]
-    """The collectors with a field in it: the call counts towards each."""
-
-
 def request(readings: Iterable[Reading], device: Device) -> FieldRequest:
     """The fields of these readings this GPU has not refused, one per link where per-link."""
     ids: list[tuple[int, int]] = []
-    slots: list[_Slot] = []
+    slots: list[FieldSlot] = []
     collectors: dict[str, None] = {}
     unavailable = device.unavailable
     for reading in readings:
@@ -96,7 +74,7 @@ def request(readings: Iterable[Reading], device: Device) -> FieldRequest:
                 for output in reading.outputs
             )
             ids.append((field, link or 0))
-            slots.append(_Slot(what, reading, outputs))
+            slots.append(FieldSlot(what, reading, outputs))
             collectors[reading.collector] = None
     return FieldRequest(tuple(ids), tuple(slots), tuple(collectors))
 

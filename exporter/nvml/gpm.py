@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
-from exporter.readings import GPM_METRICS
+from exporter.readings.gpm import GPM_METRICS
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ MIN_WINDOW_SECONDS: Final = 0.1
 @dataclass(frozen=True, slots=True)
 class GpmReading:
     values: dict[Series, float]
-    """Each metric the GPU gave, by its series (`exporter.readings.GPM_METRICS`)."""
+    """Each metric the GPU gave, by its series (`exporter.readings.gpm.GPM_METRICS`)."""
     window_seconds: float
     """How long the two samples lay apart: what the activity ratios are averaged over."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 import pynvml
 
 from exporter.nvml.fields import answers, field_number
-from exporter.readings import THROTTLE, THROTTLE_REASONS
+from exporter.readings.health import THROTTLE, THROTTLE_REASONS
 
 if TYPE_CHECKING:
     from exporter.nvml.driver import NvmlDriver

@@ -1,7 +1,8 @@
 """One GPU's state between cycles, and how every driver call for it is made: failing alone.
 
-A `Device` is one GPU (or MIG instance) as of the current NVML initialisation; a physical GPU's
-state is touched by its worker's job only, or by the sampler while that worker is idle. `Reads`
+A `Device` is one GPU (or MIG instance) as of the current NVML initialisation, with what it keeps
+between cycles (its integrals, its field-value request, …); a physical GPU's state is touched by
+its worker's job only, or by the sampler while that worker is idle. `Reads`
 makes each call and sorts its failures:
 - a function this GPU or driver lacks (`NotSupported`, `FunctionNotFound`) drops that series and
   is not asked again until NVML is re-initialised (logged once);
@@ -29,9 +30,9 @@ if TYPE_CHECKING:
 
     from exporter.logs import LogOnce
     from exporter.model import GpuIdentity, GpuSample
-    from exporter.nvml.fields import FieldRequest
     from exporter.nvml.gpm import GpmReader
     from exporter.nvml.workers import GpuWorker
+    from exporter.readings.declare import Reading
     from exporter.series import Series
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,29 @@ class Tally:
 
     def spent(self, collector: str, seconds: float) -> None:
         self.seconds[collector] = self.seconds.get(collector, 0.0) + seconds
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSlot:
+    """One field asked for: which reading (and link) it is, and the series its value fills."""
+
+    what: str
+    """The reading's name, with the link for a per-link one (its own unavailability)."""
+    reading: Reading
+    outputs: tuple[tuple[Series, Callable[[Any], float | None]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRequest:
+    """What one GPU asks `nvmlDeviceGetFieldValues` each cycle (`exporter.nvml.fields` makes it
+    and reads the answers; it is kept on the `Device` until a field drops out)."""
+
+    ids: tuple[tuple[int, int], ...]
+    """(field id, scope id) per field, as pynvml takes them."""
+    slots: tuple[FieldSlot, ...]
+    """What each answer is, in the same order."""
+    collectors: tuple[str, ...]
+    """The collectors with a field in it: the call counts towards each."""
 
 
 @dataclass(slots=True)

@@ -65,14 +65,13 @@ CLOSE_SECONDS: Final = 2.0
 """How long `close` waits for the driver calls under way to return before it leaves NVML as it
 is, and then for the workers' threads to end."""
 
+# Why a GPU is reported down (`gpu_down_reason{reason}`): a lifecycle error from the driver;
+# driver calls that have not returned; a GPU the driver lists but cannot open; an unexpected
+# error reading it (a bug, or an answer gpuscope does not understand).
 HUNG: Final = "hung"
 LOST: Final = "lost"
 UNOPENED: Final = "unopened"
 ERROR: Final = "error"
-DOWN_REASONS: Final = (LOST, HUNG, UNOPENED, ERROR)
-"""Why a GPU is reported down (`gpu_down_reason{reason}`): a lifecycle error from the driver;
-driver calls that have not returned; a GPU the driver lists but cannot open; an unexpected error
-reading it (a bug, or an answer gpuscope does not understand)."""
 
 
 class NvmlSampler:

@@ -1,15 +1,12 @@
 """`SimulatedNvml`: pynvml's driver functions over simulated GPUs.
 
 It returns pynvml's own structs and raises pynvml's own exceptions, so `NvmlSampler` runs the
-production code path on top of it. Physics in brief: each process demands a share of its GPU
-(`behaviour.demand`); time-slicing caps the sum at 100%; power follows load with a 1.5 s lag,
-temperature follows power with a 40 s lag; a poorly cooled GPU under sustained load heats past
-its slowdown threshold and the clocks drop, as a real one's do.
-
-Deeper signals: GPM counters integrate the activity of the running work (`activity`), MIG
-instances carve a GPU into slices with processes of their own, scheduled XID and ECC faults
-arrive through NVML event sets, and time spent power-capped, hot or idle accumulates in the
-violation counters.
+production code path on top of it. Each GPU's physical state — load, power, heat, energy, MIG
+layout, GPM activity, violation time — is a `GpuState` (`state`), advanced to the time each call
+asks about; the scheduled XID and ECC faults arrive through NVML event sets (`events`); the plain
+readings are answered from their declarations (`exporter.readings`). Here: the checks every call
+makes (faults, a lost or hung GPU, NVML not initialised), identity, processes, field values, MIG
+devices and GPM samples.
 """
 
 from __future__ import annotations
@@ -19,47 +16,37 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
 
 from exporter.catalog import ARCHITECTURES
-from exporter.readings import FIELD_READINGS, SIMULATED_CALLS, not_supported
+from exporter.readings import FIELD_READINGS, SIMULATED_CALLS
+from exporter.readings.simulated import not_supported
 from exporter.simulator import activity
-from exporter.simulator.behaviour import demand, lag, noise, running
+from exporter.simulator.events import EVENT_TYPES, EventData, EventSet, next_event
 from exporter.simulator.fleet import EXCEPTIONS
+from exporter.simulator.state import (
+    MPS_SERVER_BYTES,
+    NOT_AVAILABLE,
+    STATE_QUANTUM_SECONDS,
+    GpuState,
+    Handle,
+    MigHandle,
+)
 from exporter.structs import plain_layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from exporter.catalog import GpuModel, MigProfile
-    from exporter.simulator.fleet import Fault, Fleet, SimGpu, SimProcess
+    from exporter.simulator.fleet import Fault, Fleet, SimProcess
 
-_RESERVED_BYTES: Final = 523 * 2**20
-_MPS_SERVER_BYTES: Final = 310 * 2**20
-_POWER_LAG_SECONDS: Final = 1.5
-_THERMAL_LAG_SECONDS: Final = 40.0
-_AMBIENT_CELSIUS: Final = 30.0
-_HOT_RISE_CELSIUS: Final = {"normal": 45.0, "poor": 66.0}
-_SW_THERMAL_CELSIUS: Final = 87.0
-_HW_THERMAL_CELSIUS: Final = 92.0
-_NOT_AVAILABLE: Final = 0xFFFFFFFF
-_STATE_QUANTUM_SECONDS: Final = 0.01
-"""Readings within this much time of each other see the same state (one sampling pass)."""
 _PCIE_WINDOW_SECONDS: Final = 0.02
 """nvmlDeviceGetPcieThroughput counts over this window and blocks for it, as the real one does."""
 _MIG_SLOTS: Final = 7
 _POLL_SECONDS: Final = 0.02
 """How often an event wait looks again when time is simulated by hand (a test's clock)."""
-_EVENT_TYPES: Final = int(
-    pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeSingleBitEccError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypePState
-    | pynvml.nvmlEventTypeClock
-)
 THROTTLE_FIELDS: Final = {
     pynvml.NVML_FI_DEV_PERF_POLICY_POWER: pynvml.NVML_PERF_POLICY_POWER,
     pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: pynvml.NVML_PERF_POLICY_THERMAL,
@@ -91,262 +78,13 @@ _FIELD_ANSWERS: Final = {
     if reading.simulated is not None
 }
 """Declared field id -> (the oldest architecture's place, per link, the simulated answer)."""
+_REFUSALS: Final = {"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
+"""What the driver answers arguments no declaration names, where that is not INVALID_ARGUMENT
+(the memory call's argument is a struct version)."""
 
 
 def _fail(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
-
-
-@dataclass(slots=True)
-class _Device:
-    """The simulated physical state of one GPU, advanced lazily to the time it is asked about."""
-
-    gpu: SimGpu
-    processes: tuple[SimProcess, ...]
-    seed: int
-    t: float | None = None
-    power_watts: float = 0.0
-    temperature: float = _AMBIENT_CELSIUS
-    energy_millijoules: float = 0.0
-    utilization: float = 0.0
-    memory_utilization: float = 0.0
-    shares: dict[int, float] = field(default_factory=dict)
-    """pid -> share of the GPU each running process had at time t."""
-    power_capped: bool = False
-    ecc_corrected: int = 0
-    ecc_uncorrected: int = 0
-    ecc_applied: set[int] = field(default_factory=set)
-    layout_faults: tuple[Fault, ...] = ()
-    """`mig_layout` faults of this GPU, in time order."""
-    layout: tuple[MigProfile, ...] | None = None
-    """The MIG instances at time t (None: MIG mode off)."""
-    instance_uuids: tuple[str, ...] = ()
-    rates: list[float] = field(default_factory=lambda: [0.0] * activity.SIZE)
-    """Activity rates of the whole GPU at time t (see `activity`)."""
-    instance_rates: dict[str, list[float]] = field(default_factory=dict)
-    activity_total: list[float] = field(default_factory=lambda: [0.0] * activity.SIZE)
-    """The rates integrated since start: what a GPM sample captures."""
-    instance_activity: dict[str, list[float]] = field(default_factory=dict)
-    violation_ns: dict[int, float] = field(default_factory=lambda: defaultdict(float))
-    """Perf policy -> nanoseconds the clocks were held down for it."""
-    nvlink_links: int = 0
-    """Its NVLink links, all up (0: a GPU without NVLink)."""
-
-    def advance(self, t: float, ecc_faults: list[Fault]) -> None:
-        if self.t is not None and t - self.t < _STATE_QUANTUM_SECONDS:
-            return
-        model = self.gpu.model
-        self._set_layout(t)
-        self._share_out(t)
-        load = 0.8 * self.utilization + 0.2 * self.memory_utilization
-        target = model.idle_watts + (model.tdp_watts - model.idle_watts) * 1.08 * load
-        self.power_capped = target > model.tdp_watts
-        target = min(target, model.tdp_watts)
-        hot = _AMBIENT_CELSIUS + _HOT_RISE_CELSIUS[self.gpu.cooling] * target / model.tdp_watts
-        if self.t is None:
-            # Start in equilibrium, as a GPU that has been running for a while would be.
-            self.power_watts = target
-            self.temperature = hot
-            uptime_hours = 1 + noise(self.seed, self.gpu.index, 0xE) * 47
-            self.energy_millijoules = model.idle_watts * uptime_hours * 3600 * 1000
-        else:
-            elapsed = t - self.t
-            before = self.power_watts
-            self.power_watts = lag(before, target, elapsed, _POWER_LAG_SECONDS)
-            self.energy_millijoules += (before + self.power_watts) / 2 * elapsed * 1000
-            self.temperature = lag(self.temperature, hot, elapsed, _THERMAL_LAG_SECONDS)
-        for number, fault in enumerate(ecc_faults):
-            if number not in self.ecc_applied and fault.at <= t:
-                self.ecc_applied.add(number)
-                self.ecc_corrected += fault.corrected
-                self.ecc_uncorrected += fault.uncorrected
-        if self.t is not None:
-            self._integrate(t - self.t)
-        self.t = t
-
-    def _set_layout(self, t: float) -> None:
-        layout = self.gpu.mig
-        for fault in self.layout_faults:
-            if fault.at <= t:
-                layout = fault.mig
-        if self.t is not None and layout == self.layout:
-            return
-        self.layout = layout
-        self.instance_uuids = tuple(
-            activity.mig_uuid(self.seed, self.gpu.index, position, profile.profile)
-            for position, profile in enumerate(layout or ())
-        )
-        # An instance that stays keeps its counters; a new one starts from zero.
-        self.instance_activity = {
-            uuid: self.instance_activity.get(uuid, [0.0] * activity.SIZE)
-            for uuid in self.instance_uuids
-        }
-
-    def _share_out(self, t: float) -> None:
-        """Who gets how much of the GPU (or of each MIG instance) at time t."""
-        layout = self.layout
-        groups: dict[int | None, list[SimProcess]] = defaultdict(list)
-        for process in self.processes:
-            slot = process.mig_instance
-            placed = slot is None if layout is None else slot is not None and slot < len(layout)
-            if placed and running(process, t):
-                groups[slot].append(process)
-        self.shares = {}
-        self.instance_rates = {}
-        utilization = memory_utilization = 0.0
-        whole = [0.0] * activity.SIZE
-        for slot, members in groups.items():
-            demands = {p.pid: demand(p, self.seed, t) for p in members}
-            total = sum(demands.values())
-            scale = 1.0 / total if total > 1.0 else 1.0
-            shares = {pid: d * scale for pid, d in demands.items()}
-            self.shares.update(shares)
-            rates = activity.rates((p, shares[p.pid]) for p in members)
-            if layout is None or slot is None:
-                utilization = min(total, 1.0)
-                memory_utilization = rates[3]
-                whole = rates
-                continue
-            weight = layout[slot].compute_slices / 7
-            self.instance_rates[self.instance_uuids[slot]] = rates
-            utilization += weight * min(total, 1.0)
-            memory_utilization += weight * rates[3]
-            for n, rate in enumerate(rates):
-                whole[n] += rate * weight if n < activity.RATIOS else rate
-        self.utilization = min(utilization, 1.0)
-        self.memory_utilization = min(memory_utilization, 1.0)
-        if not self.nvlink_links:
-            whole[activity.NVLINK_TX] = whole[activity.NVLINK_RX] = 0.0  # nothing to send it over
-        self.rates = whole
-
-    def _integrate(self, elapsed: float) -> None:
-        for n, rate in enumerate(self.rates):
-            self.activity_total[n] += rate * elapsed
-        for uuid, rates in self.instance_rates.items():
-            totals = self.instance_activity[uuid]
-            for n, rate in enumerate(rates):
-                totals[n] += rate * elapsed
-        nanoseconds = elapsed * 1e9
-        held = False
-        for policy, holds in (
-            (pynvml.NVML_PERF_POLICY_POWER, self.power_capped),
-            (pynvml.NVML_PERF_POLICY_THERMAL, self.temperature >= _SW_THERMAL_CELSIUS),
-            (pynvml.NVML_PERF_POLICY_LOW_UTILIZATION, self.utilization < 0.01),
-        ):
-            if holds:
-                self.violation_ns[policy] += nanoseconds
-                held = True
-        if held:
-            self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS] += nanoseconds
-        if self.temperature >= _HW_THERMAL_CELSIUS:
-            self.violation_ns[pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS] += nanoseconds
-
-    # -- what the declarations' simulated answers read (`exporter.readings.SimulatedGpu`) ------
-
-    @property
-    def model(self) -> GpuModel:
-        return self.gpu.model
-
-    @property
-    def mig_configured(self) -> bool:
-        return self.gpu.mig is not None
-
-    @property
-    def mig_active(self) -> bool:
-        return self.layout is not None
-
-    @property
-    def working(self) -> bool:
-        return bool(self.shares)
-
-    @property
-    def nvlink_bytes(self) -> tuple[float, float]:
-        return self.activity_total[activity.NVLINK_TX], self.activity_total[activity.NVLINK_RX]
-
-    def memory(self, position: int | None) -> tuple[int, int, int]:
-        if position is not None:
-            total, used = self.instance_memory(position)
-            return total, 0, used
-        used = sum(p.memory_bytes for p in self.processes if p.pid in self.shares) + (
-            _MPS_SERVER_BYTES if self.gpu.sharing == "mps" and self.shares else 0
-        )
-        return self.gpu.model.nvml_memory_bytes, _RESERVED_BYTES, used
-
-    def instance_position(self, uuid: str) -> int | None:
-        return self.instance_uuids.index(uuid) if uuid in self.instance_uuids else None
-
-    def instance_memory(self, position: int) -> tuple[int, int]:
-        """(total, used) bytes of the MIG instance in `position`."""
-        assert self.layout is not None
-        used = sum(
-            p.memory_bytes
-            for p in self.processes
-            if p.mig_instance == position and p.pid in self.shares
-        )
-        return self.layout[position].memory_bytes, used
-
-    def clock_events(self) -> int:
-        reasons = 0
-        if self.utilization < 0.01:
-            reasons |= pynvml.nvmlClocksEventReasonGpuIdle
-        if self.power_capped:
-            reasons |= pynvml.nvmlClocksEventReasonSwPowerCap
-        if self.temperature >= _SW_THERMAL_CELSIUS:
-            reasons |= pynvml.nvmlClocksEventReasonSwThermalSlowdown
-        if self.temperature >= _HW_THERMAL_CELSIUS:
-            reasons |= pynvml.nvmlClocksEventReasonHwThermalSlowdown
-        return reasons
-
-    def clock_mhz(self, kind: str) -> int:
-        peak = self.gpu.model.max_clocks_hz.get(kind, 0.0) / 1e6
-        if kind == "memory":
-            return round(peak if self.shares else peak * 0.25)
-        if self.utilization < 0.01:
-            return round(min(peak, 345.0))
-        factor = 1.0
-        if self.power_capped:
-            factor = 0.9
-        if self.temperature >= _SW_THERMAL_CELSIUS:
-            factor = min(factor, 0.8)
-        if self.temperature >= _HW_THERMAL_CELSIUS:
-            factor = 0.55
-        return round(peak * factor)
-
-
-@dataclass(frozen=True, slots=True)
-class _Handle:
-    device: _Device
-    obtained_at: float
-    """Simulated time the handle was handed out: a GPU lost before then stays lost for it."""
-
-
-@dataclass(frozen=True, slots=True)
-class _MigHandle:
-    """A MIG device: valid while its instance exists (a layout change destroys it)."""
-
-    parent: _Handle
-    uuid: str
-
-
-@dataclass(frozen=True, slots=True)
-class _EventData:
-    """What pynvml's c_nvmlEventData_t carries, with the very handle that was registered."""
-
-    # pynvml's field names, so that code reading a real event reads this one too
-    device: Any
-    eventType: int  # noqa: N815
-    eventData: int  # noqa: N815
-    gpuInstanceId: int = _NOT_AVAILABLE  # noqa: N815
-    computeInstanceId: int = _NOT_AVAILABLE  # noqa: N815
-
-
-@dataclass(slots=True)
-class _EventSet:
-    registered: dict[int, tuple[_Handle, int, float]] = field(default_factory=dict)
-    """GPU index -> (handle, event mask, simulated time of registration)."""
-    delivered: set[tuple[int, str, int]] = field(default_factory=set)
-    """(GPU index, event kind, fault number) already delivered through this set."""
-    freed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +146,7 @@ class SimulatedNvml:
                 case "init_error":
                     self._init_errors.append(fault)
         self._devices = [
-            _Device(
+            GpuState(
                 gpu,
                 tuple(by_gpu[gpu.index]),
                 fleet.seed,
@@ -424,26 +162,40 @@ class SimulatedNvml:
         """What the driver names each process (every simulated process is visible)."""
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
-        """The driver functions declared in `exporter.readings`, answered from their
-        declarations: the same checks as every call (faults, a lost or hung GPU, a MIG handle
-        where only a whole GPU answers), and NotSupported on an architecture older than the
-        reading's."""
-        reading = SIMULATED_CALLS.get(name)
-        if reading is None or reading.simulated is None:
+        """The driver functions declared in `exporter.readings`, each call answered from the
+        declaration of its arguments (`SIMULATED_CALLS`): the same checks as every call (faults,
+        a lost or hung GPU, a MIG handle where only a whole GPU answers), NotSupported on an
+        architecture older than the reading's, and the driver's refusal of arguments no
+        declaration names."""
+        declared = SIMULATED_CALLS.get(name)
+        if not declared:
             raise AttributeError(name)
-        answer = reading.simulated
-        since = ARCHITECTURES.index(reading.since)
+        answers = {
+            args: (reading.mig, ARCHITECTURES.index(reading.since), reading.simulated)
+            for args, reading in declared.items()
+            if reading.simulated is not None
+        }
+        # The declarations of one function agree on it (`exporter.readings.declare`).
+        per = next(iter(declared.values())).per is not None
+        refusal = _REFUSALS.get(name, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
         def call(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            if reading.mig:
+            given = (*args, *kwargs.values())  # pynvml's one keyword (`version`) comes last
+            index = given[:1] if per else ()
+            answer = answers.get(given[len(index) :])
+            if answer is None:
+                self._target(handle, name)  # faults, a lost or hung GPU: as for any call
+                raise _fail(refusal)
+            mig, since, simulated = answer
+            if mig:
                 device, position = self._target(handle, name)
                 if ARCHITECTURES.index(device.gpu.model.architecture) < since:
                     raise not_supported()
-                return answer(device, position, *args, **kwargs)
+                return simulated(device, position, *index)
             device = self._device(handle, name)
             if ARCHITECTURES.index(device.gpu.model.architecture) < since:
                 raise not_supported()
-            return answer(device, *args, **kwargs)
+            return simulated(device, *index)
 
         self.__dict__[name] = call  # made once: the next lookup finds it without __getattr__
         return call
@@ -476,10 +228,10 @@ class SimulatedNvml:
         while any(fault.active(self._clock()) for fault in held):
             time.sleep(_POLL_SECONDS)
 
-    def _device(self, handle: Any, function: str) -> _Device:
-        if isinstance(handle, _MigHandle):
+    def _device(self, handle: Any, function: str) -> GpuState:
+        if isinstance(handle, MigHandle):
             raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on a MIG device
-        if not isinstance(handle, _Handle):
+        if not isinstance(handle, Handle):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         device = handle.device
         index = device.gpu.index
@@ -489,14 +241,14 @@ class SimulatedNvml:
             if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
                 raise _fail(fault.error)
         self._check(function, index, t)
-        if device.t is None or t - device.t >= _STATE_QUANTUM_SECONDS:
+        if device.t is None or t - device.t >= STATE_QUANTUM_SECONDS:
             with self._lock:
                 device.advance(t, self._ecc.get(index, []))
         return device
 
-    def _target(self, handle: Any, function: str) -> tuple[_Device, int | None]:
+    def _target(self, handle: Any, function: str) -> tuple[GpuState, int | None]:
         """A GPU, or a MIG instance (its position in the parent's layout) for a MIG handle."""
-        if not isinstance(handle, _MigHandle):
+        if not isinstance(handle, MigHandle):
             return self._device(handle, function), None
         device = self._device(handle.parent, function)
         position = device.instance_position(handle.uuid)
@@ -533,7 +285,7 @@ class SimulatedNvml:
         self._check("nvmlDeviceGetCount", None, self._clock())
         return len(self._devices)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
         self._hang(index)
         t = self._clock()
         self._check("nvmlDeviceGetHandleByIndex", index, t)
@@ -541,7 +293,7 @@ class SimulatedNvml:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if any(fault.active(t) for fault in self._lost.get(index, ())):
             raise _fail(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return _Handle(self._devices[index], t)
+        return Handle(self._devices[index], t)
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -583,12 +335,12 @@ class SimulatedNvml:
 
     # -- processes -----------------------------------------------------------------------------
 
-    def _process_list(self, device: _Device, position: int | None, *, mps: bool) -> list[Any]:
+    def _process_list(self, device: GpuState, position: int | None, *, mps: bool) -> list[Any]:
         """Processes of a GPU or, for a MIG handle, of one instance; in MIG mode each carries
         its GPU instance id (compute instance 0)."""
         listed: list[tuple[int, int, int | None]] = []
         if device.gpu.sharing == "mps" and not mps and device.shares and device.layout is None:
-            listed.append((4_000_000 + device.gpu.index, _MPS_SERVER_BYTES, None))
+            listed.append((4_000_000 + device.gpu.index, MPS_SERVER_BYTES, None))
         if (device.gpu.sharing == "mps") == mps:
             listed.extend(
                 (p.pid, p.memory_bytes, p.mig_instance)
@@ -601,8 +353,8 @@ class SimulatedNvml:
                 {
                     "pid": pid,
                     "usedGpuMemory": memory,
-                    "gpuInstanceId": _NOT_AVAILABLE if slot is None else slot + 1,
-                    "computeInstanceId": _NOT_AVAILABLE if slot is None else 0,
+                    "gpuInstanceId": NOT_AVAILABLE if slot is None else slot + 1,
+                    "computeInstanceId": NOT_AVAILABLE if slot is None else 0,
                 }
             )
             for pid, memory, slot in listed
@@ -736,13 +488,13 @@ class SimulatedNvml:
         device = self._device(handle, "nvmlDeviceGetMaxMigDeviceCount")
         return _MIG_SLOTS if device.gpu.mig is not None else 0
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> _MigHandle:
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> MigHandle:
         device = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
         if device.layout is None or not 0 <= index < _MIG_SLOTS:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if index >= len(device.layout):
             raise _fail(pynvml.NVML_ERROR_NOT_FOUND)  # an empty slot
-        return _MigHandle(handle, device.instance_uuids[index])
+        return MigHandle(handle, device.instance_uuids[index])
 
     def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
         _, position = self._target(handle, "nvmlDeviceGetGpuInstanceId")
@@ -841,24 +593,24 @@ class SimulatedNvml:
 
     # -- events --------------------------------------------------------------------------------
 
-    def nvmlEventSetCreate(self) -> _EventSet:
+    def nvmlEventSetCreate(self) -> EventSet:
         self._check("nvmlEventSetCreate", None, self._clock())
-        return _EventSet()
+        return EventSet()
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         self._device(handle, "nvmlDeviceGetSupportedEventTypes")
-        return _EVENT_TYPES
+        return EVENT_TYPES
 
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
         device = self._device(handle, "nvmlDeviceRegisterEvents")
-        if not isinstance(event_set, _EventSet) or event_set.freed:
+        if not isinstance(event_set, EventSet) or event_set.freed:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        if event_types & ~_EVENT_TYPES:
+        if event_types & ~EVENT_TYPES:
             raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         event_set.registered[device.gpu.index] = (handle, event_types, self._clock())
 
-    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> _EventData:
-        if not isinstance(event_set, _EventSet):
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> EventData:
+        if not isinstance(event_set, EventSet):
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
@@ -866,7 +618,7 @@ class SimulatedNvml:
             self._check("nvmlEventSetWait_v2", None, t)
             if event_set.freed:
                 raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-            due, event = self._next_event(event_set, t)
+            due, event = next_event(event_set, t, xid=self._xid, ecc=self._ecc)
             if event is not None:
                 return event
             remaining = deadline - time.monotonic()
@@ -879,35 +631,8 @@ class SimulatedNvml:
                 step = remaining if due is None else max(due - t, 0.001)
             time.sleep(min(remaining, step))
 
-    def _next_event(self, event_set: _EventSet, t: float) -> tuple[float | None, _EventData | None]:
-        """The earliest undelivered event due by t; else when the next one falls due."""
-        candidates: list[tuple[float, int, str, int, _EventData]] = []
-        for index, (handle, mask, since) in event_set.registered.items():
-            for number, fault in enumerate(self._xid.get(index, ())):
-                if mask & pynvml.nvmlEventTypeXidCriticalError and fault.at >= since:
-                    event = _EventData(handle, pynvml.nvmlEventTypeXidCriticalError, fault.xid)
-                    candidates.append((fault.at, index, "xid", number, event))
-            for number, fault in enumerate(self._ecc.get(index, ())):
-                if fault.at < since:
-                    continue
-                for kind, count, event_type in (
-                    ("sbe", fault.corrected, pynvml.nvmlEventTypeSingleBitEccError),
-                    ("dbe", fault.uncorrected, pynvml.nvmlEventTypeDoubleBitEccError),
-                ):
-                    if count and mask & event_type:
-                        event = _EventData(handle, event_type, 0)
-                        candidates.append((fault.at, index, kind, number, event))
-        pending = [c for c in candidates if (c[1], c[2], c[3]) not in event_set.delivered]
-        due = [c for c in pending if c[0] <= t]
-        if due:
-            at, index, kind, number, event = min(due, key=lambda c: (c[0], c[1], c[2], c[3]))
-            event_set.delivered.add((index, kind, number))
-            return at, event
-        upcoming = min((c[0] for c in pending), default=None)
-        return upcoming, None
-
     def nvmlEventSetFree(self, event_set: Any) -> None:
-        if not isinstance(event_set, _EventSet) or event_set.freed:
+        if not isinstance(event_set, EventSet) or event_set.freed:
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         event_set.freed = True
 

@@ -1,11 +1,7 @@
-"""dcgm-exporter's names for gpuscope's readings: a second column of the declarations.
-
-Each `Field` is one DCGM field as dcgm-exporter 4.x serves it — its name, Prometheus type, help
-text and unit — and the gpuscope series it is made from (`exporter.readings`), with the factor
-from gpuscope's base unit to DCGM's. `gpuscope serve --compat.dcgm` serves them beside
-gpuscope's own series (`exporter.metrics.dcgm` writes them), and the README's field table is
-generated from `FIELDS` (`scripts/readme.py`). Adding a field is one entry here; a new gpuscope
-reading is served under a DCGM name by naming its series in `sources`.
+"""Each DCGM field gpuscope serves: its name, type, help and unit as dcgm-exporter 4.x serves it,
+and the gpuscope series it is made from (`exporter.readings`), with the factor from gpuscope's base
+unit to DCGM's, and how a GPU several pods share splits it. Adding a field is one entry in
+`FIELDS`; a new gpuscope reading is served under a DCGM name by naming its series in `sources`.
 
 A field whose series a GPU did not give this cycle is absent for that GPU, never zero; a field
 gpuscope cannot measure at all has no entry, and dcgm-exporter's default fields among those are
@@ -19,44 +15,20 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import pynvml
 
-from exporter.readings import (
-    CLOCK_EVENT_REASONS,
-    CLOCK_EVENTS,
-    CLOCKS,
+from exporter.readings.clocks import CLOCK_EVENT_REASONS, CLOCK_EVENTS, CLOCKS, MAX_CLOCKS
+from exporter.readings.declare import link_series
+from exporter.readings.device import (
     COMPUTE_MODE,
     COMPUTE_MODES,
     DECODER,
-    DRAM_ACTIVE,
-    ECC_AGGREGATE_CORRECTED,
-    ECC_AGGREGATE_UNCORRECTED,
-    ECC_CORRECTED,
-    ECC_UNCORRECTED,
     ENCODER,
     ENERGY,
-    FP16_ACTIVE,
-    FP32_ACTIVE,
-    FP64_ACTIVE,
-    GRAPHICS_ACTIVE,
-    MAX_CLOCKS,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TEMPERATURE,
     MEMORY_TOTAL,
     MEMORY_USED,
     MEMORY_UTILIZATION,
-    MIG_MODE,
-    NVLINK_ERRORS,
-    NVLINK_RECEIVE,
-    NVLINK_RECEIVE_TOTAL,
-    NVLINK_TRANSMIT,
-    NVLINK_TRANSMIT_TOTAL,
-    PCIE_GENERATION,
-    PCIE_MAX_GENERATION,
-    PCIE_MAX_WIDTH,
-    PCIE_RECEIVE,
-    PCIE_REPLAYS,
-    PCIE_TRANSMIT,
-    PCIE_WIDTH,
     PERSISTENCE_MODE,
     POWER,
     POWER_LIMIT,
@@ -64,6 +36,28 @@ from exporter.readings import (
     POWER_LIMIT_MAX,
     POWER_LIMIT_MIN,
     PSTATE,
+    TEMPERATURE,
+    UTILIZATION,
+    fan_series,
+)
+from exporter.readings.gpm import (
+    DRAM_ACTIVE,
+    FP16_ACTIVE,
+    FP32_ACTIVE,
+    FP64_ACTIVE,
+    GRAPHICS_ACTIVE,
+    NVLINK_RECEIVE,
+    NVLINK_TRANSMIT,
+    SM_ACTIVE,
+    SM_OCCUPANCY,
+    TENSOR_ACTIVE,
+)
+from exporter.readings.health import (
+    ECC_AGGREGATE_CORRECTED,
+    ECC_AGGREGATE_UNCORRECTED,
+    ECC_CORRECTED,
+    ECC_UNCORRECTED,
+    PCIE_REPLAYS,
     REMAPPED_CORRECTABLE,
     REMAPPED_FAILED,
     REMAPPED_PENDING,
@@ -71,14 +65,17 @@ from exporter.readings import (
     RETIRED_DOUBLE_BIT,
     RETIRED_PENDING,
     RETIRED_SINGLE_BIT,
-    SM_ACTIVE,
-    SM_OCCUPANCY,
-    TEMPERATURE,
-    TENSOR_ACTIVE,
     THROTTLE,
-    UTILIZATION,
-    fan_series,
-    link_series,
+)
+from exporter.readings.mig import MIG_MODE
+from exporter.readings.nvlink import NVLINK_ERRORS, NVLINK_RECEIVE_TOTAL, NVLINK_TRANSMIT_TOTAL
+from exporter.readings.pcie import (
+    PCIE_GENERATION,
+    PCIE_MAX_GENERATION,
+    PCIE_MAX_WIDTH,
+    PCIE_RECEIVE,
+    PCIE_TRANSMIT,
+    PCIE_WIDTH,
 )
 
 if TYPE_CHECKING:
@@ -695,238 +692,3 @@ NOT_SERVED: Final[Mapping[str, str]] = {
     "inside a virtual machine with a vGPU: a Kubernetes node's physical GPUs have none",
 }
 """dcgm-exporter's default fields that gpuscope does not serve, and why (the README says so)."""
-
-
-def known(name: str) -> bool:
-    """Whether gpuscope serves a DCGM field of this name."""
-    return name in BY_NAME
-
-
-# -- XID texts, as NVIDIA's XID catalog names them (dcgm-exporter's err_msg label) ---------------
-
-XID_MESSAGES: Final = (
-    "No Error",
-    "Invalid or corrupted push buffer stream",
-    "Invalid or corrupted push buffer stream",
-    "Invalid or corrupted push buffer stream",
-    "Invalid or corrupted push buffer stream",
-    "Unused",
-    "Invalid or corrupted push buffer stream",
-    "Invalid or corrupted push buffer address",
-    "GPU stopped processing",
-    "Driver error programming GPU",
-    "Unused",
-    "Invalid or corrupted push buffer stream",
-    "Driver error handling GPU exception",
-    "Graphics Engine Exception",
-    "Unused",
-    "Unused",
-    "Display engine hung",
-    "Unused",
-    "Bus mastering disabled in PCI Config Space",
-    "Display Engine error",
-    "Invalid or corrupted Mpeg push buffer",
-    "Invalid or corrupted Motion Estimation push buffer",
-    "Invalid or corrupted Video Processor push buffer",
-    "Unused",
-    "GPU semaphore timeout",
-    "Invalid or illegal push buffer stream",
-    "Framebuffer timeout",
-    "Video processor exception",
-    "Video processor exception",
-    "Video processor exception",
-    "GPU semaphore access error",
-    "GPU memory page fault",
-    "Invalid or corrupted push buffer stream",
-    "Internal micro-controller error",
-    "Video processor exception",
-    "Video processor exception",
-    "Video processor exception",
-    "Driver firmware error",
-    "Driver firmware error",
-    "Unused",
-    "Unused",
-    "Unused",
-    "Video processor exception",
-    "GPU stopped processing",
-    "Graphics Engine fault during context switch",
-    "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
-    "GPU stopped processing",
-    "Video processor exception",
-    "Double Bit ECC Error",
-    "Unused",
-    "Unused",
-    "Unused",
-    "Unused",
-    "Unused",
-    "Auxiliary power is not connected to the GPU board",
-    "Unused",
-    "Display Engine error",
-    "Error programming video memory interface",
-    "Unstable video memory interface detected",
-    "Internal micro-controller error",
-    "Video processor exception",
-    "Internal micro-controller breakpoint/warning",
-    "Internal micro-controller halt",
-    "ECC page retirement or row remapping recording event",
-    "ECC page retirement or row remapper recording failure",
-    "Video processor exception",
-    "Illegal access by driver",
-    "Illegal access by driver",
-    "NVDEC0 Exception",
-    "Graphics Engine class error",
-    "CE3: Unknown Error",
-    "CE4: Unknown Error",
-    "CE5: Unknown Error",
-    "NVENC2 Error",
-    "NVLINK Error",
-    "CE6: Unknown Error",
-    "CE7: Unknown Error",
-    "CE8: Unknown Error",
-    "vGPU Start Error",
-    "GPU has fallen off the bus",
-    "Corrupted data sent to GPU",
-    "VGA Subsystem Error",
-    "NVJPG0 Error",
-    "NVDEC1 Error",
-    "NVDEC2 Error",
-    "CE9: Unknown Error",
-    "OFA Exception",
-    "Reserved",
-    "NVDEC3 Error",
-    "NVDEC4 Error",
-    "Reserved",
-    "Reserved",
-    "High single-bit ECC error rate",
-    "Non-fatal violation of provisioned InfoROM wear limit",
-    "Contained ECC error",
-    "Uncontained ECC error",
-    "NVDEC5 Error",
-    "NVDEC6 Error",
-    "NVDEC7 Error",
-    "NVJPG1 Error",
-    "NVJPG2 Error",
-    "NVJPG3 Error",
-    "NVJPG4 Error",
-    "NVJPG5 Error",
-    "NVJPG6 Error",
-    "NVJPG7 Error",
-    "SMBPBI Test Message",
-    "SMBPBI Test Message Silent",
-    "Reserved",
-    "Context Switch Timeout Error",
-    "Security Fault Error",
-    "Display Bundle Error Event",
-    "Display Supervisor Error",
-    "DP Link Training Error",
-    "Display Pipeline Underflow Error",
-    "Display Core Channel Error",
-    "Display Window Channel Error",
-    "Display Cursor Channel Error",
-    "Display Pixel Pipeline Error",
-    "GSP RPC Timeout",
-    "GSP Error",
-    "C2C Link Error",
-    "SPI PMU RPC Read Failure",
-    "SPI PMU RPC Write Failure",
-    "SPI PMU RPC Erase Failure",
-    "Inforom FS Failure",
-    *(f"Robust Channel CE{n} Error" for n in range(10, 20)),
-    "ALI Training Fail",
-    "NVLink Privilege Error",
-    "Robust Channel DLA Error",
-    "Robust Channel OFA1 Error",
-    "Unrecovered ECC Error",
-    "Robust Channel Fast Path Error",
-    "Robust Channel NVENVC3 Error",
-    "GPU Initialization Failure",
-    "NVLINK: Saw Error",
-    "NVLINK: RLW Error",
-    "NVLINK: TLW Error",
-    "NVLINK: TREX Error",
-    "NVLINK: NVLPW_CTRL Error",
-    "NVLINK: NETIR Error",
-    "NVLINK: MSE Error",
-    "Robust Channel Key rotation Error",
-    "Robust Channel DLA SMMU Error",
-    "Robust Channel DLA timeout Error",
-    "GPU Recovery Action Changed",
-    "NVLINK: SW Defined Error",
-    "Resource Retirement Event",
-    "Resource Retirement Failure",
-    "GPU Fatal Timeout",
-    "Robust Channel CHI Non-Data Error",
-    "Channel Retirement Event",
-    "Channel Retirement Failure",
-    "Power Smoothing HW Circuitry Reengaged",
-    "Power Smoothing HW Circuitry Disengaged",
-    "Power Smoothing HW Circuitry Low Lifetime",
-    "Power Smoothing HW Circuitry Lifetime Exhausted",
-    "NVLINK Secure Crypto Error",
-    "PCIE Fatal Timeout",
-    "Reduced GPU Memory Capacity (Errors found in write protection region)",
-    "Internal micro-controller halt",
-    "NVLINK: Interrupt seen in CC mode",
-    "Uncorrectable DRAM Error",
-    "Uncorrectable SRAM Error",
-)
-"""XID n's text at position n; an XID past the end is "Unknown Error"."""
-
-
-def xid_message(xid: int) -> str:
-    return XID_MESSAGES[xid] if 0 <= xid < len(XID_MESSAGES) else "Unknown Error"
-
-
-# -- the README's table ------------------------------------------------------------------------
-
-_SHARED: Final[Mapping[Split | None, str]] = {
-    "utilization": "per pod, by its processes' utilization",
-    "memory": "per pod, by its processes' memory",
-    None: "once, for the device",
-}
-
-
-def _factor(factor: float) -> str:
-    if factor == 1.0:
-        return ""
-    if factor > 1.0:
-        return f" * {factor:,.0f}"
-    return f" / {1.0 / factor:,.0f}"
-
-
-def _from(field: Field) -> str:
-    if field.derived:
-        return field.derived
-    if field.bits:
-        return "bits of `gpu_clock_event_active` (NVML's clock-event reason bits)"
-    if field.totals:
-        summed = " and ".join(f"`{_shown(template)}`" for template in field.totals)
-        return f"{summed}, summed over the links"
-    return ", else ".join(
-        f"`{_shown(source.series)}`{_factor(source.factor)}" for source in field.sources
-    )
-
-
-def _shown(series: Series) -> str:
-    """`family{label="value"}`, as a query names the series."""
-    labels = ",".join(f'{name}="{value}"' for name, value in series.labels)
-    name = series.family.exposed_name
-    return f"{name}{{{labels}}}" if labels else name
-
-
-def fields_table() -> str:
-    """The README's table of DCGM fields: what each is made from, and how shared GPUs split it."""
-    rows = [
-        "| DCGM field | default | type | unit | from gpuscope's | on a GPU pods share | notes |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for field in FIELDS:
-        shared = "a label" if field.kind == "label" else _SHARED[field.split]
-        rows.append(
-            f"| `{field.name}` | {'yes' if field.default else ''} | {field.kind} | {field.unit} "
-            f"| {_from(field)} | {shared} | {field.note} |"
-        )
-    rows.extend(
-        f"| `{name}` | yes | | | not served | | {why} |" for name, why in NOT_SERVED.items()
-    )
-    return "\n".join(rows)
