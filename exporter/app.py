@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 class App:
-    """The daemon: `cluster` (from `exporter.attribution.cluster.resolve_cluster`) turns pod
+    """The daemon: `cluster` (from `exporter.attribution.access.resolve_cluster`) turns pod
     attribution on; without one, a simulated `fleet` with pods attributes from them;
     `security` (from `WebSecurity.load`) applies the web config; without it the endpoint is
     open, with `--web.max-requests` still in force."""

@@ -168,7 +168,7 @@ def open_cluster(settings: ServeConfig, environ: Mapping[str, str]) -> ClusterAc
         return None
     # Attribution's modules (its HTTP/2 and protobuf for the kubelet, urllib3 for the API
     # server: ~5 MiB) are imported only when there is a cluster.
-    from exporter.attribution.cluster import resolve_cluster  # noqa: PLC0415
+    from exporter.attribution.access import resolve_cluster  # noqa: PLC0415
 
     return resolve_cluster(
         kubeconfig=settings.kubeconfig, node_name=settings.node_name, environ=environ

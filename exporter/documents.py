@@ -26,7 +26,8 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import yaml
@@ -127,6 +128,22 @@ def read_bounded(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise Invalid("", f"larger than {size_text(limit)} (the limit)")
     return data
+
+
+@contextmanager
+def memory_file(data: bytes, name: str) -> Iterator[str]:
+    """A path that holds `data` for as long as the block runs: an anonymous memory file of this
+    process (`memfd_create`, opened by its `/proc/self/fd` path), for what only loads from a
+    path (OpenSSL's certificate chains and keys). Nothing reaches a file system or a disk, so it
+    works on a read-only root; `OSError` where the kernel has no memfd or `/proc` is absent."""
+    descriptor = os.memfd_create(f"gpuscope-{name}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(descriptor, view) :]
+        yield f"/proc/self/fd/{descriptor}"
+    finally:
+        os.close(descriptor)
 
 
 def _file_kind(mode: int) -> str:

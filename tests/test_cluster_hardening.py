@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from exporter.attribution.access import resolve_cluster
 from exporter.attribution.attributor import STOP_SECONDS, Attributor
-from exporter.attribution.cluster import KubernetesClient, resolve_cluster
+from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.credentials import TIMEOUT_SECONDS
 from exporter.attribution.live import PodResourcesPoller
 from exporter.attribution.podresources import PodResourcesClient
@@ -209,10 +210,10 @@ def test_stopping_attribution_waits_once_for_all_its_threads(tmp_path: Path) -> 
         api.delay = 10.0
         attributor = Attributor(
             NODE,
-            pod_watch(KubernetesClient(access), NODE),
+            pod_watch(KubernetesClient(access.configuration), NODE),
             PodResourcesPoller(PodResourcesClient(kubelet.socket)),
             ProcessContainers(tmp_path),
-            resource_slice_watch(KubernetesClient(access), NODE, ("gpu.nvidia.com",)),
+            resource_slice_watch(KubernetesClient(access.configuration), NODE, ("gpu.nvidia.com",)),
         )
         attributor.start()
         eventually(lambda: len(api.requests) >= 2 and kubelet.calls >= 1, 10, "every source asking")

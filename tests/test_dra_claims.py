@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from exporter.attribution import claims
+from exporter.attribution.access import resolve_cluster
 from exporter.attribution.claims import ClaimResources, claim_classes, extended_resource_name
-from exporter.attribution.cluster import KubernetesClient, resolve_cluster
+from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.podresources import DeviceAllocation
 from tests.fake_kube.dra import (
     DRIVER,
@@ -73,7 +74,7 @@ def resources(server: FakeKube, tmp_path: Path, **kwargs: object) -> ClaimResour
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
     )
     assert access is not None
-    return ClaimResources(KubernetesClient(access), active=lambda: True, **kwargs)  # type: ignore[arg-type]
+    return ClaimResources(KubernetesClient(access.configuration), active=lambda: True, **kwargs)  # type: ignore[arg-type]
 
 
 def names(allocations: tuple[DeviceAllocation, ...]) -> dict[str, str]:
@@ -167,7 +168,7 @@ def test_nothing_is_asked_while_dra_is_off(server: FakeKube, tmp_path: Path) -> 
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
     )
     assert access is not None
-    found = ClaimResources(KubernetesClient(access), active=lambda: False)
+    found = ClaimResources(KubernetesClient(access.configuration), active=lambda: False)
     try:
         assert found.resolve(ALLOCATIONS) is ALLOCATIONS
     finally:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from exporter.attribution.cluster import KubernetesClient, resolve_cluster
+from exporter.attribution.access import resolve_cluster
+from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.dra import DeviceIndex, DraDevice, SliceFormatError, slice_from_api
 from exporter.attribution.resourceslices import resource_slice_watch
 from tests.fake_kube.dra import (
@@ -138,7 +139,9 @@ def start_watch(
         kubeconfig=server.write_kubeconfig(tmp_path / "kubeconfig"), node_name=NODE, environ={}
     )
     assert access is not None
-    watch = resource_slice_watch(KubernetesClient(access), NODE, drivers, backoff=FAST_BACKOFF)
+    watch = resource_slice_watch(
+        KubernetesClient(access.configuration), NODE, drivers, backoff=FAST_BACKOFF
+    )
     watch.start()
     return watch
 

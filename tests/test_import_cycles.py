@@ -24,9 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 KNOWN_CIRCLES: Final = (
     # Each is another change's to cut (issue 28); remove its line when it is gone, as this test
     # then asks.
-    frozenset(
-        {"exporter.attribution", "exporter.attribution.cluster", "exporter.attribution.kubeconfig"}
-    ),
     frozenset({"exporter.rightsize.cli", "exporter.rightsize.server"}),
     frozenset({"exporter.web.security", "exporter.web.server"}),
 )

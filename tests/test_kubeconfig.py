@@ -15,6 +15,7 @@ import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -26,12 +27,12 @@ import urllib3
 import yaml
 
 from exporter.attribution import credentials
+from exporter.attribution.access import resolve_cluster
 from exporter.attribution.cluster import (
     ApiError,
     CredentialError,
     KubernetesClient,
     TokenFile,
-    resolve_cluster,
 )
 from exporter.attribution.credentials import (
     API_VERSIONS,
@@ -154,7 +155,7 @@ def access(path: Path) -> ClusterAccess:
 
 
 def get(found: ClusterAccess, path: str = "/api/v1/pods") -> object:
-    client = KubernetesClient(found)
+    client = KubernetesClient(found.configuration)
     try:
         return client.get_object(path, POD_LIST, limit=1024, timeout=TIMEOUT)
     finally:
@@ -173,8 +174,16 @@ def test_token_and_ca_data(tmp_path: Path, ca: trustme.CA, https: Recorder) -> N
 
 
 def test_client_certificate_as_data_or_files_relative_to_the_kubeconfig(
-    tmp_path: Path, ca: trustme.CA, https: Recorder
+    tmp_path: Path, ca: trustme.CA, https: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Certificate and key data reach OpenSSL from memory: no file is made for them (the chart's
+    root is read-only, and a key belongs on no disk)."""
+
+    def nowhere(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("a temporary file was made")
+
+    for name in ("mkstemp", "NamedTemporaryFile", "TemporaryFile", "mkdtemp", "TemporaryDirectory"):
+        monkeypatch.setattr(tempfile, name, nowhere)
     client_cert = ca.issue_cert("gpuscope@cluster")
     cert_pem = client_cert.cert_chain_pems[0].bytes()
     key_pem = client_cert.private_key_pem.bytes()
@@ -196,7 +205,6 @@ def test_client_certificate_as_data_or_files_relative_to_the_kubeconfig(
         get(access(path))
         assert https.seen[-1]["peer"]  # presented, and verified against the CA
         assert https.seen[-1]["authorization"] is None
-    assert not any(tmp_path.glob("gpuscope-*"))  # the data's files lived for the loading alone
 
 
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
@@ -367,10 +375,11 @@ def test_the_daemon_never_imports_the_kubernetes_package_nor_the_simulator(
         "import json, sys\n"
         "from pathlib import Path\n"
         "import exporter.cli, exporter.app, exporter.attribution.live\n"
-        "from exporter.attribution.cluster import KubernetesClient, resolve_cluster\n"
+        "from exporter.attribution.access import resolve_cluster\n"
+        "from exporter.attribution.cluster import KubernetesClient\n"
         "from exporter.attribution.jsonstream import TEXT\n"
         f"access = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
-        "KubernetesClient(access).get_object('/api/v1/pods', TEXT, limit=1024, timeout=(5, 5))\n"
+        "KubernetesClient(access.configuration).get_object('/api/v1/pods', TEXT, limit=1024, timeout=(5, 5))\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     result = subprocess.run(
@@ -675,7 +684,7 @@ def test_an_auth_provider_token_comes_from_the_kubernetes_loader_when_asked(
     program = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from exporter.attribution.cluster import resolve_cluster\n"
+        "from exporter.attribution.access import resolve_cluster\n"
         f"found = resolve_cluster(kubeconfig=Path({str(path)!r}), node_name='n', environ={{}})\n"
         "print('kubernetes' in sys.modules)\n"
         "print(found.configuration.authorization())\n"

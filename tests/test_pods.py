@@ -15,7 +15,8 @@ import pytest
 import trustme
 
 from exporter.attribution import watch
-from exporter.attribution.cluster import MAX_OBJECT_BYTES, KubernetesClient, resolve_cluster
+from exporter.attribution.access import resolve_cluster
+from exporter.attribution.cluster import MAX_OBJECT_BYTES, KubernetesClient
 from exporter.attribution.jsonstream import JsonStream
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 from exporter.attribution.pod import (
@@ -252,7 +253,7 @@ def start_cache(
     )
     assert access is not None
     cache = pod_watch(
-        KubernetesClient(access),
+        KubernetesClient(access.configuration),
         NODE,
         pod_labels=pod_labels,
         backoff=FAST_BACKOFF,
@@ -455,7 +456,7 @@ def test_refusals_are_logged_once(
     )
     access = resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
     assert access is not None
-    cache = pod_watch(KubernetesClient(access), NODE, backoff=(0.02,))
+    cache = pod_watch(KubernetesClient(access.configuration), NODE, backoff=(0.02,))
     cache.start()
     try:
         eventually(

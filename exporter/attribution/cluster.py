@@ -1,8 +1,5 @@
-"""Access to the Kubernetes API: which cluster configuration to use, and raw GET requests.
-
-Configuration is resolved once at start: `--kubeconfig` when given; else the in-cluster service
-account; else `$KUBECONFIG` when set; else none, and pod attribution is off. A configuration that
-exists but cannot be used is a configuration error (exit status 2).
+"""Requests to the Kubernetes API: a configuration (`ApiConfig`: where, TLS, credentials) and
+raw GET requests. Which configuration to use is `exporter.attribution.access`'s.
 
 The daemon asks the API server for three things only (its node's pods and ResourceSlices, list
 and watch, and a claim or DeviceClass now and then), as GETs answered with JSON, so it speaks
@@ -19,9 +16,8 @@ kept (`exporter.attribution.jsonstream`).
 
 from __future__ import annotations
 
-import os
+import contextlib
 import ssl
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -32,26 +28,17 @@ from urllib.parse import urlencode
 import urllib3
 
 from exporter import documents
-from exporter.attribution import (
-    IN_CLUSTER_ENV,
-    KUBECONFIG_ENV,
-    SERVICE_ACCOUNT_TOKEN,
-    ClusterAccess,
-    cluster_configured,
-)
 from exporter.attribution.jsonstream import CHUNK_BYTES, JsonStream
-from exporter.config import ConfigError
+from exporter.documents import memory_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     from urllib3 import BaseHTTPResponse
 
     from exporter.attribution.jsonstream import Shape
 
 PODS_PATH: Final = "/api/v1/pods"
-SERVICE_CA: Final = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-IN_CLUSTER_PORT_ENV: Final = "KUBERNETES_SERVICE_PORT"
 TOKEN_SECONDS: Final = 60.0
 """A token file (the service account's is rotated by the kubelet) is read again after this long."""
 MAX_TOKEN_BYTES: Final = 64 * 1024
@@ -130,64 +117,6 @@ class TokenFile:
             return self._header
 
 
-def resolve_cluster(
-    *,
-    kubeconfig: Path | None,
-    node_name: str | None,
-    environ: Mapping[str, str],
-    token_file: str = SERVICE_ACCOUNT_TOKEN,
-    ca_file: str = SERVICE_CA,
-) -> ClusterAccess | None:
-    """The cluster to attribute pods from, or None when there is no cluster configuration.
-
-    Raises `ConfigError` for a configuration that is given but unusable, or a missing node name.
-    """
-    from exporter.attribution.kubeconfig import load_kubeconfig  # noqa: PLC0415 - with a cluster only
-
-    if not cluster_configured(kubeconfig, environ, token_file=token_file):
-        return None
-    if kubeconfig is not None:
-        configuration = load_kubeconfig(str(kubeconfig), "--kubeconfig")
-        source = str(kubeconfig)
-    elif environ.get(IN_CLUSTER_ENV) and os.path.isfile(token_file):
-        configuration = in_cluster(environ, token_file, ca_file)
-        source = "in-cluster"
-    else:
-        configuration = load_kubeconfig(environ[KUBECONFIG_ENV], KUBECONFIG_ENV)
-        source = environ[KUBECONFIG_ENV]
-    if not node_name:
-        raise ConfigError(
-            "--kubernetes.node-name",
-            "needed to watch this node's pods: set NODE_NAME from the downward API "
-            "(spec.nodeName) or pass the flag",
-        )
-    return ClusterAccess(configuration, node_name, source)
-
-
-def in_cluster(environ: Mapping[str, str], token_file: str, ca_file: str) -> ApiConfig:
-    """The service account's configuration: the API server from the environment Kubernetes
-    gives every pod, its token (re-read as the kubelet rotates it) and its CA."""
-
-    def refused(problem: str) -> ConfigError:
-        return ConfigError(
-            "in-cluster configuration", f"{problem} (is the service account token mounted?)"
-        )
-
-    host, port = environ.get(IN_CLUSTER_ENV, ""), environ.get(IN_CLUSTER_PORT_ENV, "")
-    if not host or not port:
-        raise refused(f"{IN_CLUSTER_ENV} or {IN_CLUSTER_PORT_ENV} is not set")
-    try:
-        token = TokenFile(token_file)
-    except (documents.Invalid, OSError) as error:
-        raise refused(f"{token_file}: {_problem(error)}") from error
-    try:
-        context = tls_context(ca_file=ca_file)
-    except (ssl.SSLError, OSError, ValueError) as error:
-        raise refused(f"{ca_file}: {_problem(error)}") from error
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return ApiConfig(f"https://{netloc}", tls=context, authorization=token)
-
-
 def tls_context(
     *,
     ca_file: str | None = None,
@@ -209,25 +138,19 @@ def tls_context(
         if cert_file is not None:
             context.load_cert_chain(cert_file, key_file)
         return context
-    # The ssl module loads a client certificate from files only: a private directory that
-    # lives for the loading alone.
-    with tempfile.TemporaryDirectory(prefix="gpuscope-") as scratch:
+    # The ssl module loads a client certificate from files only: memory files, so that nothing
+    # is written (the chart's root is read-only, and a key belongs on no disk).
+    with contextlib.ExitStack() as files:
         if cert_data is not None:
-            cert_file = _private_file(Path(scratch) / "client.crt", cert_data)
+            cert_file = files.enter_context(memory_file(cert_data.encode(), "client-cert"))
         if key_data is not None:
-            key_file = _private_file(Path(scratch) / "client.key", key_data)
+            key_file = files.enter_context(memory_file(key_data.encode(), "client-key"))
         if cert_file is not None:
             context.load_cert_chain(cert_file, key_file)
     return context
 
 
-def _private_file(path: Path, content: str) -> str:
-    path.touch(mode=0o600)
-    path.write_text(content)
-    return str(path)
-
-
-def _problem(error: Exception) -> str:
+def problem_text(error: Exception) -> str:
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
     return str(error) or type(error).__name__
@@ -237,8 +160,7 @@ class KubernetesClient:
     """GET requests to the API server, answered as raw (streamable) responses. Blocking: call
     from a thread, never from the event loop."""
 
-    def __init__(self, access: ClusterAccess) -> None:
-        config = access.configuration
+    def __init__(self, config: ApiConfig) -> None:
         self._config = config
         self._tls = config.tls
         self._pool = self._new_pool(config.tls)

@@ -105,7 +105,7 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
     """The attributor of a node in a real cluster."""
     batch_seconds = min(BATCH_SECONDS, config.collect_interval / 2)
     pods = pod_watch(
-        KubernetesClient(access),
+        KubernetesClient(access.configuration),
         access.node_name,
         pod_labels=config.pod_labels,
         batch_seconds=batch_seconds,
@@ -114,7 +114,7 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
     claims = None
     if config.dra_drivers:
         slices = resource_slice_watch(
-            KubernetesClient(access),
+            KubernetesClient(access.configuration),
             access.node_name,
             config.dra_drivers,
             batch_seconds=batch_seconds,
@@ -123,7 +123,8 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
         # A claim is read only once the ResourceSlices' first list says the cluster serves DRA:
         # a cluster without resource.k8s.io is never asked for a claim.
         claims = ClaimResources(
-            KubernetesClient(access), active=lambda: slices.answered and not slices.off
+            KubernetesClient(access.configuration),
+            active=lambda: slices.answered and not slices.off,
         )
     return Attributor(
         access.node_name,

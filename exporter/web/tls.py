@@ -23,17 +23,12 @@ probes (which never send one) must reach.
 
 from __future__ import annotations
 
-import os
 import ssl
-from contextlib import contextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from exporter.documents import Invalid, read_bounded
+from exporter.documents import Invalid, memory_file, read_bounded
 from exporter.web.config import MAX_BYTES, Pem, TlsServerConfig, WebConfigError
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 _VERSIONS: Final = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -68,20 +63,6 @@ def _pem_text(pem: Pem, inline_key: str, file_key: str) -> str:
     return data.decode("ascii", errors="replace")
 
 
-@contextmanager
-def _in_memory(text: str, what: str) -> Iterator[str]:
-    """A path OpenSSL can open that holds `text`: an anonymous memory file of this process (no
-    file system, no disk), gone once its descriptor is closed."""
-    descriptor = os.memfd_create(f"gpuscope-{what}", os.MFD_CLOEXEC)
-    try:
-        data = memoryview(text.encode("ascii", errors="replace"))
-        while data:
-            data = data[os.write(descriptor, data) :]
-        yield f"/proc/self/fd/{descriptor}"
-    finally:
-        os.close(descriptor)
-
-
 def _where(pem: Pem, inline_key: str, file_key: str) -> str:
     if pem.path is not None:
         return f"tls_server_config.{file_key} {pem.path}"
@@ -102,7 +83,10 @@ def server_context(config: TlsServerConfig) -> ssl.SSLContext:
     key_text = _pem_text(config.key, "key", "key_file")
     where = f"{_where(config.cert, 'cert', 'cert_file')} and its key"
     try:
-        with _in_memory(cert_text, "cert") as cert, _in_memory(key_text, "key") as key:
+        with (
+            memory_file(cert_text.encode("ascii", errors="replace"), "cert") as cert,
+            memory_file(key_text.encode("ascii", errors="replace"), "key") as key,
+        ):
             context.load_cert_chain(cert, key, password=_no_password)
     except ssl.SSLError as error:  # both read: not PEM, or a key that is not the certificate's
         raise WebConfigError(f"{where}: {_reason(error)}") from error
