@@ -26,7 +26,7 @@ from exporter.config import ConfigError, ServeConfig
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
-from exporter.web.server import CannotListen, listen, resolve, serve_until_stopped
+from exporter.web.serving import CannotListen, listen, resolve, serve_until_stopped
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -10,7 +10,7 @@ the modules inside each package in order too.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,13 +20,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 pytestmark = pytest.mark.timeout(60)
-
-KNOWN_CIRCLES: Final = (
-    # Each is another change's to cut (issue 28); remove its line when it is gone, as this test
-    # then asks.
-    frozenset({"exporter.rightsize.cli", "exporter.rightsize.server"}),
-    frozenset({"exporter.web.security", "exporter.web.server"}),
-)
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -114,12 +107,10 @@ def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-def test_the_package_has_no_import_circles_but_the_known_ones() -> None:
+def test_the_package_has_no_import_circles() -> None:
+    """TYPE_CHECKING imports count: a circle there is a design knot all the same."""
     found = circles(import_graph(ROOT / "exporter"))
-    new = [sorted(group) for group in found if not any(group <= known for known in KNOWN_CIRCLES)]
-    assert not new, f"import circles: {new}"
-    gone = [sorted(known) for known in KNOWN_CIRCLES if not any(g <= known for g in found)]
-    assert not gone, f"no longer circles, remove them from KNOWN_CIRCLES: {gone}"
+    assert not found, f"import circles: {[sorted(group) for group in found]}"
 
 
 def test_a_circle_is_found_through_type_checking_and_relative_imports(tmp_path: Path) -> None:

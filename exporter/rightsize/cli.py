@@ -16,20 +16,16 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
 from typing import TYPE_CHECKING
 
 from exporter import logs
 from exporter.rightsize.configmap import ConfigMapError, write_report
 from exporter.rightsize.formatters import DIRECTORIES, EXTENSIONS, FORMATTERS, Output
 from exporter.rightsize.formatters.patches import MARK, SCRIPT
-from exporter.rightsize.hardware import Hardware
-from exporter.rightsize.history import fetch
 from exporter.rightsize.notify import notify
 from exporter.rightsize.options import PROG, RightsizeConfig, UsageError, load
-from exporter.rightsize.prometheus import PrometheusClient, PrometheusError
-from exporter.rightsize.report import build_report
-from exporter.rightsize.strategy import STRATEGIES
+from exporter.rightsize.produce import produce
+from exporter.rightsize.prometheus import PrometheusError
 from exporter.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -39,46 +35,6 @@ if TYPE_CHECKING:
     from exporter.rightsize.report import Report
 
 log = logging.getLogger("exporter.rightsize")
-
-
-async def produce(config: RightsizeConfig) -> Report:
-    """History from the PromQL API, then the report (the only I/O is the client's)."""
-    started = time.monotonic()
-    async with PrometheusClient(config.connection) as client:
-        history = await fetch(
-            client,
-            selection=config.selection,
-            end=config.end,
-            window=config.window,
-            step=config.step,
-            quantile=config.settings.percentile,
-            cluster_label=config.cluster_label,
-        )
-        queries = client.queries_sent
-    hardware = Hardware.build(
-        config.catalog,
-        history.ceilings,
-        config.prices,
-        seen=(workload.model for workload in history.workloads),
-    )
-    report = build_report(
-        history,
-        strategy=STRATEGIES[config.strategy],
-        hardware=hardware,
-        settings=config.settings,
-        source=config.connection.shown,
-        min_confidence=config.min_confidence,
-    )
-    log.info(
-        "report ready",
-        extra={
-            "workloads": len(report.rows),
-            "queries": queries,
-            "seconds": round(time.monotonic() - started, 2),
-            "savings_usd_per_month": round(report.total.savings, 2),
-        },
-    )
-    return report
 
 
 def main(argv: Sequence[str]) -> int:

@@ -44,11 +44,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from exporter import __version__, logs, malloc
 from exporter.durations import format_duration
-from exporter.rightsize.cli import produce
 from exporter.rightsize.formatters import FORMATTERS, Output, report_document
 from exporter.rightsize.formatters.patches import SCRIPT, patch_files
 from exporter.rightsize.notify import SERVICES, notify
 from exporter.rightsize.options import PROG, ServeConfig, UsageError, load_serve
+from exporter.rightsize.produce import produce
 from exporter.rightsize.prometheus import PrometheusError
 from exporter.rightsize.strategy import IDLE, UNDERUSED
 from exporter.series import Family
@@ -58,7 +58,7 @@ from exporter.web import counters
 from exporter.web.config import WebConfigError
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
-from exporter.web.server import CannotListen, listen, resolve, serve_until_stopped
+from exporter.web.serving import CannotListen, listen, resolve, serve_until_stopped
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence

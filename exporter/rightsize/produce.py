@@ -1,0 +1,60 @@
+"""One report, from the PromQL API's history to the recommendations: what `gpuscope rightsize`
+runs once and `gpuscope rightsize serve` runs on each refresh."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from exporter.rightsize.hardware import Hardware
+from exporter.rightsize.history import fetch
+from exporter.rightsize.prometheus import PrometheusClient
+from exporter.rightsize.report import build_report
+from exporter.rightsize.strategy import STRATEGIES
+
+if TYPE_CHECKING:
+    from exporter.rightsize.options import RightsizeConfig
+    from exporter.rightsize.report import Report
+
+log = logging.getLogger("exporter.rightsize")
+
+
+async def produce(config: RightsizeConfig) -> Report:
+    """History from the PromQL API, then the report (the only I/O is the client's)."""
+    started = time.monotonic()
+    async with PrometheusClient(config.connection) as client:
+        history = await fetch(
+            client,
+            selection=config.selection,
+            end=config.end,
+            window=config.window,
+            step=config.step,
+            quantile=config.settings.percentile,
+            cluster_label=config.cluster_label,
+        )
+        queries = client.queries_sent
+    hardware = Hardware.build(
+        config.catalog,
+        history.ceilings,
+        config.prices,
+        seen=(workload.model for workload in history.workloads),
+    )
+    report = build_report(
+        history,
+        strategy=STRATEGIES[config.strategy],
+        hardware=hardware,
+        settings=config.settings,
+        source=config.connection.shown,
+        min_confidence=config.min_confidence,
+    )
+    log.info(
+        "report ready",
+        extra={
+            "workloads": len(report.rows),
+            "queries": queries,
+            "seconds": round(time.monotonic() - started, 2),
+            "savings_usd_per_month": round(report.total.savings, 2),
+        },
+    )
+    return report
