@@ -3,7 +3,7 @@ the panel's JSON with the look every dashboard shares.
 
 Every panel and query uses the `${datasource}` variable (no uid is hard-coded); the layout gives
 each panel its id and place (dashboards/layout.py). Plain dicts rather than grafana-foundation-sdk:
-README's "Dashboards and alerts" gives the trial's figures (no fewer lines, the same tsc check).
+docs/guide/dashboards.md gives the trial's figures (no fewer lines, the same tsc check).
 """
 
 from __future__ import annotations

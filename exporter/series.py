@@ -3,7 +3,7 @@
 A `Family` is one metric as Prometheus sees it; a `Series` is one value a GPU gives for a family
 (the family and the label values that set it apart, such as `clock="sm"`). NVML readings
 (`exporter.readings`) and the other sources name the series they fill; exposition
-(`exporter.metrics`) turns them into samples, and the README's metrics table is generated from
+(`exporter.metrics`) turns them into samples, and the metrics reference (docs/reference/metrics.md) is generated from
 the same declarations. Both are compared by identity: each is declared once, as a constant.
 
 Names follow Prometheus' rules: base units, `_ratio` for 0..1, counters named without `_total`
@@ -35,9 +35,9 @@ class Family:
     gpu: bool = True
     """Whether its series carry the GPU labels."""
     doc: str = ""
-    """The README's longer meaning, where the help text is not enough."""
+    """The metrics reference's longer meaning, where the help text is not enough."""
     labels_doc: str = ""
-    """The README's description of the labels (their values), where the names are not enough."""
+    """The metrics reference's description of the labels (their values), where the names are not enough."""
     collector: str = ""
     """The collector (`--collector.<name>`) whose readings fill it; "" for the daemon's own."""
     while_down: bool = False
@@ -50,7 +50,7 @@ class Family:
 
     @property
     def meaning(self) -> str:
-        """For the README: the doc, else the help as a phrase ("Share of …." -> "share of …")."""
+        """For the metrics reference: the doc, else the help as a phrase ("Share of …." -> "share of …")."""
         if self.doc:
             return self.doc
         text = self.help.rstrip(".")

@@ -138,11 +138,11 @@ def test_no_cache_age_before_the_first_list() -> None:
     assert series(render(empty), "gpuscope_kubernetes_cache_age_seconds") == {}
 
 
-def test_every_attribution_family_is_documented_in_the_readme() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_every_attribution_family_is_documented_in_the_metrics_reference() -> None:
+    readme = (ROOT / "docs" / "reference" / "metrics.md").read_text()
     names = {
         line.split()[2] for line in render(ATTRIBUTION).splitlines() if line.startswith("# TYPE")
     }
     assert "gpu_pod_busy_seconds_total" in names
     undocumented = sorted(name for name in names if f"| `{name}` |" not in readme)
-    assert not undocumented, f"add these to the README's metrics table: {undocumented}"
+    assert not undocumented, f"add these to the metrics reference: {undocumented}"

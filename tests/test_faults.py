@@ -4,7 +4,7 @@ stand-in (tests/fake_kube), a real gRPC pod-resources server (tests/fake_kubelet
 procfs tree, calibration profiles published as a ConfigMap is. Each test asserts what is still
 served while the fault lasts and that the daemon recovers by itself, without a restart.
 
-The README's "Reliability" section lists these faults; component-level tests of the same
+docs/benchmarks/reliability.md lists these faults; component-level tests of the same
 sources live beside their modules (tests/test_sampler.py, test_pods.py, test_podresources.py,
 test_cgroups.py, test_calibration_source.py, test_deeper_signals.py, test_web_security.py).
 """

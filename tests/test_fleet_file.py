@@ -195,8 +195,8 @@ def test_the_documented_fleet_parses() -> None:
     assert len(parsed.faults) == 8
 
 
-def test_the_readmes_fleet_parses() -> None:
-    section = (ROOT / "README.md").read_text().split("\n## The simulator\n", 1)[1]
+def test_the_simulator_guides_fleet_parses() -> None:
+    section = (ROOT / "docs" / "guide" / "simulator.md").read_text()
     example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     parsed = parse_fleet(yaml.safe_load(example))
     assert len(parsed.gpus) == 3

@@ -2,7 +2,7 @@
 
 Every setting is a row of `SETTINGS` (the machinery is `exporter.settings`, shared with `serve`):
 the flag (`--device`), the variable (`GPUSCOPE_CALIBRATE_DEVICE`), the key of the optional
-`--config.file` YAML (`device: cuda`), `--help` and the README's table come from it. Precedence is
+`--config.file` YAML (`device: cuda`), `--help` and the calibration guide's table come from it. Precedence is
 flag > environment > file > default; anything wrong is one line and exit status 2.
 
 Kept free of PyTorch, rich and the Kubernetes client, so `gpuscope calibrate --help` and a bad
@@ -190,5 +190,5 @@ def parse(args: argparse.Namespace, environ: Mapping[str, str] | None = None) ->
 
 
 def settings_table() -> str:
-    """The README's flag table of `gpuscope calibrate`."""
+    """The calibration guide's flag table of `gpuscope calibrate`."""
     return CALIBRATE.table()

@@ -3,7 +3,7 @@
 `gpuscope serve --compat.dcgm` serves each DCGM field dcgm-exporter 4.x serves (`fields`: its
 name, type, help and unit, the gpuscope series it is made from and the conversion) beside
 gpuscope's own series (`exporter.metrics.dcgm` writes them), with NVIDIA's XID texts as the XID
-series' `err_msg` (`xids`, from the shipped `xids.yaml`). The README's field table is generated
+series' `err_msg` (`xids`, from the shipped `xids.yaml`). The field table of docs/guide/dcgm.md is generated
 from the same declarations (`table`, through `scripts/readme.py`; the daemon never loads it). The
 daemon imports this package under `--compat.dcgm` only.
 """

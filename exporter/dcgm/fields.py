@@ -122,7 +122,7 @@ class Field:
     help: str
     """dcgm-exporter's help text (a counters file may give its own)."""
     unit: str
-    """DCGM's unit, for the README: `%`, `MiB`, `MHz`, `ratio`, …"""
+    """DCGM's unit, for the field table: `%`, `MiB`, `MHz`, `ratio`, …"""
     sources: tuple[Source, ...] = ()
     """The value: the first of these series the GPU gave this cycle, times its factor."""
     bits: tuple[tuple[int, Series], ...] = ()
@@ -138,9 +138,9 @@ class Field:
     default: bool = False
     """In dcgm-exporter's default counters (served when no counters file is given)."""
     derived: str = ""
-    """The README's "from" where `sources` and `bits` do not say it (the last XID, a label)."""
+    """The field table's "from" where `sources` and `bits` do not say it (the last XID, a label)."""
     note: str = ""
-    """The README's remark: a fallback, a unit that differs from what a consumer assumes."""
+    """The field table's remark: a fallback, a unit that differs from what a consumer assumes."""
 
     def value(self, values: Mapping[Series, float], *, gpm: bool = False) -> float | None:
         """The field's value from a GPU's values this cycle; None where the GPU gave none.
@@ -691,4 +691,4 @@ NOT_SERVED: Final[Mapping[str, str]] = {
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state, which NVML answers only "
     "inside a virtual machine with a vGPU: a Kubernetes node's physical GPUs have none",
 }
-"""dcgm-exporter's default fields that gpuscope does not serve, and why (the README says so)."""
+"""dcgm-exporter's default fields that gpuscope does not serve, and why (docs/guide/dcgm.md says so)."""

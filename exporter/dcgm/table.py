@@ -1,4 +1,4 @@
-"""The README's table of DCGM fields (`scripts/readme.py` keeps the README equal to it): what
+"""The table of DCGM fields in docs/guide/dcgm.md (`scripts/reference.py` keeps it equal to this): what
 each field is made from, and how a GPU several pods share splits it."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _shown(series: Series) -> str:
 
 
 def fields_table() -> str:
-    """The README's table of DCGM fields: what each is made from, and how shared GPUs split it."""
+    """The table of DCGM fields: what each is made from, and how shared GPUs split it."""
     rows = [
         "| DCGM field | default | type | unit | from gpuscope's | on a GPU pods share | notes |",
         "|---|---|---|---|---|---|---|",

@@ -58,7 +58,7 @@ POD_ENERGY: Final = Family(
     unit="joules",
     labels=POD_LABELS,
     labels_doc="as above (never on MIG instances)",
-    doc="that container's part of the GPU's energy (see [Energy and carbon](#energy-and-carbon)): "
+    doc="that container's part of the GPU's energy (see [Energy and carbon](../guide/attribution.md#energy-and-carbon)): "
     "all of it when the container is alone on the GPU, else the busy part by per-process "
     "utilization and the idle part in equal parts to the holders; with "
     "`gpu_unattributed_energy_joules_total` it adds up to the GPU's energy; never goes down "

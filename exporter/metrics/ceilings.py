@@ -22,7 +22,7 @@ CALIBRATED_FLOPS: Final = Family(
     "(operations per second; int8 counts integer operations).",
     labels=("dtype",),
     labels_doc="`dtype` (`fp64`, `fp32`, `tf32`, `fp16`, `bf16`, `fp8`, `int8`)",
-    doc="dense matmul rate this GPU model reached in [calibration](#calibration), operations "
+    doc="dense matmul rate this GPU model reached in [calibration](../guide/calibration.md), operations "
     "per second (int8: integer operations); a dtype the GPU or PyTorch cannot run is absent",
     collector="calibration",
 )
@@ -84,7 +84,7 @@ CARBON_INTENSITY: Final = Family(
     gpu=False,
     doc="the grid's carbon intensity, gCO₂e per kWh: `--carbon.intensity`, else the catalog's "
     "`carbon_intensity_grams_per_kwh`; absent when neither gives one (see "
-    "[Energy and carbon](#energy-and-carbon))",
+    "[Energy and carbon](../guide/attribution.md#energy-and-carbon))",
 )
 FAMILIES: Final = (
     CALIBRATED_FLOPS,

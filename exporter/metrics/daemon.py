@@ -37,7 +37,7 @@ COLLECTOR_SUCCESS: Final = Family(
     gpu=False,
     doc="1 if the collector's readings answered in the last cycle (on every GPU that answered): "
     "`nvml` (the library initialised) and each switched-on collector (see "
-    "[Collectors](#collectors)); `calibration` with `--calibration.path` (0 while a profile is "
+    "[Collectors](../guide/daemon.md#collectors)); `calibration` with `--calibration.path` (0 while a profile is "
     "rejected or the path is unreadable); with attribution also `kubernetes`, `podresources`, "
     "`cgroups`; and the background tasks, 0 from a crash until they are restarted: `events` "
     "(the XID/ECC event thread), `web_config` (the web-config watch, with `--web.config.file`)",

@@ -80,8 +80,8 @@ WRITTEN_FIRST: Final = (
     "gpu_retired_pages_pending",
     "gpu_mig_mode_enabled",
 )
-"""The value families' order on `/metrics` and in the README's table, kept as it was when the
-declarations were one module (the golden files and the README hold it). A family not named here
+"""The value families' order on `/metrics` and in the metrics reference, kept as it was when the
+declarations were one module (the golden files and the metrics reference hold it). A family not named here
 is written after these, in declaration order: a new reading needs no line here."""
 
 

@@ -1,5 +1,5 @@
-"""The README's metrics table, made from the family declarations (`scripts/readme.py` keeps the
-README equal to it)."""
+"""The metrics reference's table (docs/reference/metrics.md), made from the family declarations
+(`scripts/reference.py` keeps the page equal to it)."""
 
 from __future__ import annotations
 

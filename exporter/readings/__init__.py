@@ -9,14 +9,14 @@ what the simulator's answers read.
 
 From the declarations come the sampler's reads (`exporter.nvml.device`), the snapshot's values
 (`GpuSample.values`, keyed by the declared `Series`), the metric families (`exporter.metrics`),
-the simulator's answers (`exporter.simulator`, which serves every declared call) and the README's
-metrics table. This package gathers them: `READINGS`, `VALUE_FAMILIES`, `BY_NAME`,
+the simulator's answers (`exporter.simulator`, which serves every declared call) and the metrics
+reference. This package gathers them: `READINGS`, `VALUE_FAMILIES`, `BY_NAME`,
 `FIELD_READINGS`, `SIMULATED_CALLS`. A plain reading is one `plain(...)` in its group's module:
 
     TEMPERATURE: Final = plain(
         "temperature",                                 # its name in logs
         "nvmlDeviceGetTemperature",                    # pynvml's function
-        family(                                        # its family, as the README shows it
+        family(                                        # its family, as the metrics reference shows it
             "gpu_temperature_celsius", "GPU core temperature.", unit="celsius", collector="device"
         ),
         number,                                        # the answer in base units

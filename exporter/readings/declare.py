@@ -5,7 +5,7 @@ conversion of the driver's answer to base units. The group modules of this packa
 three functions, each putting what it makes into `DECLARED`:
 
 - `family(...)`: a family a GPU's values fill (written by `exporter.metrics`, documented in the
-  README's table); the same arguments as `Family`;
+  metrics reference); the same arguments as `Family`;
 - `plain(...)`: a plain reading in one declaration — the driver call, its family (one series, no
   labels of its own), the conversion, how it is read, the simulator's answer; returns the series;
 - `reading(...)`: a reading whose answer fills several series (a struct's members, a bitmask's

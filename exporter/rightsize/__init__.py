@@ -7,7 +7,7 @@ A separate program from the daemon that shares its package: it never imports the
 the endpoint's security and listener; a contract in `pyproject.toml` checks it). Data flows one
 way:
 
-    options.py      every setting declared once (flags, variables, --config.file, README), and
+    options.py      every setting declared once (flags, variables, --config.file, the docs' table), and
                     the run's configuration: files read bounded, everything checked before a query
     prometheus.py   the PromQL HTTP API client (auth, TLS, retries, bounded concurrency, answers
                     read bounded and element by element: forged or foreign series dropped as

@@ -196,7 +196,7 @@ SERVER_FAMILIES: Final = (
 
 
 def metrics_table() -> str:
-    """The README's table of the series `gpuscope rightsize serve` exports."""
+    """The rightsizing guide's table of the series `gpuscope rightsize serve` exports."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
     for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES):
         labels = ", ".join(f"`{label}`" for label in family.labels)

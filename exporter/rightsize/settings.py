@@ -4,7 +4,7 @@ shows them.
 Percentages are written as percent (`--percentile 95`, `--compute-headroom 20`, `20%` works too)
 and held as ratios (0.95, 0.2). The rows are part of the job's one `SettingsTable`
 (`exporter/rightsize/options.py`), from which come the flags, the variables, the config file's
-keys and the README's table.
+keys and the rightsizing guide's table.
 """
 
 from __future__ import annotations

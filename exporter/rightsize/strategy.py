@@ -3,7 +3,7 @@
 A strategy never does I/O: it gets one workload's history, the hardware view (catalog, prices,
 calibrated ceilings) and its settings, and answers with a Recommendation — or with
 `undefined("not enough data: ...")` when the history cannot support an answer.
-How `simple` decides is explained step by step in the README ("How it works").
+How `simple` decides is explained step by step in docs/guide/rightsizing.md ("How it works").
 """
 
 from __future__ import annotations
