@@ -404,8 +404,11 @@ def test_every_metric_read_is_exported_recorded_or_prometheus_own() -> None:
     # every family the daemon exports, including those with no sample for the golden fleet
     exported = {line.split()[2] for line in golden.splitlines() if line.startswith("# TYPE ")}
     # pod attribution is off for the golden fleet (no cluster): its families come from the
-    # metrics reference
-    readme = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    # metrics reference; the report server's from the rightsizing guide
+    readme = "".join(
+        (ROOT / "docs" / page).read_text(encoding="utf-8")
+        for page in ("reference/metrics.md", "guide/rightsizing.md")
+    )
     documented = set(re.findall(r"^\| `((?:gpu|gpuscope)_[a-z0-9_]+)` \|", readme, re.MULTILINE))
     # the daemon's own process_* and python_* families (not in the golden file: their values vary)
     own = {sample.name for family in own_families()() for sample in family.samples}
