@@ -207,6 +207,38 @@ def test_client_certificate_as_data_or_files_relative_to_the_kubeconfig(
         assert https.seen[-1]["authorization"] is None
 
 
+@pytest.mark.parametrize("key", ["certificate-authority", "client-certificate", "client-key"])
+def test_a_special_file_named_for_tls_is_refused_at_once(
+    tmp_path: Path, ca: trustme.CA, key: str
+) -> None:
+    """OpenSSL opened these paths itself: a FIFO there blocked the daemon's start for ever, with
+    nothing listening and nothing logged. Each is read as every file is, regular files only."""
+    client = ca.issue_cert("gpuscope@cluster")
+    files = {
+        "certificate-authority": tmp_path / "ca.pem",
+        "client-certificate": tmp_path / "client.pem",
+        "client-key": tmp_path / "client.key",
+    }
+    files["certificate-authority"].write_bytes(ca.cert_pem.bytes())
+    files["client-certificate"].write_bytes(client.cert_chain_pems[0].bytes())
+    files["client-key"].write_bytes(client.private_key_pem.bytes())
+    files[key].unlink()
+    os.mkfifo(files[key])
+    path = kubeconfig(
+        tmp_path / "kubeconfig",
+        {
+            "server": "https://127.0.0.1:6443",
+            "certificate-authority": str(files["certificate-authority"]),
+        },
+        {
+            "client-certificate": str(files["client-certificate"]),
+            "client-key": str(files["client-key"]),
+        },
+    )
+    with pytest.raises(ConfigError, match=rf"{files[key].name}: not a regular file \(a FIFO\)$"):
+        resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
+
+
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_tls_server_name_and_insecure_skip_verify(
     tmp_path: Path, ca: trustme.CA, named_only: Recorder

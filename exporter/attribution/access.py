@@ -81,6 +81,8 @@ def in_cluster(environ: Mapping[str, str], token_file: str, ca_file: str) -> Api
         raise refused(f"{token_file}: {problem_text(error)}") from error
     try:
         context = tls_context(ca_file=ca_file)
+    except documents.Invalid as problem:
+        raise refused(str(problem)) from None
     except (ssl.SSLError, OSError, ValueError) as error:
         raise refused(f"{ca_file}: {problem_text(error)}") from error
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -42,6 +42,8 @@ PODS_PATH: Final = "/api/v1/pods"
 TOKEN_SECONDS: Final = 60.0
 """A token file (the service account's is rotated by the kubelet) is read again after this long."""
 MAX_TOKEN_BYTES: Final = 64 * 1024
+MAX_PEM_BYTES: Final = 1024 * 1024
+"""A CA bundle, client certificate or key file: the system's whole CA bundle is about 200 KiB."""
 UNAUTHORIZED: Final = 401
 MAX_OBJECT_BYTES: Final = 8 * 1024 * 1024
 """One object as the API serves it in JSON. etcd holds at most 1.5 MiB of an object (encoded as
@@ -129,25 +131,41 @@ def tls_context(
 ) -> ssl.SSLContext:
     """A client TLS context: the server checked against the CA given (else the system's), and a
     client certificate if given, from files or PEM text; `verify` False checks nothing
-    (insecure-skip-tls-verify)."""
-    context = ssl.create_default_context(cafile=ca_file, cadata=ca_data)
+    (insecure-skip-tls-verify).
+
+    Files are read here, bounded and regular files only (`documents.read_bounded`: a FIFO would
+    block OpenSSL, opening it, for ever), and OpenSSL is handed their text: the CA as data, the
+    certificate and key through memory files (it loads those from paths only), so nothing is
+    written (the chart's root is read-only, and a key belongs on no disk). Raises
+    `documents.Invalid` naming a file that cannot be read, `ssl.SSLError` for PEM it refuses."""
+    if ca_file is not None and ca_data is None:
+        ca_data = _pem(ca_file)
+    context = ssl.create_default_context(cadata=ca_data)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    if cert_data is None and key_data is None:
-        if cert_file is not None:
-            context.load_cert_chain(cert_file, key_file)
+    if cert_data is None and cert_file is not None:
+        cert_data = _pem(cert_file)
+    if key_data is None and key_file is not None:
+        key_data = _pem(key_file)
+    if cert_data is None:
         return context
-    # The ssl module loads a client certificate from files only: memory files, so that nothing
-    # is written (the chart's root is read-only, and a key belongs on no disk).
     with contextlib.ExitStack() as files:
-        if cert_data is not None:
-            cert_file = files.enter_context(memory_file(cert_data.encode(), "client-cert"))
-        if key_data is not None:
-            key_file = files.enter_context(memory_file(key_data.encode(), "client-key"))
-        if cert_file is not None:
-            context.load_cert_chain(cert_file, key_file)
+        cert = files.enter_context(memory_file(cert_data.encode(), "client-cert"))
+        key = (
+            files.enter_context(memory_file(key_data.encode(), "client-key"))
+            if key_data is not None
+            else None
+        )
+        context.load_cert_chain(cert, key)
     return context
+
+
+def _pem(path: str) -> str:
+    try:
+        return documents.decode(documents.read_bounded(Path(path), MAX_PEM_BYTES))
+    except documents.Invalid as problem:
+        raise documents.Invalid("", f"{path}: {problem}") from None
 
 
 def problem_text(error: Exception) -> str:
