@@ -138,6 +138,9 @@ def test_hostile_profiles_cost_only_themselves_and_one_log_line_each(
     }
     for name, (content, _) in hostile.items():
         (tmp_path / name).write_bytes(content)
+    # A FIFO was skipped in silence: it reads as nothing at all, so it is said once too.
+    os.mkfifo(tmp_path / "fifo.yaml")
+    hostile["fifo.yaml"] = (b"", "not a regular file (a FIFO)")
     directory = ProfileDirectory(tmp_path)
     with caplog.at_level(logging.INFO, logger="exporter.calibration"):
         for _ in range(3):

@@ -100,8 +100,9 @@ class ProfileDirectory:
                         target = entry.stat()  # follows symlinks: ConfigMap keys are symlinks
                     except FileNotFoundError:
                         continue  # a dangling symlink: a key that is going away
-                    if stat.S_ISREG(target.st_mode):
-                        found.append(_signature(entry.name, target))
+                    # Special files are candidates too: reading one refuses it (not a regular
+                    # file) with the rejected profile's warning, not in silence.
+                    found.append(_signature(entry.name, target))
                     if len(found) > _MAX_FILES:
                         return f"more than {_MAX_FILES} profile files"
         except OSError as error:
