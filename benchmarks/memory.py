@@ -55,6 +55,7 @@ IMPORT_STEPS = (
     "yaml",
     "pynvml",
     "prometheus_client",
+    "httptools",
     "exporter.cli",
     "exporter.attribution.live",
 )

@@ -8,6 +8,11 @@ is a value or the parser's one documented error — never another exception.
 | settings from flags, environment and YAML (`exporter.config`) | `ConfigError` |
 | calibration profiles (`exporter.calibration.parse`) | `ProfileError` |
 | the web config (`exporter.web.config`) | `WebConfigError` |
+| HTTP requests (`exporter.web.http.RequestReader`, over llhttp) | `BadRequest` |
+
+The listener (`exporter.web.server`) is fuzzed too, over a loopback socket: whatever a client
+sends, in whatever pieces, nothing raises out of its protocol and every answer is one of its
+statuses.
 
 Each property runs a bounded number of examples (hypothesis keeps the failing ones in
 `.hypothesis/` and tries them first next time), so the whole file takes seconds.
@@ -15,11 +20,13 @@ Each property runs a bounded number of examples (hypothesis keeps the failing on
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -35,7 +42,13 @@ from exporter.calibration.parse import parse_profile, parse_profile_text
 from exporter.calibration.profile import ProfileError, dump_profile
 from exporter.durations import DurationError, format_duration, parse_duration
 from exporter.web.config import SECTION_KEYS, WebConfigError, parse_web_config
+from exporter.web.http import BadRequest, Request, RequestReader, Response, routed
+from exporter.web.server import Connections, Listener
 from tests.profiles import gpu_profile
+
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Iterable
 
 BOUNDED = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -331,3 +344,194 @@ WEB_DOCUMENT = st.one_of(
 def test_web_configs(text: str | bytes) -> None:
     with contextlib.suppress(WebConfigError):
         parse_web_config(text, directory=Path("/etc/gpuscope/web"))
+
+
+# -- HTTP requests ----------------------------------------------------------------------------
+
+HTTP_FIELD = st.one_of(
+    st.sampled_from(
+        [
+            b"Host: x",
+            b"Host: y",
+            b"Content-Length: 3",
+            b"Content-Length: 0",
+            b"Content-Length: 1, 1",
+            b"Content-Length: +1",
+            b"Content-Length: 70000",
+            b"Transfer-Encoding: chunked",
+            b"Transfer-Encoding: gzip, chunked",
+            b"Connection: close",
+            b"Connection: keep-alive",
+            b"Connection: upgrade",
+            b"Upgrade: h2c",
+            b"Expect: 100-continue",
+            b"X: a\tb ",
+            b"X: \xe9",
+            b"X: a\x01",
+            b"X : a",
+            b" folded",
+            b"X: " + b"a" * 5000,
+        ]
+    ),
+    st.builds(
+        lambda name, value: name + b":" + value, st.binary(max_size=6), st.binary(max_size=6)
+    ),
+)
+HTTP_BODY = st.one_of(
+    st.sampled_from(
+        [
+            b"",
+            b"abc",
+            b"3\r\nabc\r\n0\r\n\r\n",
+            b"3;e=1\r\nabc\r\n0\r\nT: t\r\n\r\n",
+            b"3\r\nabcd\r\n0\r\n\r\n",
+            b"10001\r\n",
+            b"zz\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        ]
+    ),
+    st.binary(max_size=12),
+)
+HTTP_LINE_END = st.sampled_from([b"\r\n"] * 6 + [b"\n", b"\r", b""])
+HTTP_REQUEST = st.builds(
+    lambda method, target, version, space, ends, fields, body: (
+        method
+        + space
+        + target
+        + (space + version if version else b"")
+        + ends[0]
+        + b"".join(field + end for field, end in zip(fields, ends[1:] * len(fields), strict=False))
+        + b"\r\n"
+        + body
+    ),
+    st.sampled_from([b"GET", b"HEAD", b"POST", b"get", b"G(T", b"PRI", b"CONNECT"]),
+    st.sampled_from(
+        [b"/", b"/metrics?x=1", b"*", b"http://h/-/ready", b"h:443", b"/\xe9", b"/a b"]
+    ),
+    st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/0.9", b"HTTP/1.2", b""]),
+    st.sampled_from([b" ", b" ", b"  ", b"\t"]),
+    st.lists(HTTP_LINE_END, min_size=2, max_size=2),
+    st.lists(HTTP_FIELD, max_size=5),
+    HTTP_BODY,
+)
+HTTP_BYTES = st.one_of(
+    HTTP_REQUEST,
+    st.builds(
+        lambda request, at, insert, cut: request[:at] + insert + request[at + cut :],
+        HTTP_REQUEST,
+        st.integers(0, 120),
+        st.binary(max_size=3),
+        st.integers(0, 2),
+    ),
+    st.lists(HTTP_REQUEST, min_size=2, max_size=3).map(b"".join),  # pipelined
+    st.binary(max_size=200),
+)
+REFUSALS = {400, 413, 501, 505}
+
+
+def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    pieces = []
+    while data:
+        size = rng.randint(1, 40)
+        pieces.append(data[:size])
+        data = data[size:]
+    return pieces
+
+
+def _read_requests(pieces: Iterable[bytes]) -> tuple[list[tuple[object, ...]], int, bytes]:
+    """The requests read off `pieces` as the listener reads them (each request's head, read
+    whole with its body), the status of the refusal reading ended in (0: none), and the bytes
+    left unread (none after a request that closes the connection)."""
+    reader = RequestReader()
+    buffer = bytearray()
+    read: list[tuple[object, ...]] = []
+    request = None
+    try:
+        for piece in pieces:
+            buffer += piece
+            while buffer:
+                if request is None:
+                    request = reader.head(buffer)
+                    if request is None:
+                        break
+                if not reader.body(buffer):
+                    break
+                read.append(
+                    (
+                        request.method,
+                        request.path,
+                        request.query,
+                        request.version,
+                        dict(request.headers),
+                        request.keep_alive,
+                        request.body,
+                    )
+                )
+                if not request.keep_alive:
+                    return read, 0, b""  # the listener reads no further
+                request = None
+    except BadRequest as refusal:
+        return read, refusal.status, b""
+    return read, 0, bytes(buffer)
+
+
+@BOUNDED
+@given(HTTP_BYTES, st.randoms(use_true_random=False))
+def test_http_requests(data: bytes, rng: random.Random) -> None:
+    """Whatever the bytes, reading raises nothing but `BadRequest`, and the same bytes in pieces
+    read as they do whole. (Which refusal may differ: a limit is applied as soon as the bytes
+    show it, so an over-long line arriving in pieces is refused before llhttp reaches a later
+    mistake it would name when the line came whole.)"""
+    whole_read, whole_refused, whole_left = _read_requests([data])
+    read, refused, left = _read_requests(_pieces(data, rng))
+    assert (read, bool(refused), left) == (whole_read, bool(whole_refused), whole_left)
+    assert {refused, whole_refused} <= {0} | REFUSALS
+
+
+async def _answered(port: int, pieces: list[bytes]) -> bytes:
+    """Send `pieces` one by one, half-close, read until the listener closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.write_eof()
+        return await asyncio.wait_for(reader.read(), 10)
+    except ConnectionError:
+        return b""
+    finally:
+        writer.close()
+
+
+def test_the_listener_survives_any_bytes() -> None:
+    """The listener's protocol over a real socket: no exception reaches the event loop, every
+    answer is a status the listener gives, and a good request is answered after it all."""
+
+    async def ok(_request: Request) -> Response:
+        return Response.text("ok\n")
+
+    loop = asyncio.new_event_loop()
+    raised: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: raised.append(context))
+    listener = Listener(routed({"/": ok, "/metrics": ok}), Connections())
+    loop.run_until_complete(listener.start("127.0.0.1", 0))
+    port = listener.addresses[0][1]
+
+    @settings(BOUNDED, max_examples=100)
+    @given(HTTP_BYTES, st.randoms(use_true_random=False))
+    def exchange(data: bytes, rng: random.Random) -> None:
+        answer = loop.run_until_complete(_answered(port, _pieces(data, rng)))
+        assert raised == []
+        statuses = {int(s) for s in re.findall(rb"^HTTP/1\.1 (\d{3}) ", answer, re.MULTILINE)}
+        assert statuses <= {100, 200, 404, 405, 417} | REFUSALS, answer[:300]
+
+    try:
+        exchange()
+        good = loop.run_until_complete(
+            _answered(port, [b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"])
+        )
+        assert good.startswith(b"HTTP/1.1 200 OK\r\n")
+    finally:
+        loop.run_until_complete(listener.stop(1.0))
+        loop.close()

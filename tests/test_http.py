@@ -24,13 +24,11 @@ import trustme
 from exporter.web.http import (
     MAX_BODY,
     BadRequest,
-    Body,
     Request,
+    RequestReader,
     Response,
     accepts_gzip,
     encode_head,
-    head_end,
-    parse_head,
     routed,
 )
 from exporter.web.server import Connections, Listener
@@ -38,27 +36,23 @@ from exporter.web.transport import Acceptor
 from tests.helpers import eventually_async
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def parsed(data: bytes) -> Request:
-    buffer = bytearray(data)
-    end = head_end(buffer)
-    assert end > 0
-    return parse_head(bytes(buffer[: end - 4]))
+    request = RequestReader().head(bytearray(data))
+    assert request is not None
+    return request
 
 
 def _read(data: bytes) -> None:
     """Parse a request and drop its body, as the listener does."""
+    reader = RequestReader()
     buffer = bytearray(data)
-    end = head_end(buffer)
-    if end > 0:
-        request = parse_head(bytes(buffer[: end - 4]))
-        del buffer[:end]
-        if request.body is not None:
-            request.body.consume(buffer)
+    if reader.head(buffer) is not None:
+        reader.body(buffer)
 
 
 def refused(data: bytes) -> BadRequest:
@@ -161,57 +155,114 @@ def test_malformed_heads_are_refused_with_their_status(name: str) -> None:
 
 
 def test_an_incomplete_head_waits_and_a_hopeless_one_is_refused_early() -> None:
-    assert head_end(bytearray(b"GET / HTTP/1.1\r\nHost: x\r\n")) == -1
+    assert RequestReader().head(bytearray(b"GET / HTTP/1.1\r\nHost: x\r\n")) is None
     with pytest.raises(BadRequest):
-        head_end(bytearray(b"GET / HTTP/1.1\r\nX: " + b"a" * 5000))  # no end in sight
+        RequestReader().head(bytearray(b"GET / HTTP/1.1\r\nX: " + b"a" * 5000))  # no end in sight
     with pytest.raises(BadRequest):
-        head_end(bytearray(b"GET / HTTP/1.1\nHost"))
+        RequestReader().head(bytearray(b"GET / HTTP/1.1\nHost"))
 
 
-def _trickled(data: bytes, sizes: random.Random) -> tuple[int, str]:
-    """`head_end` over `data` arriving in pieces of random sizes, as the listener calls it:
-    where the head ends, or the mistake."""
+def judged(pieces: Iterable[bytes]) -> str:
+    """How a request arriving in `pieces` is judged, read as the listener reads it: "whole" once
+    it ended, the mistake if refused, "" while more is needed."""
+    reader = RequestReader()
     buffer = bytearray()
-    checked = 0
+    request = None
+    try:
+        for piece in pieces:
+            buffer += piece
+            if request is None:
+                request = reader.head(buffer)
+            if request is not None and reader.body(buffer):
+                return "whole"
+    except BadRequest as error:
+        return error.kind
+    return ""
+
+
+def _trickled(data: bytes, sizes: random.Random) -> str:
+    """`judged` over `data` arriving in pieces of random sizes."""
+    pieces = []
     while data:
         size = sizes.randint(1, 7)
-        buffer += data[:size]
+        pieces.append(data[:size])
         data = data[size:]
-        try:
-            end = head_end(buffer, checked)
-        except BadRequest as error:
-            return -2, error.kind
-        if end >= 0:
-            return end, ""
-        checked = len(buffer)
-    return -1, ""
+    return judged(pieces)
 
 
 @pytest.mark.parametrize("name", [*MALFORMED, "whole"])
 def test_a_head_checked_piece_by_piece_is_judged_as_a_whole(name: str) -> None:
     data = MALFORMED[name][0] if name in MALFORMED else b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
-    try:
-        whole = (head_end(bytearray(data)), "")
-    except BadRequest as error:
-        whole = (-2, error.kind)
+    whole = judged([data])
     sizes = random.Random(name)
     for _ in range(20):
         assert _trickled(data, sizes) == whole
 
 
 def test_bodies_are_dropped_as_they_arrive() -> None:
-    body = Body(5)
-    buffer = bytearray(b"abc")
-    assert not body.consume(buffer)
+    reader = RequestReader()
+    buffer = bytearray(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabc")
+    assert reader.head(buffer) is not None
+    assert not reader.body(buffer)
     buffer += b"deGET"
-    assert body.consume(buffer)
+    assert reader.body(buffer)
     assert buffer == b"GET"
-    chunked = Body()
-    buffer = bytearray(b"3;ext=1\r\nab")
-    assert not chunked.consume(buffer)
+    buffer = bytearray(
+        b"GET / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nab"
+    )
+    assert reader.head(buffer) is not None
+    assert not reader.body(buffer)
     buffer += b"c\r\n0\r\nTrailer: t\r\n\r\nnext"
-    assert chunked.consume(buffer)
+    assert reader.body(buffer)
     assert buffer == b"next"
+
+
+def test_llhttp_is_handed_no_byte_past_the_request_being_read() -> None:
+    """Pipelined requests wait as bytes: a malformed one behind a good one is not parsed (nor
+    refused) until the good one has been read, nor is its Content-Length body."""
+    reader = RequestReader()
+    second = b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n"
+    buffer = bytearray(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi" + second)
+    request = reader.head(buffer)
+    assert request is not None
+    assert buffer == b"hi" + second
+    assert reader.body(buffer)
+    assert buffer == second
+    with pytest.raises(BadRequest):
+        reader.head(buffer)
+
+
+def test_an_upgrade_is_ignored_and_one_with_a_body_refused() -> None:
+    """The server never switches protocols: an Upgrade request is answered as any other and the
+    next request read; one with a body is refused (llhttp would leave the body unread)."""
+    reader = RequestReader()
+    upgrade = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n"
+    buffer = bytearray(upgrade + b"\r\nGET /-/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    first = reader.head(buffer)
+    assert first is not None
+    assert first.keep_alive
+    assert reader.body(buffer)
+    second = reader.head(buffer)
+    assert second is not None
+    assert second.path == "/-/ready"
+    assert refused(upgrade + b"Content-Length: 2\r\n\r\nhi").status == 400
+
+
+STRICTER = {
+    "a method llhttp does not know": b"FOO /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    "a lowercase method": b"get /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    "HTTP/1.2": b"GET / HTTP/1.2\r\nHost: x\r\n\r\n",
+    "Content-Length twice, equal": b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n"
+    b"Content-Length: 1\r\n\r\na",
+    "Content-Lengths listed, equal": b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1, 1\r\n\r\na",
+}
+"""What llhttp refuses that the parser before it took (answering 404 or 405, or serving it):
+nothing a scraper, a probe or a browser sends."""
+
+
+@pytest.mark.parametrize("name", STRICTER)
+def test_llhttp_refuses_more_than_the_parser_before_it(name: str) -> None:
+    assert refused(STRICTER[name]).status == (505 if name == "HTTP/1.2" else 400)
 
 
 def test_a_response_head() -> None:

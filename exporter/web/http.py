@@ -1,31 +1,40 @@
-"""HTTP/1.1 on the wire: requests parsed strictly, responses encoded, a path routed.
+"""HTTP/1.1 on the wire: requests parsed by llhttp, responses encoded, a path routed.
 
-The daemon serves four GET endpoints to Prometheus, the kubelet's probes and people; what it
-needs of HTTP is small, and a general web framework would cost every GPU node its memory
-(aiohttp's package loads its HTTP client with its server: 12 MiB resident). This module is the
-wire format only, without I/O, so that it is testable byte by byte; `exporter.web.server` runs
+The daemon serves four GET endpoints to Prometheus, the kubelet's probes and people. What parses
+requests is llhttp, the parser of Node.js (and of uvicorn), through `httptools`, in its strict mode:
+no leniency is switched on. llhttp refuses a bare LF, a control character or DEL in a header value,
+obsolete line folding, a header name that is not a token (a space before its colon among them), a
+malformed method, target or version, a Content-Length that is not one decimal number or is given
+twice, Content-Length together with Transfer-Encoding, and a malformed chunk. `RequestReader`
+adds what llhttp leaves to the server, and only that: the size limits (a request line or header
+line over `MAX_LINE` bytes, more than `MAX_HEADERS` fields, a head over `MAX_HEAD`: 400; a body
+over `MAX_BODY`: 413), exactly one Host in an HTTP/1.1 request, and where llhttp is laxer than Go's
+net/http (node_exporter's server): a request line with its parts not one space apart or without a
+version (HTTP/0.9's), Transfer-Encoding in an HTTP/1.0 request, a transfer coding other than
+chunked (501; llhttp takes `gzip, chunked`), an Upgrade request with a body (llhttp would leave
+the body unread, for a protocol this server never switches to). HTTP/1.0 and HTTP/1.1 are served;
+another version gets 505. A refusal is a `BadRequest`, whose `kind` names the mistake (llhttp's
+reason, or ours) and never quotes the request's bytes. A body, which no endpoint reads, is parsed
+by llhttp as it arrives (a view of the connection's buffer) and dropped.
+
+llhttp is handed a connection's bytes only as far as the request being read can reach — its
+head's blank line, its Content-Length, a chunk's size line or data — so it never parses past that
+request: pipelined requests wait in the connection's buffer as bytes, not as parsed requests, and
+the listener reads no more of them while one is answered (`exporter.web.server`). This module is
+the wire format only, without I/O, so that it is testable byte by byte; `exporter.web.server` runs
 it over the listener's transports (`exporter.web.transport`).
-
-Parsing follows RFC 9112 strictly, as Go's net/http (node_exporter's server) does: every line
-ends in CRLF (a bare LF is refused, never guessed at); a header name is a token followed
-directly by its colon; obsolete line folding, control characters in a value, a request line or
-header line over `MAX_LINE` bytes, more than `MAX_HEADERS` fields, an HTTP/1.1 request without
-exactly one Host, a Content-Length that is not one number, and Content-Length together with
-Transfer-Encoding are all refused with 400 (`BadRequest`, whose `kind` names the mistake and
-never quotes the request's bytes). A body (which no endpoint reads) is read and dropped: up to
-`MAX_BODY` bytes by Content-Length or chunked; larger gets 413. HTTP/1.0 and HTTP/1.1 are
-served; another version gets 505.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Final
 from urllib.parse import unquote
+
+import httptools
 
 if TYPE_CHECKING:
     import asyncio
@@ -42,14 +51,10 @@ MAX_BODY: Final = 64 * 1024
 METHODS: Final = ("GET", "HEAD")
 """What every endpoint answers; another method on a known path gets 405."""
 
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET: Final = re.compile(rb"[\x21-\x7e]+")
-_VERSION: Final = re.compile(rb"HTTP/([0-9])\.([0-9])")
-_FIELD: Final = re.compile(
-    rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*"
-    rb"((?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?)[ \t]*"
-)
-_CHUNK_SIZE: Final = re.compile(rb"([0-9A-Fa-f]{1,8})(?:[ \t]*;[\t\x20-\x7e\x80-\xff]*)?")
+_SERVED_VERSIONS: Final = ("1.0", "1.1")
+_NOT_READ_OR_SERVED: Final = ("0.0", "0.9", *_SERVED_VERSIONS)
+"""What llhttp reports as the version when a request it refused did not name one it cannot serve:
+0.0 before it read one, 0.9 for a request line that has none (which is malformed, not old)."""
 _DAYS: Final = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 _MONTHS: Final = (
     "Jan",
@@ -151,201 +156,262 @@ Handler = Callable[[Request], Awaitable[Response]]
 """What answers a request."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Body:
-    """Reads a request body off the front of a buffer and drops it: `length` bytes, or chunked
-    (with its trailer fields). `consume` returns whether the body has ended."""
+    """How the body that follows a request's head is framed: `length` bytes (Content-Length), or
+    chunked (None)."""
 
     length: int | None = None
-    """Bytes still to drop, for a Content-Length body; None for a chunked one."""
-    _chunk: int = 0
-    """Bytes of the current chunk still to drop."""
-    _crlf: bool = False
-    """Whether the CRLF that ends a chunk's data comes next."""
-    _trailer: bool = False
-    _read: int = 0
-    _fields: int = 0
-
-    def consume(self, buffer: bytearray) -> bool:
-        """Drop what of the body `buffer` starts with; raises `BadRequest` for a malformed or
-        oversized one."""
-        if self.length is not None:
-            taken = min(self.length, len(buffer))
-            del buffer[:taken]
-            self.length -= taken
-            return self.length == 0
-        while True:
-            if not self._chunk_ended(buffer):
-                return False
-            line = _line(buffer)
-            if line is None:
-                return False
-            if self._trailer:
-                if not line:
-                    return True
-                self._fields += 1
-                if self._fields > MAX_HEADERS or _FIELD.fullmatch(line) is None:
-                    raise BadRequest("a malformed trailer field")
-                continue
-            size = _CHUNK_SIZE.fullmatch(line)
-            if size is None:
-                raise BadRequest("a malformed chunk size")
-            length = int(size.group(1), 16)
-            self._read += length
-            if self._read > MAX_BODY:
-                raise BadRequest("a body over 64 KiB", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-            if length:
-                self._chunk = length
-            else:
-                self._trailer = True
-
-    def _chunk_ended(self, buffer: bytearray) -> bool:
-        """Drop the rest of the current chunk's data and its CRLF; whether they have all come."""
-        if self._chunk:
-            taken = min(self._chunk, len(buffer))
-            del buffer[:taken]
-            self._chunk -= taken
-            if self._chunk:
-                return False
-            self._crlf = True
-        if self._crlf:
-            if len(buffer) < 2:
-                return False
-            if buffer[:2] != b"\r\n":
-                raise BadRequest("a chunk not ended by CRLF")
-            del buffer[:2]
-            self._crlf = False
-        return True
 
 
-def _line(buffer: bytearray) -> bytes | None:
-    """The CRLF-ended line `buffer` starts with, taken off it; None while it is incomplete."""
-    end = buffer.find(b"\n")
-    if end < 0:
-        if len(buffer) > MAX_LINE:
-            raise BadRequest("a line over 4 KiB")
-        return None
-    if end == 0 or buffer[end - 1] != 0x0D:
-        raise BadRequest("a line ended by a bare LF")
-    if end - 1 > MAX_LINE:
-        raise BadRequest("a line over 4 KiB")
-    line = bytes(buffer[: end - 1])
-    del buffer[: end + 1]
-    return line
+class RequestReader:
+    """One connection's requests, parsed by llhttp as their bytes arrive: `head` gives a request
+    once its head is whole, then `body` drops its body. Each takes what llhttp parsed off the front
+    of the connection's buffer, and raises `BadRequest` for a request to refuse (after which the
+    connection ends: the reader is not used again). Event loop only.
 
+    llhttp calls this object's `on_*` methods as it parses (httptools' protocol); they collect the
+    head, and `on_headers_complete` checks it as a whole — inside the parse, so that its refusal
+    comes before any llhttp would make of the body (a transfer coding other than chunked is 501
+    here, 400 to llhttp)."""
 
-def head_end(buffer: bytearray, checked: int = 0) -> int:
-    """Where the request head at the front of `buffer` ends (the index past its blank line), or
-    -1 while it is incomplete. Refuses, as soon as the bytes show it, a head no more bytes can
-    mend: a bare LF, a line over `MAX_LINE`, a head over `MAX_HEAD`. `checked`: how much of the
-    buffer an earlier call already checked (the new bytes only are scanned, so a head trickled a
-    byte at a time costs its length, not its length squared)."""
-    end = buffer.find(b"\r\n\r\n", max(checked - 3, 0), MAX_HEAD + 4)
-    limit = len(buffer) if end < 0 else end + 4
-    if limit > MAX_HEAD + 4:
-        raise BadRequest("a request head over 32 KiB")
-    previous = buffer.rfind(b"\n", 0, checked)
-    found = buffer.find(b"\n", checked, limit)
-    while found >= 0:
-        if found == 0 or buffer[found - 1] != 0x0D:
-            raise BadRequest("a line ended by a bare LF")
-        if found - 1 - (previous + 1) > MAX_LINE:
-            raise BadRequest("a line over 4 KiB")
-        previous = found
-        found = buffer.find(b"\n", found + 1, limit)
-    if end >= 0:
-        return end + 4
-    if limit - (previous + 1) > MAX_LINE:
-        raise BadRequest("a line over 4 KiB")
-    return -1
-
-
-def parse_head(head: bytes) -> Request:
-    """The request a head (up to, without, its blank line) asks; raises `BadRequest`."""
-    request_line, *lines = head.split(b"\r\n")
-    if any(len(line) > MAX_LINE for line in (request_line, *lines)):
-        raise BadRequest("a line over 4 KiB")
-    parts = request_line.split(b" ")
-    if len(parts) != 3:
-        raise BadRequest("a request line without method, target and version")
-    method, target, version = parts
-    if _TOKEN.fullmatch(method) is None:
-        raise BadRequest("a malformed method")
-    if _TARGET.fullmatch(target) is None:
-        raise BadRequest("a malformed request target")
-    matched = _VERSION.fullmatch(version)
-    if matched is None:
-        raise BadRequest("a malformed HTTP version")
-    numbers = (int(matched.group(1)), int(matched.group(2)))
-    if numbers[0] != 1:
-        raise BadRequest("not HTTP/1.x", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
-    if len(lines) > MAX_HEADERS:
-        raise BadRequest("more than 64 header fields")
-    headers = Headers()
-    hosts = 0
-    for line in lines:
-        if line[:1] in (b" ", b"\t"):
-            raise BadRequest("a folded header field")
-        found = _FIELD.fullmatch(line)
-        if found is None:
-            raise BadRequest("a malformed header field")
-        name = found.group(1).decode("ascii").lower()
-        value = found.group(2).decode("latin-1")
-        hosts += name == "host"
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    if numbers >= (1, 1) and hosts != 1:
-        raise BadRequest("an HTTP/1.1 request without exactly one Host")
-    path, query = _path(target.decode("ascii"))
-    return Request(
-        method=method.decode("ascii"),
-        path=path,
-        query=query,
-        version=numbers,
-        headers=headers,
-        keep_alive=_keep_alive(numbers, headers.get("connection", "")),
-        body=_body(numbers, headers),
+    __slots__ = (
+        "_buffer",
+        "_chunked_read",
+        "_complete",
+        "_fed",
+        "_fields",
+        "_left",
+        "_parser",
+        "_refusal",
+        "_request",
+        "_sized",
+        "_stop",
+        "_trailers",
+        "_url",
     )
 
+    def __init__(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._buffer = bytearray()
+        """The buffer being parsed: the head's own checks read it."""
+        self._fed = 0
+        """Bytes at the front of the buffer llhttp already parsed: of the head, or of a chunked
+        body's line, not whole yet."""
+        self._stop = 0
+        """Where in the buffer the bytes being parsed end."""
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._request: Request | None = None
+        """The request whose head was parsed, until its body ended."""
+        self._refusal: BadRequest | None = None
+        """The refusal a callback stopped llhttp for."""
+        self._left = 0
+        """Bytes of a Content-Length body, or of a chunk's data and its CRLF, still to come."""
+        self._sized = False
+        """llhttp has just parsed a chunk's size line."""
+        self._chunked_read = 0
+        self._trailers = 0
+        self._complete = False
 
-def _path(target: str) -> tuple[str, str]:
+    def head(self, buffer: bytearray) -> Request | None:
+        """The request whose head `buffer` starts with, taken off it once the head is whole; None
+        while more bytes are needed. Blank lines before a request are dropped (RFC 9112 2.2)."""
+        if not self._fed:
+            while buffer[:2] == b"\r\n":
+                del buffer[:2]
+            # A CR alone waits: the next byte says whether it begins a blank line.
+            if not buffer or buffer == b"\r":
+                return None
+        while True:
+            # A head ends at a blank line: llhttp gets no byte past the next one. Only the bytes
+            # that came since the last call are searched (a head trickled in costs its length,
+            # not its length squared).
+            end = buffer.find(b"\r\n\r\n", max(self._fed - 3, 0), MAX_HEAD + 4)
+            stop = len(buffer) if end < 0 else end + 4
+            if stop > MAX_HEAD + 4:
+                raise BadRequest("a request head over 32 KiB")
+            self._parse(buffer, self._fed, stop)
+            self._fed = stop
+            request = self._request
+            if request is not None:
+                del buffer[:stop]
+                self._fed = 0
+                return request
+            if stop == len(buffer):
+                if stop - (buffer.rfind(b"\n", 0, stop) + 1) > MAX_LINE:  # no end in sight
+                    raise BadRequest("a line over 4 KiB")
+                return None
+
+    def body(self, buffer: bytearray) -> bool:
+        """Drop the body of the request `head` gave, as far as `buffer` holds it; whether the
+        request has ended (the next `head` may follow)."""
+        while not self._complete:
+            if self._left:
+                taken = min(self._left, len(buffer))
+                if not taken:
+                    return False
+                self._parse(buffer, 0, taken)
+                del buffer[:taken]
+                self._left -= taken
+                continue
+            # A chunked body's next line: a chunk's size, a trailer field, or the blank line that
+            # ends it. Only a line is handed to llhttp, so that a size is read before its data.
+            newline = buffer.find(b"\n", self._fed)
+            stop = len(buffer) if newline < 0 else newline + 1
+            if (stop if newline < 0 else newline - 1) > MAX_LINE:
+                raise BadRequest("a line over 4 KiB")
+            self._parse(buffer, self._fed, stop)
+            if newline < 0:
+                self._fed = stop
+                return False
+            if self._sized:
+                self._sized = False
+                self._chunk(int(buffer[:stop].partition(b";")[0], 16))  # llhttp checked it: hex
+            del buffer[:stop]
+            self._fed = 0
+        self._request = None
+        self._complete = False
+        self._chunked_read = self._trailers = 0
+        return True
+
+    def _chunk(self, size: int) -> None:
+        self._chunked_read += size
+        if self._chunked_read > MAX_BODY:
+            raise BadRequest("a body over 64 KiB", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        if size:
+            self._left = size + 2  # its data and the CRLF after it
+
+    def _parse(self, buffer: bytearray, start: int, stop: int) -> None:
+        """Hand llhttp the buffer's bytes from `start` to `stop`: a view, never a copy."""
+        self._buffer = buffer
+        self._stop = stop
+        try:
+            with memoryview(buffer) as whole, whole[start:stop] as piece:
+                self._parser.feed_data(piece)
+        except httptools.HttpParserUpgrade:
+            # llhttp stops after a request asking to switch protocols (Upgrade, CONNECT). This
+            # server never switches (RFC 9110 7.8 lets it ignore Upgrade): the request is
+            # answered as any other, and llhttp reads on from the next one.
+            pass
+        except httptools.HttpParserCallbackError:
+            if self._refusal is None:
+                raise  # a bug in a callback, not the client's mistake
+            raise self._refusal from None
+        except httptools.HttpParserError as error:
+            if self._parser.get_http_version() not in _NOT_READ_OR_SERVED:
+                raise BadRequest("not HTTP/1.x", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED) from None
+            raise BadRequest(f"llhttp: {error}") from None
+
+    # -- llhttp's callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._fields = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url  # in pieces when the request line arrives in pieces
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._request is None:
+            self._fields.append((name, value))
+            return
+        # A trailer field after a chunked body: checked by llhttp, counted, dropped.
+        self._trailers += 1
+        if self._trailers > MAX_HEADERS:
+            self._refusal = BadRequest("more than 64 trailer fields")
+            raise self._refusal
+
+    def on_headers_complete(self) -> None:
+        try:
+            request = self._checked_request()
+        except BadRequest as refusal:
+            self._refusal = refusal
+            raise
+        self._request = request
+        self._left = (request.body.length or 0) if request.body is not None else 0
+
+    def on_chunk_header(self) -> None:
+        self._sized = True
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    def _checked_request(self) -> Request:
+        """The request whose head llhttp parsed, with what llhttp leaves to the server checked."""
+        parser = self._parser
+        start = 0
+        while self._buffer.startswith(b"\r\n", start):  # blank lines trickled in before it
+            start += 2
+        lines = bytes(self._buffer[start : self._stop]).split(b"\r\n")
+        if any(len(line) > MAX_LINE for line in lines):
+            raise BadRequest("a line over 4 KiB")
+        method = parser.get_method()
+        # llhttp takes several spaces between the parts, and a line without a version (HTTP/0.9):
+        # the line must be exactly what it parsed, one space apart.
+        if len(lines[0]) != len(method) + len(self._url) + len(" HTTP/1.1") + 1:
+            raise BadRequest("a request line not of method, target and version one space apart")
+        version = parser.get_http_version()
+        if version not in _SERVED_VERSIONS:
+            raise BadRequest("not HTTP/1.x", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
+        numbers = (1, int(version[-1]))
+        if len(self._fields) > MAX_HEADERS:
+            raise BadRequest("more than 64 header fields")
+        headers = Headers()
+        hosts = 0
+        for raw_name, raw_value in self._fields:
+            name = raw_name.decode("latin-1").lower()  # a token (ASCII): llhttp checked it
+            value = raw_value.rstrip(b" \t").decode("latin-1")  # llhttp drops leading blanks only
+            hosts += name == "host"
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if numbers >= (1, 1) and hosts != 1:
+            raise BadRequest("an HTTP/1.1 request without exactly one Host")
+        path, query = _path(self._url)
+        body = _body(numbers, headers)
+        if body is not None and parser.should_upgrade():
+            raise BadRequest("an Upgrade request with a body")
+        return Request(
+            method=method.decode("ascii"),
+            path=path,
+            query=query,
+            version=numbers,
+            headers=headers,
+            keep_alive=parser.should_keep_alive(),
+            body=body,
+        )
+
+
+def _path(target: bytes) -> tuple[str, str]:
     """The decoded path and the query of an origin-form (`/metrics?x`) or absolute-form
     (`http://node:9455/metrics`) target."""
-    if not target.startswith("/"):
-        scheme, separator, rest = target.partition("://")
+    text = target.decode("latin-1")  # ASCII: llhttp refuses any other byte in a target
+    if not text.startswith("/"):
+        scheme, separator, rest = text.partition("://")
         if not separator or scheme.lower() not in ("http", "https"):
             raise BadRequest("a request target that is not a path or an http URL")
         slash = rest.find("/")
-        target = rest[slash:] if slash >= 0 else "/"
-    path, _, query = target.partition("?")
+        text = rest[slash:] if slash >= 0 else "/"
+    path, _, query = text.partition("?")
     return unquote(path, errors="replace"), query
 
 
-def _keep_alive(version: tuple[int, int], connection: str) -> bool:
-    options = {option.strip().lower() for option in connection.split(",")}
-    if version >= (1, 1):
-        return "close" not in options
-    return "keep-alive" in options
-
-
 def _body(version: tuple[int, int], headers: Headers) -> Body | None:
+    """How the body is framed; llhttp already refused Content-Length with Transfer-Encoding, and
+    a Content-Length that is not one decimal number."""
     encoding = headers.get("transfer-encoding")
-    length = headers.get("content-length")
     if encoding is not None:
-        if length is not None:
-            raise BadRequest("both Content-Length and Transfer-Encoding")
         if version < (1, 1):
             raise BadRequest("Transfer-Encoding in an HTTP/1.0 request")
-        if encoding.strip().lower() != "chunked":
+        if encoding.lower() != "chunked":
             raise BadRequest("a transfer coding other than chunked", HTTPStatus.NOT_IMPLEMENTED)
         return Body()
+    length = headers.get("content-length")
     if length is None:
         return None
-    values = {value.strip() for value in length.split(",")}
-    if len(values) != 1 or not (value := values.pop()).isdigit() or not value.isascii():
-        raise BadRequest("a malformed Content-Length")
-    if len(value) > 12 or int(value) > MAX_BODY:
+    size = int(length)
+    if size > MAX_BODY:
         raise BadRequest("a body over 64 KiB", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-    return Body(int(value)) if int(value) else None
+    return Body(size) if size else None
 
 
 def expects_continue(request: Request) -> bool:

@@ -1,5 +1,6 @@
-"""The listener: HTTP/1.1 (`exporter.web.http`) over the listener's own sockets
-(`exporter.web.transport`: accepting, TLS, writes by reference), bounding slow and excess clients.
+"""The listener: HTTP/1.1 (`exporter.web.http`: requests parsed by llhttp) over the listener's own
+sockets (`exporter.web.transport`: accepting, TLS, writes by reference), bounding slow and excess
+clients.
 
 Every request gets `HEADER_SECONDS` from its first byte to the end of its head and body, after
 which the connection is closed; a connection that sends nothing between requests is idle, and
@@ -25,14 +26,17 @@ so that the answer is not lost to a reset. A client that resets or leaves is no 
 
 Requests on one connection are answered in order, one at a time: while one is answered, the
 socket is not read past what is already buffered (pipelined requests wait in the kernel), so a
-connection holds at most one read of requests. A response is written by reference — the handler's
-bytes, never a copy — so a client that stops reading holds a reference until the write deadline
-(TLS: one record of ciphertext besides). A handler's exception is logged and answered 500; the
-connection and the server go on.
+connection holds at most one read of requests, as bytes: the parser is handed no byte past the
+request being read. A response is written by reference — the handler's bytes, never a copy — so a
+client that stops reading holds a reference until the write deadline (TLS: one record of
+ciphertext besides). A handler's exception is logged and answered 500; the connection and the
+server go on.
 
-Memory: a connection costs a socket and a few small objects until it sends; after a flood of
-connections closed (`TRIM_AFTER` fewer than at the peak), the sweep hands the freed pages back to
-the system (`exporter.malloc.trim`), which glibc would otherwise keep.
+Memory: a connection costs a socket and a few small objects until it sends, and its parser (an
+llhttp state, about 1 KiB) only while it has a request to read: made at its first byte, dropped
+once it is idle. After a flood of connections closed (`TRIM_AFTER` fewer than at the peak), the
+sweep hands the freed pages back to the system (`exporter.malloc.trim`), which glibc would
+otherwise keep.
 """
 
 from __future__ import annotations
@@ -52,11 +56,10 @@ from exporter.web.http import (
     BadRequest,
     Handler,
     Request,
+    RequestReader,
     Response,
     encode_head,
     expects_continue,
-    head_end,
-    parse_head,
 )
 from exporter.web.transport import Acceptor, Scratch, Stream, bind
 
@@ -250,7 +253,6 @@ class _Connection(asyncio.Protocol):
 
     __slots__ = (
         "_buffer",
-        "_checked",
         "_close_after",
         "_connections",
         "_eof",
@@ -258,6 +260,7 @@ class _Connection(asyncio.Protocol):
         "_loop",
         "_paused_reading",
         "_paused_writing",
+        "_reader",
         "_request",
         "_task",
         "_transport",
@@ -274,8 +277,8 @@ class _Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: Stream | None = None
         self._buffer = bytearray()
-        self._checked = 0
-        """How much of an incomplete request head in the buffer `head_end` already checked."""
+        self._reader: RequestReader | None = None
+        """The requests' parser, while the connection has one to read."""
         self._request: Request | None = None
         """A request whose body is still being read."""
         self._task: asyncio.Task[None] | None = None
@@ -347,25 +350,21 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         request = self._request
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = RequestReader()
         try:
             if request is None:
-                while buffer[:2] == b"\r\n":  # blank lines before a request are ignored
-                    del buffer[:2]
-                    self._checked = 0
-                if not buffer:
-                    self.header_since = None
+                request = reader.head(buffer)
+                if request is None:
+                    if not buffer:  # blank lines only, which come before a request: idle still
+                        self.header_since = None
+                        self._reader = None
                     return
-                end = head_end(buffer, self._checked)
-                if end < 0:
-                    self._checked = len(buffer)
-                    return
-                self._checked = 0
-                request = parse_head(bytes(buffer[: end - 4]))
-                del buffer[:end]
                 if expects_continue(request):
                     transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 self._request = request
-            if request.body is not None and not request.body.consume(buffer):
+            if not reader.body(buffer):
                 return
         except BadRequest as error:
             self._refuse(error, request)
@@ -454,6 +453,8 @@ class _Connection(asyncio.Protocol):
         if self._buffer:
             self.header_since = self.idle_since
             self._advance()
+        else:
+            self._reader = None  # idle: its parser is made again at the next request's first byte
         if self._eof and not self.in_request and not self.lingering:
             self._linger()
 
