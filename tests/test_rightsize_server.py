@@ -23,7 +23,10 @@ import pytest
 from aiohttp import web
 
 from dashboards import promql
+from dashboards.draw import Source, Window
+from dashboards.fit import overlaps
 from dashboards.live import Prometheus
+from dashboards.render import draw_dashboard
 from exporter.rightsize.options import load_serve
 from exporter.rightsize.server import Refresher
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values
@@ -242,6 +245,13 @@ def test_rightsizing_variable_finds_values(stack: Stack, variable: dict[str, Any
     answer = stack.prometheus.series(selector, start=now - RANGE_SECONDS, end=now)
     assert answer["status"] == "success", answer.get("error")
     assert {series.get(label) for series in answer["data"]} - {None}
+
+
+def test_the_dashboards_picture_has_no_text_out_of_place(stack: Stack) -> None:
+    end = time.time()
+    window = Window(start=end - WINDOW_SECONDS, end=end, step=SCRAPE_SECONDS)
+    figure = draw_dashboard(DASHBOARD, Source(stack.prometheus, window, SCRAPE_SECONDS))
+    assert overlaps(figure, DASHBOARD) == []
 
 
 VISIBLE = (
