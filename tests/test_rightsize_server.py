@@ -247,6 +247,28 @@ def test_rightsizing_variable_finds_values(stack: Stack, variable: dict[str, Any
     assert {series.get(label) for series in answer["data"]} - {None}
 
 
+def stat(stack: Stack, title: str, *, cluster: str = ".*") -> float:
+    """What the dashboard's stat panel `title` shows now, for the `cluster` variable."""
+    (panel,) = [panel for panel in promql.panels(DASHBOARD) if panel["title"] == title]
+    values = {**grafana_values(DASHBOARD), "cluster": cluster}
+    answer = stack.prometheus.query(promql.substitute(panel["targets"][0]["expr"], values))
+    (row,) = answer["data"]["result"]
+    return float(row["value"][1])
+
+
+def test_the_dashboard_counts_the_gpus_the_report_counts(stack: Stack) -> None:
+    """The dashboard's GPUs now and after are the report's "17 → 13", not the sum of the
+    workloads' time-averaged shares (what the table's GPU share column shows)."""
+    consolidation = stack.server.json("/api/v1/report")["consolidation"]
+    assert isinstance(consolidation, dict)
+    assert stat(stack, "GPUs now, all namespaces") == consolidation["gpus_before"]
+    assert stat(stack, "GPUs after, all namespaces") == consolidation["gpus_after"]
+    # Staging's idle notebook holds an H100 and chat-small an A100; the notebook should release
+    # its GPU and chat-small move to a MIG slice, one GPU for the cluster.
+    assert stat(stack, "GPUs now, all namespaces", cluster="staging") == 2
+    assert stat(stack, "GPUs after, all namespaces", cluster="staging") == 1
+
+
 def test_the_dashboards_picture_has_no_text_out_of_place(stack: Stack) -> None:
     end = time.time()
     window = Window(start=end - WINDOW_SECONDS, end=end, step=SCRAPE_SECONDS)
