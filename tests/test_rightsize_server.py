@@ -342,6 +342,30 @@ def test_the_page_sorts_and_filters_in_a_real_browser(stack: Stack, tmp_path: Pa
     assert len(data) > 60_000, "a page of plots, tables and text, not a blank one"
 
 
+WIDTHS = (
+    "[window.innerWidth, document.documentElement.scrollWidth,"
+    " document.getElementById('workloads').scrollWidth,"
+    " document.getElementById('workloads').getBoundingClientRect().right]"
+)
+OPEN_EVERY_DETAIL = (
+    "document.querySelectorAll('#workloads details').forEach(d => { d.open = true; })"
+)
+
+
+def test_the_unfiltered_table_fits_a_1400_px_window(stack: Stack, tmp_path: Path) -> None:
+    """Every workload of both clusters, every patch and reason opened: the table, and so the
+    page, is no wider than the window (a long name breaks, a patch scrolls in its cell)."""
+    with browser(tmp_path, width=1400) as page:
+        page.navigate(stack.server.url + "/")
+        assert len(page.evaluate(VISIBLE)) == 11
+        page.evaluate(OPEN_EVERY_DETAIL)
+        window, document, table, right = page.evaluate(WIDTHS)
+        assert window == 1400
+        assert max(document, table, right) <= window, (document, table, right)
+        width, _ = page.whole_page_screenshot(tmp_path / "whole-page.png")
+    assert width <= 1400
+
+
 def test_a_failed_refresh_keeps_the_last_report(stack: Stack) -> None:
     async def refuse(_request: web.Request) -> web.Response:
         return web.json_response(
