@@ -100,7 +100,7 @@ def serve(argv: list[str]) -> int:
                 )
             if shoot:
                 with browser(scratch, height=2100) as page:
-                    page.navigate(f"{server.url}/#namespace=serving")
+                    page.navigate(f"{server.url}/")  # every workload: the table fits
                     page.click("#workloads tbody tr:not([hidden]) details:last-of-type summary")
                     page.evaluate("window.scrollTo(0, 0)")
                     page.screenshot(SCREENSHOT)
