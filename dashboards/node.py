@@ -326,7 +326,7 @@ def make() -> Json:
         ),
     )
     layout.add(
-        8,
+        10,
         8,
         table(
             "Memory repairs",
@@ -358,7 +358,7 @@ def make() -> Json:
         ),
     )
     layout.add(
-        8,
+        6,
         8,
         table(
             "XIDs",

@@ -23,10 +23,20 @@ if TYPE_CHECKING:
 RECOMMENDATION = ("cluster", "namespace", "workload", "workload_kind")
 
 
+WHOLE_GPUS = (
+    "whole GPUs, as the report counts them: the devices held at the end of its window, MIG "
+    "instances packed onto GPUs of their model and pods time-slicing a GPU counted once. The "
+    "namespaces share these GPUs, so the namespace filter does not apply (the table's GPU share "
+    "is each workload's part)."
+)
+
+
 def make() -> Json:
     scope = 'cluster=~"$cluster", namespace=~"$namespace"'
     savings = f"gpuscope_recommendation_savings_usd_per_month{{{scope}}}"
     info = f"gpuscope_recommendation_info{{{scope}}}"
+    gpus_now = 'sum(gpuscope_rightsize_report_gpus{cluster=~"$cluster"})'
+    gpus_after = 'sum(gpuscope_rightsize_report_recommended_gpus{cluster=~"$cluster"})'
     layout = Layout()
 
     layout.row("Rightsizing")
@@ -58,21 +68,21 @@ def make() -> Json:
         4,
         4,
         stat(
-            "GPUs now",
-            "GPUs the selected workloads hold, in whole GPUs (a MIG slice or a time-sliced share "
-            "counts as its part of one), on average over the report's window.",
-            Query(f"sum(gpuscope_recommendation_current_gpus{{{scope}}}) or vector(0)"),
-            decimals=1,
+            "GPUs now, all namespaces",
+            f"GPUs the selected clusters' workloads hold (the report's 'GPUs now'), in {WHOLE_GPUS}",
+            Query(f"{gpus_now} or vector(0)"),
+            decimals=0,
         ),
     )
     layout.add(
         4,
         4,
         stat(
-            "GPUs recommended",
-            "GPUs they would hold following the recommendations, in whole GPUs.",
-            Query(f"sum(gpuscope_recommendation_recommended_gpus{{{scope}}}) or vector(0)"),
-            decimals=1,
+            "GPUs after, all namespaces",
+            "GPUs they would hold following the recommendations (the report's 'after'), in "
+            + WHOLE_GPUS,
+            Query(f"{gpus_after} or vector(0)"),
+            decimals=0,
         ),
     )
     layout.add(
@@ -107,10 +117,12 @@ def make() -> Json:
             "Recommendations",
             "Every selected workload: what it runs on, what to do, how far to trust it and "
             "where its demand goes, and what that saves (the report's page has the reason and "
-            "the patch).",
+            "the patch). GPU share: the GPUs it held on average over the window, a MIG slice or "
+            "a time-sliced share counting as its part of one, so the shares add up to less than "
+            "the whole GPUs above.",
             labels,
             Column(
-                "GPUs now",
+                "GPU share",
                 f"sum without (gpu) (gpuscope_recommendation_current_gpus{{{scope}}})",
             ),
             Column("", info),
@@ -170,11 +182,11 @@ def make() -> Json:
         12,
         8,
         timeseries(
-            "GPUs now and recommended",
-            "GPUs the selected workloads hold and would hold following the recommendations, "
-            "report after report.",
-            Query(f"sum(gpuscope_recommendation_current_gpus{{{scope}}})", "now"),
-            Query(f"sum(gpuscope_recommendation_recommended_gpus{{{scope}}})", "recommended"),
+            "GPUs now and after, all namespaces",
+            "GPUs the selected clusters' workloads hold and would hold following the "
+            f"recommendations, report after report, in {WHOLE_GPUS}",
+            Query(gpus_now, "now"),
+            Query(gpus_after, "after"),
         ),
     )
 

@@ -9,6 +9,8 @@ import base64
 import contextlib
 import itertools
 import json
+import math
+import struct
 import subprocess
 import threading
 import urllib.request
@@ -114,6 +116,22 @@ class Page:
     def screenshot(self, path: Path) -> None:
         shot = self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))
+
+    def whole_page_screenshot(self, path: Path) -> tuple[int, int]:
+        """A screenshot of everything the page lays out, beyond the window too: as wide as its
+        content (wider than the window when something overflows it). Its size in pixels."""
+        size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+        width, height = math.ceil(size["width"]), math.ceil(size["height"])
+        shot = self.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+        )
+        data = base64.b64decode(shot["data"])
+        path.write_bytes(data)
+        png_width, png_height = struct.unpack(">II", data[16:24])
+        return png_width, png_height
 
     def close(self) -> None:
         async def close() -> None:

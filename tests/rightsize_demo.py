@@ -14,8 +14,8 @@ import webbrowser
 from pathlib import Path
 
 from dashboards import render
+from dashboards.draw import Source, Window
 from dashboards.live import Prometheus
-from dashboards.render import Window
 from exporter.rightsize.cli import main as rightsize
 from tests.helpers import ROOT, eventually, require_tool
 from tests.prometheus_server import running_prometheus
@@ -69,8 +69,7 @@ def draw_rightsizing_dashboard(url: str) -> None:
     end = time.time()
     window = Window(start=end - DASHBOARD_SECONDS, end=end, step=1.0)
     dashboard = json.loads((ROOT / "dashboards" / "rightsizing.json").read_text(encoding="utf-8"))
-    figure = render.draw_dashboard(dashboard, render.Source(prometheus, window, 1.0))
-    figure.savefig(DASHBOARD_PICTURE, facecolor=render.BACKGROUND, dpi=render.DPI)
+    render.save(dashboard, Source(prometheus, window, 1.0), DASHBOARD_PICTURE)
 
 
 def serve(argv: list[str]) -> int:
@@ -101,7 +100,7 @@ def serve(argv: list[str]) -> int:
                 )
             if shoot:
                 with browser(scratch, height=2100) as page:
-                    page.navigate(f"{server.url}/#namespace=serving")
+                    page.navigate(f"{server.url}/")  # every workload: the table fits
                     page.click("#workloads tbody tr:not([hidden]) details:last-of-type summary")
                     page.evaluate("window.scrollTo(0, 0)")
                     page.screenshot(SCREENSHOT)

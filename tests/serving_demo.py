@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Final
 
 from dashboards import render
+from dashboards.draw import Source, Window
 from dashboards.live import Node, wait_until
-from dashboards.render import Window
 from tests.helpers import ROOT, require_tool
 from tests.serving_server import SERVED, SERVING_FLEET, ServingStack
 
@@ -66,8 +66,7 @@ def main(argv: list[str]) -> int:
         end = time.time()
         window = Window(start=end - SCREENSHOT_SECONDS, end=end, step=1.0)
         dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
-        figure = render.draw_dashboard(dashboard, render.Source(prometheus, window, 1.0))
-        figure.savefig(PICTURE, facecolor=render.BACKGROUND, dpi=render.DPI)
+        render.save(dashboard, Source(prometheus, window, 1.0), PICTURE)
         print(PICTURE)
     return 0
 

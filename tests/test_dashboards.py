@@ -18,6 +18,7 @@ from dashboards.layout import datasource_variable
 from dashboards.panels import DATASOURCE, FLEET_POINTS, FLEET_ROWS
 from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS, selected_only
 from exporter.metrics.process import own_families
+from exporter.rightsize.server import RECOMMENDATION_FAMILIES, SERVER_FAMILIES
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
 from tests.serving_server import FAMILIES as SERVING_FAMILIES
@@ -414,7 +415,9 @@ def test_every_metric_read_is_exported_recorded_or_prometheus_own() -> None:
     own = {sample.name for family in own_families()() for sample in family.samples}
     # what inference servers export, as the serving rules read it (the stand-ins' families)
     served = {name for names in SERVING_FAMILIES.values() for name in names}
-    known = exported | documented | own | recorded_names() | PROMETHEUS_OWN | served
+    # what `gpuscope rightsize serve` exports, as it declares it
+    rightsized = {family.exposed_name for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES)}
+    known = exported | documented | own | recorded_names() | PROMETHEUS_OWN | served | rightsized
     referenced = referenced_names()
     assert not referenced - known, f"unknown metric names (typos?): {sorted(referenced - known)}"
 

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING, Any, Final
 import pytest
 
 from dashboards import promql
+from dashboards.draw import Source, Window
+from dashboards.fit import UNIT_PX, overlaps
 from dashboards.live import LiveStack, Prometheus
 from dashboards.panels import FLEET_ROWS
 from dashboards.queries import EVALUATION_INTERVAL, range_hours, selected_only
-from dashboards.render import UNIT_PX, render_all
+from dashboards.render import draw_dashboard, render_all
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values, rules
 from tests.demo_node import DEMO_NODES
 from tests.helpers import ROOT, eventually, require_tool
@@ -295,6 +297,20 @@ def test_every_alert_is_either_triggered_live_or_says_why_not() -> None:
     assert triggered | set(NOT_TRIGGERED_LIVE) == alerts
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dashboard", dashboards(), ids=lambda dashboard: dashboard["title"])
+def test_a_picture_has_no_text_out_of_place(
+    prometheus: Prometheus, dashboard: dict[str, Any]
+) -> None:
+    """No legend over a row's title, no table header over its neighbour, no label off its
+    panel: every text inside its panel and clear of the others and of the plots."""
+    end = time.time()
+    window = Window(start=end - WINDOW_SECONDS, end=end, step=SCRAPE_SECONDS)
+    figure = draw_dashboard(dashboard, Source(prometheus, window, SCRAPE_SECONDS))
+    assert overlaps(figure, dashboard) == []
+
+
+@pytest.mark.timeout(300)
 def test_pictures_render_every_dashboard_from_live_data(
     prometheus: Prometheus, tmp_path: Path
 ) -> None:

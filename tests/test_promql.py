@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dashboards import promql
-from dashboards.render import format_value, legend
+from dashboards.draw import format_value, legend
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import re
 import pytest
 from aiohttp import web
 
-from exporter.rightsize.history import MAX_POD_MATCHER_BYTES, SIGNALS, pod_batches, render
 from exporter.rightsize.selection import Selection
+from exporter.rightsize.signals import MAX_POD_MATCHER_BYTES, SIGNALS, pod_batches, render
 from tests.rightsize_run import rightsize, serving
 
 pytestmark = pytest.mark.timeout(60)

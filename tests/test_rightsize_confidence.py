@@ -25,19 +25,18 @@ from exporter.rightsize.confidence import (
 )
 from exporter.rightsize.formatters import FORMATTERS, Output, report_document
 from exporter.rightsize.history import (
-    SIGNALS,
     Autoscaler,
     History,
     ResourceUse,
     TermHistory,
     WorkloadHistory,
     assemble,
-    render,
 )
 from exporter.rightsize.prometheus import Sample
 from exporter.rightsize.report import build_report
 from exporter.rightsize.selection import Selection, parse_selector
 from exporter.rightsize.settings import StrategySettings
+from exporter.rightsize.signals import SIGNALS, render
 from exporter.rightsize.strategy import STRATEGIES
 from tests.rightsize_data import A100_80, DAY, END, H100, WINDOW, device, hardware, workload
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from exporter.rightsize.history import SIGNALS, assemble, render
+from exporter.rightsize.history import assemble
 from exporter.rightsize.prometheus import Sample
 from exporter.rightsize.selection import (
     Requirement,
@@ -16,6 +16,7 @@ from exporter.rightsize.selection import (
     parse_selector,
     prometheus_label_name,
 )
+from exporter.rightsize.signals import SIGNALS, render
 
 pytestmark = pytest.mark.timeout(30)
 

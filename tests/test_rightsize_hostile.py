@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from exporter.rightsize.history import SIGNALS, ContainerCpu, fetch, render
+from exporter.rightsize.fetch import fetch
+from exporter.rightsize.history import ContainerCpu
 from exporter.rightsize.prometheus import Connection, PrometheusClient, Sample
 from exporter.rightsize.selection import Selection
+from exporter.rightsize.signals import SIGNALS, render
 from tests.helpers import require_tool
 from tests.prometheus_server import free_port, running_prometheus
 from tests.rightsize_hostile import (

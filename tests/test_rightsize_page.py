@@ -1,17 +1,22 @@
-"""The HTML report's script in headless Chromium, opened with a link whose fragment is malformed
-or hostile: it opens the default view (every workload, sorted by savings) instead of throwing."""
+"""The HTML report in headless Chromium: opened with a link whose fragment is malformed or
+hostile, its script opens the default view (every workload, sorted by savings) instead of
+throwing; and its table fits a 1,400 px window whatever names it holds."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
 
 from exporter.rightsize.formatters import FORMATTERS, Output
+from exporter.rightsize.report import build_report
+from exporter.rightsize.settings import StrategySettings
+from exporter.rightsize.strategy import STRATEGIES
 from tests.helpers import eventually
 from tests.rightsize_browser import browser
-from tests.rightsize_data import sample_report
+from tests.rightsize_data import hardware, sample_history, sample_report
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -76,3 +81,39 @@ def test_a_malformed_fragment_opens_the_default_view(tmp_path: Path) -> None:
         eventually(
             lambda: page.evaluate(SAVINGS) == sorted(page.evaluate(SAVINGS)), 10, "ascending"
         )
+
+
+def test_long_names_keep_the_table_within_a_1400_px_window(tmp_path: Path) -> None:
+    """Names as long as Kubernetes allows (63 characters, no space to break at) in every
+    cell that shows one, every patch and reason opened: the page is no wider than the window."""
+    history = sample_history()
+    long_named = tuple(
+        replace(
+            workload,
+            name=f"{workload.name}-{'w' * 63}"[:63],
+            namespace=f"{workload.namespace}-{'n' * 63}"[:63],
+            cluster="cluster-" + "c" * 55,
+        )
+        for workload in history.workloads
+    )
+    report = build_report(
+        replace(history, workloads=long_named, cluster_label="cluster"),
+        strategy=STRATEGIES["simple"],
+        hardware=hardware(),
+        settings=StrategySettings(),
+        source="http://prometheus.example:9090",
+    )
+    page_file = tmp_path / "report.html"
+    page_file.write_text(FORMATTERS["html"](report, Output()), encoding="utf-8")
+    with browser(tmp_path, width=1400) as page:
+        opened(page, page_file.as_uri())
+        page.evaluate(
+            "document.querySelectorAll('#workloads details').forEach(d => { d.open = true; })"
+        )
+        window, document, table = page.evaluate(
+            "[window.innerWidth, document.documentElement.scrollWidth,"
+            " document.getElementById('workloads').scrollWidth]"
+        )
+        width, _ = page.whole_page_screenshot(tmp_path / "whole-page.png")
+    assert window == 1400
+    assert max(document, table, width) <= window, (document, table, width)

@@ -10,6 +10,7 @@ from exporter.catalog import builtin_catalog
 from exporter.rightsize.consolidation import Slot, consolidate, gpus_needed, pack_mig
 from exporter.rightsize.history import History
 from exporter.rightsize.report import build_report
+from exporter.rightsize.server import recommendation_metrics
 from exporter.rightsize.settings import StrategySettings
 from exporter.rightsize.strategy import STRATEGIES
 from tests.rightsize_data import (
@@ -19,6 +20,7 @@ from tests.rightsize_data import (
     device,
     hardware,
     sample_report,
+    sample_workloads,
     workload,
 )
 
@@ -189,3 +191,33 @@ def test_an_empty_history_says_there_is_nothing_to_rightsize() -> None:
     report = report_of()
     assert report.rows == ()
     assert "nothing to rightsize" in report.business_case
+
+
+def test_each_clusters_gpus_add_up_to_the_reports() -> None:
+    """GPUs are packed within a cluster, never across two; each cluster's count (what the
+    Rightsizing dashboard sums, from the server's series) adds up to the report's."""
+    report = report_of(
+        *(
+            replace(w, cluster=cluster)
+            for cluster in ("prod", "staging")
+            for w in sample_workloads()
+        )
+    )
+    per_cluster = dict(report.cluster_consolidations)
+    assert sorted(per_cluster) == ["prod", "staging"]
+    series = {
+        (sample.name, sample.labels["cluster"], sample.labels["gpu"]): sample.value
+        for family in recommendation_metrics(report)
+        for sample in family.samples
+        if sample.name.startswith("gpuscope_rightsize_report_") and "gpu" in sample.labels
+    }
+    for name, attribute in (
+        ("gpuscope_rightsize_report_gpus", "gpus_before"),
+        ("gpuscope_rightsize_report_recommended_gpus", "gpus_after"),
+    ):
+        one = getattr(per_cluster["prod"], attribute)
+        assert one > 0
+        assert getattr(per_cluster["staging"], attribute) == one
+        assert getattr(report.consolidation, attribute) == 2 * one
+        assert sum(v for (n, _, _), v in series.items() if n == name) == 2 * one
+        assert sum(v for (n, c, _), v in series.items() if n == name and c == "staging") == one

@@ -23,7 +23,10 @@ import pytest
 from aiohttp import web
 
 from dashboards import promql
+from dashboards.draw import Source, Window
+from dashboards.fit import overlaps
 from dashboards.live import Prometheus
+from dashboards.render import draw_dashboard
 from exporter.rightsize.options import load_serve
 from exporter.rightsize.server import Refresher
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values
@@ -244,6 +247,35 @@ def test_rightsizing_variable_finds_values(stack: Stack, variable: dict[str, Any
     assert {series.get(label) for series in answer["data"]} - {None}
 
 
+def stat(stack: Stack, title: str, *, cluster: str = ".*") -> float:
+    """What the dashboard's stat panel `title` shows now, for the `cluster` variable."""
+    (panel,) = [panel for panel in promql.panels(DASHBOARD) if panel["title"] == title]
+    values = {**grafana_values(DASHBOARD), "cluster": cluster}
+    answer = stack.prometheus.query(promql.substitute(panel["targets"][0]["expr"], values))
+    (row,) = answer["data"]["result"]
+    return float(row["value"][1])
+
+
+def test_the_dashboard_counts_the_gpus_the_report_counts(stack: Stack) -> None:
+    """The dashboard's GPUs now and after are the report's "17 → 13", not the sum of the
+    workloads' time-averaged shares (what the table's GPU share column shows)."""
+    consolidation = stack.server.json("/api/v1/report")["consolidation"]
+    assert isinstance(consolidation, dict)
+    assert stat(stack, "GPUs now, all namespaces") == consolidation["gpus_before"]
+    assert stat(stack, "GPUs after, all namespaces") == consolidation["gpus_after"]
+    # Staging's idle notebook holds an H100 and chat-small an A100; the notebook should release
+    # its GPU and chat-small move to a MIG slice, one GPU for the cluster.
+    assert stat(stack, "GPUs now, all namespaces", cluster="staging") == 2
+    assert stat(stack, "GPUs after, all namespaces", cluster="staging") == 1
+
+
+def test_the_dashboards_picture_has_no_text_out_of_place(stack: Stack) -> None:
+    end = time.time()
+    window = Window(start=end - WINDOW_SECONDS, end=end, step=SCRAPE_SECONDS)
+    figure = draw_dashboard(DASHBOARD, Source(stack.prometheus, window, SCRAPE_SECONDS))
+    assert overlaps(figure, DASHBOARD) == []
+
+
 VISIBLE = (
     "Array.from(document.querySelectorAll('#workloads tbody tr'))"
     ".filter(r => !r.hidden).map(r => r.dataset.workload)"
@@ -308,6 +340,30 @@ def test_the_page_sorts_and_filters_in_a_real_browser(stack: Stack, tmp_path: Pa
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (WIDTH, HEIGHT)
     assert len(data) > 60_000, "a page of plots, tables and text, not a blank one"
+
+
+WIDTHS = (
+    "[window.innerWidth, document.documentElement.scrollWidth,"
+    " document.getElementById('workloads').scrollWidth,"
+    " document.getElementById('workloads').getBoundingClientRect().right]"
+)
+OPEN_EVERY_DETAIL = (
+    "document.querySelectorAll('#workloads details').forEach(d => { d.open = true; })"
+)
+
+
+def test_the_unfiltered_table_fits_a_1400_px_window(stack: Stack, tmp_path: Path) -> None:
+    """Every workload of both clusters, every patch and reason opened: the table, and so the
+    page, is no wider than the window (a long name breaks, a patch scrolls in its cell)."""
+    with browser(tmp_path, width=1400) as page:
+        page.navigate(stack.server.url + "/")
+        assert len(page.evaluate(VISIBLE)) == 11
+        page.evaluate(OPEN_EVERY_DETAIL)
+        window, document, table, right = page.evaluate(WIDTHS)
+        assert window == 1400
+        assert max(document, table, right) <= window, (document, table, right)
+        width, _ = page.whole_page_screenshot(tmp_path / "whole-page.png")
+    assert width <= 1400
 
 
 def test_a_failed_refresh_keeps_the_last_report(stack: Stack) -> None:

@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any, Final
 import pytest
 
 from dashboards import promql
+from dashboards.draw import Source, Window
+from dashboards.fit import overlaps
 from dashboards.live import Node, Prometheus, wait_until
+from dashboards.render import draw_dashboard
 from tests.dashboard_queries import RANGE_SECONDS, SCRAPE_SECONDS, grafana_values
 from tests.helpers import ROOT, require_tool
 from tests.serving_server import SERVED, SERVING_FLEET, ServingStack
@@ -91,6 +94,14 @@ def test_variable_query_finds_values(
     answer = prometheus.series(selector, start=now - RANGE_SECONDS, end=now)
     assert answer["status"] == "success", answer.get("error")
     assert {series.get(label) for series in answer["data"]} - {None}
+
+
+def test_the_dashboards_picture_has_no_text_out_of_place(stack: tuple[Prometheus, float]) -> None:
+    prometheus, started = stack
+    end = time.time()
+    window = Window(start=started, end=end, step=SCRAPE_SECONDS)
+    figure = draw_dashboard(DASHBOARD, Source(prometheus, window, SCRAPE_SECONDS))
+    assert overlaps(figure, DASHBOARD) == []
 
 
 def _one(prometheus: Prometheus, expr: str, at: float) -> float:

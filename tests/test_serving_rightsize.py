@@ -13,11 +13,12 @@ import pytest
 
 from exporter.rightsize.formatters import FORMATTERS
 from exporter.rightsize.formatters.common import TOKENS_NOTE, Output
-from exporter.rightsize.history import SIGNALS, History, assemble, render
+from exporter.rightsize.history import History, assemble
 from exporter.rightsize.prometheus import Sample
 from exporter.rightsize.report import build_report
 from exporter.rightsize.selection import Selection
 from exporter.rightsize.settings import StrategySettings
+from exporter.rightsize.signals import SIGNALS, render
 from exporter.rightsize.strategy import STRATEGIES
 from tests.rightsize_data import END, WINDOW, hardware, sample_history
 

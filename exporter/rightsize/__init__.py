@@ -13,7 +13,10 @@ way:
                     read bounded and element by element: forged or foreign series dropped as
                     read; redirects within the origin only; the URL shown without userinfo)
     selection.py    which workloads: namespaces and a Kubernetes label selector, as PromQL
-    history.py      one PromQL template per signal -> WorkloadHistory per workload
+    signals.py      one PromQL template per signal, each with the bounds of what it measures
+    fetch.py        every signal asked over the window and the shorter terms (per-pod ones in
+                    batches of pods)
+    history.py      the answers -> WorkloadHistory per workload (and per term)
     hardware.py     GPU options, prices (catalog, overridable by a YAML price file), ceilings
                     (calibrated from Prometheus, else datasheet)
     settings.py     the strategy's settings: their rows of the settings table, how reports show them

@@ -7,8 +7,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from exporter.rightsize.fetch import fetch
 from exporter.rightsize.hardware import Hardware
-from exporter.rightsize.history import fetch
 from exporter.rightsize.prometheus import PrometheusClient
 from exporter.rightsize.report import build_report
 from exporter.rightsize.strategy import STRATEGIES

@@ -228,6 +228,10 @@ class Report:
     namespaces: tuple[NamespaceMoney, ...]
     total: Money
     consolidation: Consolidation
+    """Whole GPUs now and after the recommendations (`consolidation.py`), every cluster's."""
+    cluster_consolidations: tuple[tuple[str, Consolidation], ...]
+    """The same per cluster ("" without a cluster label), which add up to `consolidation`:
+    GPUs are packed within a cluster, never across two."""
     rooflines: tuple[Roofline, ...]
     missing_signals: tuple[str, ...] = ()
     version: str = __version__
@@ -283,6 +287,10 @@ def build_report(
         namespaces=_per_namespace(kept),
         total=_money(kept),
         consolidation=_consolidation(kept, hardware, settings),
+        cluster_consolidations=tuple(
+            (name, _consolidation(members, hardware, settings))
+            for name, members in sorted(clusters.items())
+        ),
         rooflines=_rooflines(kept, hardware, settings),
         missing_signals=history.missing_signals,
         clusters=tuple((name, _money(members)) for name, members in sorted(clusters.items()))

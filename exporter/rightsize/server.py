@@ -114,16 +114,33 @@ COST_RECOMMENDED: Final = Family(
 )
 GPUS_CURRENT: Final = Family(
     "gpuscope_recommendation_current_gpus",
-    "GPUs the workload holds now, on average over the window, in whole GPUs (a MIG slice or a "
-    "time-sliced share counts as its part of one).",
+    "GPUs the workload held on average over the window, a MIG slice or a time-sliced share "
+    "counting as its part of one: its share of the whole GPUs gpuscope_rightsize_report_gpus "
+    "counts at the end of the window.",
     labels=(*WORKLOAD_LABELS, "gpu"),
     gpu=False,
     labels_doc="`gpu`: what it runs on (`A100 80GB SXM`, `H100 SXM MIG 1g.10gb`)",
 )
 GPUS_RECOMMENDED: Final = Family(
     "gpuscope_recommendation_recommended_gpus",
-    "GPUs it would hold as recommended, in whole GPUs (0 when it should release them).",
+    "Its share as recommended, counted the same way (0 when it should release its GPUs).",
     labels=(*WORKLOAD_LABELS, "gpu"),
+    gpu=False,
+)
+REPORT_GPUS: Final = Family(
+    "gpuscope_rightsize_report_gpus",
+    "GPUs the report's workloads hold at the end of the window, as the report counts them (its "
+    "'GPUs now'): whole GPUs, MIG instances packed onto GPUs of their model and pods "
+    "time-slicing a GPU counted once; per cluster and GPU model.",
+    labels=("cluster", "gpu"),
+    gpu=False,
+    labels_doc="`gpu`: the GPU model (`A100 80GB SXM`)",
+)
+REPORT_RECOMMENDED_GPUS: Final = Family(
+    "gpuscope_rightsize_report_recommended_gpus",
+    "GPUs they would hold following the recommendations, counted the same way (the report's "
+    "'after'); per cluster and GPU model.",
+    labels=("cluster", "gpu"),
     gpu=False,
 )
 REPLICAS: Final = Family(
@@ -145,6 +162,8 @@ RECOMMENDATION_FAMILIES: Final = (
     COST_RECOMMENDED,
     GPUS_CURRENT,
     GPUS_RECOMMENDED,
+    REPORT_GPUS,
+    REPORT_RECOMMENDED_GPUS,
     REPLICAS,
     REPORT_END,
 )
@@ -257,6 +276,10 @@ def recommendation_metrics(report: Report) -> Iterator[Metric]:
         add(GPUS_CURRENT, [*labels, now], current_gpus)
         add(GPUS_RECOMMENDED, [*labels, after], recommended_gpus)
         add(REPLICAS, labels, row.replicas)
+    for cluster, consolidation in report.cluster_consolidations:
+        for change in consolidation.models:
+            add(REPORT_GPUS, [cluster, change.model], change.gpus_before)
+            add(REPORT_RECOMMENDED_GPUS, [cluster, change.model], change.gpus_after)
     add(REPORT_END, [], report.end)
     yield from metrics.values()
 
