@@ -335,7 +335,6 @@ def test_secret_and_certificate_files_are_read_bounded(tmp_path: Path) -> None:
             "cannot listen on no-such-host.invalid:9999: the address does not resolve",
         ),
         (["--refresh=10s"], "invalid --refresh: 10s is outside 1m..30d"),
-        (["--format=json"], "unrecognized arguments: --format=json"),
         (
             ["--cluster-label=namespace"],
             "invalid --cluster-label: 'namespace' is one of the daemon's own labels",

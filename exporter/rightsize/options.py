@@ -15,14 +15,13 @@ output's (`--format`, `--output`, `--configmap`), and the server's (`SERVER_SETT
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import ssl
 import time
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from exporter import documents, logs
@@ -46,6 +45,7 @@ from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, lis
 from exporter.rightsize.strategy import STRATEGIES
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
+    CommandParser,
     ConfigError,
     ListenAddress,
     Setting,
@@ -61,6 +61,7 @@ from exporter.settings import (
 )
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
 
@@ -85,15 +86,6 @@ _LABEL: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 DEFAULT_PORT: Final = 9456
 """The report server's port: the daemon's (9455) and one."""
 _SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
-class UsageError(Exception):
-    """A command line argparse refuses (an unknown flag, a missing value): one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -652,9 +644,8 @@ _SERVER_TABLE: Final = SettingsTable(SERVER_SETTINGS, ServeSettings(), env_prefi
 
 def build_parser(*, serve: bool = False) -> argparse.ArgumentParser:
     if serve:
-        parser = _Parser(
+        parser = CommandParser(
             prog=f"{PROG} serve",
-            allow_abbrev=False,
             description="Serve the rightsizing report, made again every --refresh: the page "
             "(sortable, filterable, with each workload's patch) at /, its JSON at /api/v1/report, "
             "its recommendations as Prometheus metrics at /metrics. Every flag can also be set "
@@ -662,9 +653,8 @@ def build_parser(*, serve: bool = False) -> argparse.ArgumentParser:
         )
         RIGHTSIZE_SERVE.add_arguments(parser)
         return parser
-    parser = _Parser(
+    parser = CommandParser(
         prog=PROG,
-        allow_abbrev=False,
         description="Read GPU usage history from Prometheus (or any PromQL API: Thanos, Mimir, "
         "VictoriaMetrics) and recommend, per workload, what it should run on and what that saves. "
         "Every flag can also be set by its environment variable or in the --config.file YAML. "
@@ -686,7 +676,8 @@ def server_settings_table() -> str:
 
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> RightsizeConfig:
     """The run's configuration from the command line, the environment and `--config.file`;
-    raises `UsageError` or `ConfigError` (one line) for the first thing wrong."""
+    raises `ConfigError` (one line) for the first thing wrong; a command line argparse refuses
+    exits with status 2 after the usage and one line (`CommandParser`)."""
     flags = vars(build_parser().parse_args(argv))
     return configure(RightsizeSettings(**RIGHTSIZE.load(flags, environ)), environ)
 
