@@ -107,6 +107,8 @@ class RightsizeSettings(StrategySettings):
     insecure_skip_verify: bool = False
     headers: tuple[tuple[str, str], ...] = ()
     timeout: float = 120.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 15.0
     concurrency: int = 4
     max_response_size: int = DEFAULT_MAX_RESPONSE_BYTES
     strategy: str = "simple"
@@ -455,7 +457,27 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "prometheus.timeout",
         "timeout",
         duration_between(1, 3600),
-        "Time limit of one query attempt (1s to 1h).",
+        "Time limit of one query attempt (1s to 1h): a server that answers but is slow to "
+        "evaluate a query gets this long.",
+        "DURATION",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.connect-timeout",
+        "connect_timeout",
+        duration_between(1, 300),
+        "Time limit to open a connection, TCP and TLS (1s to 5m); retried as a refused "
+        "connection is.",
+        "DURATION",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.read-timeout",
+        "read_timeout",
+        duration_between(1, 3600),
+        "How long a query may go without an answer before the server is asked a trivial query "
+        "(1s to 1h): when that has no answer within as long again, the server is not answering "
+        "and the run fails at once; when it has, the query keeps --prometheus.timeout.",
         "DURATION",
         group="connection",
     ),
@@ -791,6 +813,8 @@ def _connection(settings: RightsizeSettings, environ: Mapping[str, str]) -> Conn
         insecure_skip_verify=settings.insecure_skip_verify,
         headers=dict(settings.headers),
         timeout_seconds=settings.timeout,
+        connect_timeout_seconds=settings.connect_timeout,
+        read_timeout_seconds=settings.read_timeout,
         concurrency=settings.concurrency,
         max_response_bytes=settings.max_response_size,
     )
