@@ -18,7 +18,7 @@ EXTRAS: Final[dict[str, tuple[str, ...]]] = {
     "calibrate": ("torch", "numpy", "rich", "kubernetes"),
     "auth-providers": ("kubernetes",),
 }
-"""Each extra's requirements as the modules they install (tests/test_install.py keeps this equal to
+"""Each extra's requirements as the modules they install (tests/test_cli_errors.py keeps this equal to
 pyproject.toml's optional dependencies)."""
 
 
