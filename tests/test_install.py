@@ -23,7 +23,7 @@ import yaml
 from benchmarks.install import TARGET_MB, install, measure
 from exporter import extras
 from tests.helpers import ROOT, eventually
-from tests.lazy_imports import loaded_lazily, modules_env, written_modules
+from tests.lazy_imports import JOBS_LIBRARIES, loaded_lazily, modules_env, written_modules
 from tests.prometheus_server import free_port
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-JOBS_LIBRARIES = ("aiohttp", "rich", "jinja2", "kubernetes", "torch", "numpy", "protobuf", "grpcio")
 PASSWORD = "correct horse"
 
 
