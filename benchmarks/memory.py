@@ -13,8 +13,8 @@ virtualenv):
    on top of them: what the daemon imports only for a feature that needs it (`bcrypt` for basic
    auth, `exporter.dcgm` for `--compat.dcgm`, the profile reader for `--calibration.path`), then
    the `kubernetes` package (what the daemon loaded before it read kubeconfigs itself, and what
-   a kubeconfig with an auth-provider still loads) and `aiohttp.web` (what it served HTTP with
-   before `exporter.web.http`); and `python -X importtime`'s slowest packages.
+   a kubeconfig with an auth-provider still loads, from the `auth-providers` extra); and
+   `python -X importtime`'s slowest packages.
 2. **daemon**: `gpuscope serve` on `benchmarks/daemon.py --pods`'s node (8 simulated H100s, 64
    processes in pods of their own, `--pods` pods, `--pod-changes` changes a second through the
    stand-in API server's watch, the real gRPC kubelet, a generated procfs), scraped once a
@@ -65,10 +65,11 @@ REFERENCES = (
     "exporter.dcgm",
     "exporter.calibration.parse",
     "kubernetes.client",
-    "aiohttp.web",
 )
 """Imported only when a feature needs them (`tests/lazy_imports.py`), each on top of the steps;
-the last two are what the daemon once loaded and no longer does, kept for comparison."""
+the last is what the daemon once loaded for every cluster and now only for a kubeconfig's
+auth-provider, kept for comparison. (aiohttp, which the daemon once served HTTP with, is no longer
+in its install: the rightsizing job's extra.)"""
 _MEASURE = """
 import importlib, json, sys
 def rss():

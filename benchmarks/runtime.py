@@ -1,9 +1,10 @@
-"""The interpreter the benchmarks run the daemon with: a virtualenv holding gpuscope and its
-runtime dependencies only (`pip install .`), as the container image does.
+"""The interpreter the benchmarks run the daemon with: a virtualenv holding gpuscope's core
+install (the daemon's dependencies, as the daemon image has them) and the `auth-providers` extra,
+the one optional part the daemon itself can import (benchmarks/memory.py measures what it costs).
 
-The development venv would distort the figures: it also holds the test tools, and some runtime
-dependencies import optional packages when they find them (the kubernetes client imports
-kubernetes-validate and with it jsonschema, about 2 MiB more per daemon).
+The development venv would distort the figures: it also holds the test tools and the jobs'
+libraries, and some packages import optional ones when they find them (the kubernetes client
+imports kubernetes-validate and with it jsonschema, about 2 MiB more per daemon).
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ def runtime_python() -> str:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
     subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            f"{ROOT}[auth-providers]",
+        ],
         check=True,
     )
     return str(python)

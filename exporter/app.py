@@ -120,7 +120,9 @@ class App:
             yield
             return
         if cluster is not None:
-            # The kubernetes client costs ~20 MiB: imported only when there is a cluster.
+            # A real node's sources (the API server's watches over urllib3, the kubelet's HTTP/2)
+            # are imported only when there is a cluster. The `kubernetes` package is not among
+            # them: only a kubeconfig's auth-provider loads it, at its first request.
             from exporter.attribution.live import cluster_attributor  # noqa: PLC0415
 
             attributor = cluster_attributor(config, cluster)
@@ -132,7 +134,7 @@ class App:
                 "dra_drivers": ",".join(config.dra_drivers) or "off",
             }
         elif fleet is not None and fleet.pods:
-            # The attribution modules (protobuf among them) are imported only when used.
+            # The attribution modules are imported only when used.
             from exporter.simulator.cluster import NODE, simulated_attributor  # noqa: PLC0415
 
             attributor = simulated_attributor(

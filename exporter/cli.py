@@ -2,14 +2,14 @@
 PyTorch only when it runs) and `rightsize` (the rightsizing job, imported only when it runs).
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT) or a finished calibration, 1 when the work
-cannot be done (no NVML library, port in use, no GPU, no PyTorch, ConfigMap not writable), 2 for
-bad configuration (a listen address that does not resolve among it). Each failure is one line on
-stderr.
+cannot be done (no NVML library, port in use, no GPU, ConfigMap not writable), 2 for bad
+configuration (a listen address that does not resolve among it) and for a job whose extra is not
+installed (`gpuscope[rightsize]`, `gpuscope[calibrate]`: the core install is the daemon's). Each
+failure is one line on stderr; a command line argparse refuses has the command's usage above it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import logging
@@ -18,17 +18,20 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from exporter import __version__, config, logs, malloc
+from exporter import __version__, config, extras, logs, malloc
 from exporter.app import App
 from exporter.attribution import cluster_configured
 from exporter.catalog import Catalog, CatalogError, catalog_from_file
 from exporter.config import ConfigError, ServeConfig
+from exporter.extras import MissingExtra
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
+from exporter.settings import CommandParser
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
 from exporter.web.serving import CannotListen, listen, resolve, serve_until_stopped
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Mapping, Sequence
 
     from exporter.attribution import ClusterAccess
@@ -45,7 +48,7 @@ The chart's `terminationGracePeriodSeconds` (10) leaves room for the interpreter
 def build_parser(*, calibrate_flags: bool = True) -> argparse.ArgumentParser:
     """The command line; `calibrate`'s own flags only with `calibrate_flags` (only `gpuscope
     calibrate` parses them, and `gpuscope serve` need not import them)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="gpuscope",
         description="GPU monitoring and rightsizing for shared Kubernetes GPU clusters.",
     )
@@ -83,6 +86,10 @@ def build_parser(*, calibrate_flags: bool = True) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["rightsize"]:
+        try:
+            extras.require("rightsize")
+        except MissingExtra as error:
+            return _fail(str(error), 2, command="rightsize")
         # Imported only here, so the daemon never loads the rightsizing job's code.
         from exporter.rightsize.cli import main as rightsize  # noqa: PLC0415 - see above
 
@@ -97,8 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _fail(message: str, status: int) -> int:
-    print(f"gpuscope: error: {message}", file=sys.stderr)
+def _fail(message: str, status: int, *, command: str = "") -> int:
+    print(f"gpuscope{' ' if command else ''}{command}: error: {message}", file=sys.stderr)
     return status
 
 
@@ -131,12 +138,12 @@ def calibrate(args: argparse.Namespace) -> int:
     except calibrate_options.OptionError as error:
         return _fail(str(error), 2)
     try:
-        # PyTorch is imported here only: the daemon never loads it.
-        from exporter.calibrate import command  # noqa: PLC0415
-    except ImportError as error:
-        if (error.name or "").partition(".")[0] in calibrate_options.EXTRA_MODULES:
-            return _fail(calibrate_options.INSTALL_HINT, 1)
-        raise
+        extras.require("calibrate")
+    except MissingExtra as error:
+        return _fail(str(error), 2, command="calibrate")
+    # PyTorch is imported here only: the daemon never loads it.
+    from exporter.calibrate import command  # noqa: PLC0415
+
     try:
         return command.run(options)
     except command.CommandError as error:
@@ -202,7 +209,7 @@ async def _serve(
         return _fail(str(error), 1)
     # Everything imported and built so far lives as long as the process. Freezing it keeps the
     # cycle collector from re-scanning it several times a cycle (about 2 ms of CPU per cycle on
-    # an 8-GPU node; with the kubernetes client loaded, more than the sampling itself).
+    # an 8-GPU node).
     gc.collect()
     gc.freeze()
     # While the sampler thread works (a few ms a cycle), a scrape waits for the GIL for up to the

@@ -16,15 +16,16 @@ what it was given.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from re import _constants as sre_constants  # type: ignore[attr-defined]
 from re import _parser as sre_parse  # type: ignore[attr-defined]
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from exporter import documents
 from exporter.documents import one_line, quote
@@ -42,6 +43,61 @@ class ConfigError(Exception):
     def __init__(self, setting: str, problem: str) -> None:
         super().__init__(one_line(f"invalid {setting}: {problem}"))
         self.setting = setting
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse as every gpuscope command uses it.
+
+    A flag is spelled whole (no abbreviations: `--sim` would otherwise mean `--simulate`, and
+    stop meaning it the day another flag starts with it). A command line it refuses gets the
+    command's usage in one line, then the error, exit status 2; an unknown flag's error names
+    the nearest flag the command has ("did you mean --simulate?"), and a subcommand's unknown
+    flag is reported by the subcommand (`gpuscope serve`), not by `gpuscope`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = self._command(parsed) or self
+            parser.error(parser.unrecognized(unknown))
+        return parsed
+
+    def unrecognized(self, arguments: Sequence[str]) -> str:
+        """The error for arguments this parser has no use for, with the nearest flag to each
+        unknown one."""
+        flags = [flag for action in self._actions for flag in action.option_strings]
+        hints = []
+        for argument in arguments:
+            if not argument.startswith("--"):
+                continue
+            nearest = difflib.get_close_matches(argument.partition("=")[0], flags, n=1)
+            if nearest and nearest[0] not in hints:
+                hints.append(nearest[0])
+        hint = f" (did you mean {' or '.join(hints)}?)" if hints else ""
+        return f"unrecognized arguments: {' '.join(arguments)}{hint}"
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.short_usage()}\n{self.prog}: error: {message}\n")
+
+    def short_usage(self) -> str:
+        """One line instead of argparse's usage, which lists every flag (thirty lines for
+        `serve`) above the one line that matters."""
+        return f"usage: {self.prog} [FLAG ...]   ({self.prog} --help lists them)"
+
+    def _command(self, parsed: argparse.Namespace) -> CommandParser | None:
+        """The subcommand's parser that `parsed` went through, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(chosen, CommandParser):
+                    return chosen
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,18 @@ LAZY: Final = {
     "aiohttp": "gpuscope rightsize (its Prometheus client and webhooks)",
 }
 """A package (with its submodules) and what alone may import it."""
+JOBS_LIBRARIES: Final = (
+    "aiohttp",
+    "rich",
+    "jinja2",
+    "kubernetes",
+    "torch",
+    "numpy",
+    "protobuf",
+    "grpcio",
+)
+"""The jobs' libraries (and the tests' gRPC): none of them is in the core install or the daemon's
+image, whose every node pulls them."""
 MODULES_ENV: Final = "GPUSCOPE_TEST_MODULES_FILE"
 _SITECUSTOMIZE: Final = f"""
 import atexit, json, os, sys

@@ -10,7 +10,6 @@ from typing import Any, NoReturn
 
 import pytest
 
-from exporter.calibrate.options import INSTALL_HINT
 from exporter.calibration.profile import (
     BYTES_UNIT,
     SECONDS_UNIT,
@@ -24,9 +23,10 @@ from exporter.calibration.profile import (
     matmul_unit,
 )
 from exporter.catalog import DTYPES
+from exporter.extras import install_hint
 from tests.helpers import IN_CI, unavailable
 
-PYTORCH_MISSING = f"PyTorch is not installed ({INSTALL_HINT})"
+PYTORCH_MISSING = f"PyTorch is not installed ({install_hint('calibrate')})"
 
 
 def require_pytorch() -> None:

@@ -59,8 +59,13 @@ def main(argv: list[str]) -> int:
                 "(Ctrl-C stops).",
                 flush=True,
             )
-            while True:
-                time.sleep(3600)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                # Ctrl-C is how the demo ends: the stack stops as it unwinds, without a traceback.
+                print("try-serving: stopping", file=sys.stderr, flush=True)
+                return 0
         print(f"collecting {SETTLE_SECONDS + SCREENSHOT_SECONDS} s of data...", flush=True)
         time.sleep(SETTLE_SECONDS + SCREENSHOT_SECONDS)
         end = time.time()

@@ -72,10 +72,10 @@ def test_without_pytorch_one_line_says_what_to_install() -> None:
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         (
-            "gpuscope: error: gpuscope calibrate needs PyTorch and the calibrate extra: "
+            "gpuscope calibrate: error: needs gpuscope[calibrate] (torch not installed): "
             "pip install 'gpuscope[calibrate]'"
         )
     ]

@@ -1,4 +1,5 @@
-"""The Dockerfile: linted with hadolint, and the daemon image built and smoke-run with podman."""
+"""The Dockerfile: linted with hadolint; the daemon image and the jobs' image built and smoke-run
+with podman."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.container import ensure_base_image, podman, podman_env
+from tests.container import BASE_IMAGE, ensure_base_image, podman, podman_env
 from tests.helpers import ROOT, require_tool
+from tests.lazy_imports import JOBS_LIBRARIES
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 pytestmark = pytest.mark.slow
-IMAGE = "localhost/gpuscope:test"
+TAG = f"test-{uuid.uuid4().hex[:8]}"
+"""This run's images, apart from those of a run beside it (podman's storage is the machine's)."""
+DAEMON_IMAGE = f"localhost/gpuscope:{TAG}"
+JOBS_IMAGE = f"localhost/gpuscope-jobs-rightsize:{TAG}"
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -35,23 +40,44 @@ def test_dockerfile_passes_hadolint() -> None:
 
 
 @pytest.fixture(scope="module")
-def image() -> Iterator[dict[str, str]]:
+def env() -> Iterator[dict[str, str]]:
+    """podman's environment, the stand-in base built; this run's images removed at the end."""
     for tool in ("podman", "runc", "debootstrap"):
         require_tool(tool)
-    env = podman_env()
-    base = ensure_base_image(env)
+    environment = podman_env()
+    ensure_base_image(environment)
+    yield environment
+    for image in (DAEMON_IMAGE, JOBS_IMAGE):
+        podman("rmi", "--force", image, env=environment, check=False)
+
+
+def build(env: dict[str, str], target: str, tag: str, *build_args: str) -> None:
     podman(
         "build",
         "--format=docker",
         "--pull=never",
         "--network=host",
-        f"--build-arg=PYTHON_IMAGE={base}",
-        "--target=runtime",
-        f"--tag={IMAGE}",
+        f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
+        *(f"--build-arg={argument}" for argument in build_args),
+        f"--target={target}",
+        f"--tag={tag}",
         str(ROOT),
         env=env,
         timeout=900,
     )
+
+
+@pytest.fixture(scope="module")
+def image(env: dict[str, str]) -> dict[str, str]:
+    build(env, "daemon", DAEMON_IMAGE)
+    return env
+
+
+@pytest.fixture(scope="module")
+def jobs_image(env: dict[str, str]) -> dict[str, str]:
+    """The jobs' image with the rightsizing job's extra alone: the whole `jobs` extra is
+    PyTorch's CUDA build, a multi-GB download (README: the container image, for its size)."""
+    build(env, "jobs", JOBS_IMAGE, "JOBS_EXTRAS=rightsize")
     return env
 
 
@@ -72,7 +98,7 @@ def test_image_runs_the_daemon_as_non_root(image: dict[str, str]) -> None:
         f"--name={name}",
         f"--publish=127.0.0.1:{port}:9455",
         "--no-healthcheck",
-        IMAGE,
+        DAEMON_IMAGE,
         "--simulate=2",
         env=env,
     )
@@ -91,7 +117,7 @@ def test_image_runs_the_daemon_as_non_root(image: dict[str, str]) -> None:
         assert podman("exec", name, "id", "-u", env=env).stdout.strip() == "65532"
         # The image's own HEALTHCHECK command, run inside the container (podman's scheduler for
         # health checks needs systemd, which these machines lack).
-        inspected = json.loads(podman("image", "inspect", IMAGE, env=env).stdout)[0]
+        inspected = json.loads(podman("image", "inspect", DAEMON_IMAGE, env=env).stdout)[0]
         config = inspected["Config"]
         health = inspected["Healthcheck"]["Test"]
         assert health[0] == "CMD"
@@ -104,14 +130,40 @@ def test_image_runs_the_daemon_as_non_root(image: dict[str, str]) -> None:
         lean = podman(
             "exec",
             name,
-            "sh",
+            "python3",
             "-c",
-            "command -v gcc cc || python3 -c 'import torch' 2>/dev/null || echo lean",
+            "import json, shutil; from importlib import metadata; print(json.dumps(["
+            "sorted(d.metadata['Name'].lower() for d in metadata.distributions()), "
+            "[tool for tool in ('gcc', 'cc') if shutil.which(tool)]]))",
             env=env,
         )
-        assert lean.stdout.strip() == "lean", "no compiler and no torch in the daemon image"
+        installed, compilers = json.loads(lean.stdout)
+        assert "gpuscope" in installed
+        assert not {"pip", "setuptools", *JOBS_LIBRARIES} & set(installed), installed
+        assert compilers == []
         podman("stop", "--time=5", name, env=env)
         state = json.loads(podman("inspect", name, env=env).stdout)[0]["State"]
         assert state["ExitCode"] == 0, "SIGTERM stops the daemon cleanly"
     finally:
         podman("rm", "--force", "--time=1", name, env=env, check=False)
+
+
+@pytest.mark.timeout(1200)
+def test_the_jobs_image_runs_a_job_and_names_a_missing_extra(jobs_image: dict[str, str]) -> None:
+    env = jobs_image
+    config = json.loads(podman("image", "inspect", JOBS_IMAGE, env=env).stdout)[0]["Config"]
+    assert config["Entrypoint"] == ["gpuscope"]
+    assert config["User"] == "65532:65532"
+    assert config["Labels"]["org.opencontainers.image.title"] == "gpuscope-jobs"
+    run = ("run", "--rm", "--network=none", JOBS_IMAGE)
+    helped = podman(*run, "rightsize", "--help", env=env)
+    assert "--prometheus" in helped.stdout
+    refused = podman(*run, "rightsize", "--prometheus=http://127.0.0.1:1", env=env, check=False)
+    assert refused.returncode == 1, "aiohttp is there: the job ran and found no Prometheus"
+    assert "cannot reach Prometheus at http://127.0.0.1:1" in refused.stderr
+    calibrate = podman(*run, "calibrate", "--device=cpu", env=env, check=False)
+    assert calibrate.returncode == 2
+    assert calibrate.stderr == (
+        "gpuscope calibrate: error: needs gpuscope[calibrate] (torch, numpy not installed): "
+        "pip install 'gpuscope[calibrate]'\n"
+    )

@@ -454,6 +454,52 @@ def test_rightsize_server_mode_serves_the_report_behind_the_web_config() -> None
     assert not find(cronjob, "Deployment")
 
 
+def images(documents: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Each workload kind's container images."""
+    found: dict[str, set[str]] = {}
+    for document in documents:
+        spec = document.get("spec", {})
+        template = spec.get("jobTemplate", {}).get("spec", spec).get("template")
+        if template is not None:
+            found.setdefault(document["kind"], set()).update(
+                container["image"] for container in template["spec"]["containers"]
+            )
+    return found
+
+
+@pytest.mark.parametrize("variant", ["every-feature", "rightsize-server"])
+def test_the_daemon_runs_the_daemon_image_and_the_jobs_the_jobs_image(variant: str) -> None:
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    daemon, jobs = (
+        f"ghcr.io/gpuscope/gpuscope:{version}",
+        f"ghcr.io/gpuscope/gpuscope-jobs:{version}",
+    )
+    expected = {"DaemonSet": {daemon}}
+    expected.update(
+        {"Job": {jobs}, "CronJob": {jobs}} if variant == "every-feature" else {"Deployment": {jobs}}
+    )
+    assert images(render(VARIANTS[variant])) == expected
+    digest = "sha256:" + "0" * 64
+    moved = (
+        *VARIANTS[variant],
+        "jobsImage.repository=registry.example/jobs",
+        f"jobsImage.digest={digest}",
+        "image.tag=9.9.9",
+    )
+    moved_images = images(render(moved))
+    assert moved_images.pop("DaemonSet") == {"ghcr.io/gpuscope/gpuscope:9.9.9"}
+    assert set().union(*moved_images.values()) == {f"registry.example/jobs@{digest}"}
+
+
+def test_the_plain_jobs_manifests_run_the_jobs_image() -> None:
+    plain = [
+        document
+        for name in ("calibration/job.yaml", "rightsize/cronjob.yaml", "rightsize/server.yaml")
+        for document in yaml.safe_load_all((ROOT / "deploy" / name).read_text())
+    ]
+    assert set().union(*images(plain).values()) == {"ghcr.io/gpuscope/gpuscope-jobs:0.1.0"}
+
+
 def test_rightsize_server_is_the_plain_manifest() -> None:
     plain = {
         document["kind"]: document

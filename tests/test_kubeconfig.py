@@ -728,6 +728,23 @@ def test_an_auth_provider_token_comes_from_the_kubernetes_loader_when_asked(
     assert result.stdout.split() == ["False", "Bearer", token, "True"]
 
 
+def test_an_auth_provider_without_the_kubernetes_client_is_refused_at_start_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = kubeconfig(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:1"},
+        {"auth-provider": {"name": "gcp", "config": {}}},
+    )
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as in the core install
+    with pytest.raises(ConfigError) as caught:
+        resolve_cluster(kubeconfig=path, node_name=NODE, environ={})
+    assert str(caught.value) == (
+        f"invalid --kubeconfig: {path}: user.auth-provider: needs gpuscope[auth-providers] "
+        "(kubernetes not installed): pip install 'gpuscope[auth-providers]'"
+    )
+
+
 def test_an_auth_provider_that_fails_or_hangs_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

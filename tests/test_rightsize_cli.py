@@ -4,8 +4,11 @@ stated exit status, within seconds and bounded memory."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -59,6 +62,7 @@ def test_defaults_and_names_keep_the_contract() -> None:
     assert abs(config.end - time.time()) < 60
     connection = config.connection
     assert (connection.timeout_seconds, connection.concurrency) == (120, 4)
+    assert (connection.connect_timeout_seconds, connection.read_timeout_seconds) == (10, 15)
     assert connection.max_response_bytes == DEFAULT_MAX_RESPONSE_BYTES == 32 * 1024 * 1024
     assert config.settings.percentile == 0.95
     variables = {setting.flag: setting.env for setting in RIGHTSIZE.settings}
@@ -335,7 +339,6 @@ def test_secret_and_certificate_files_are_read_bounded(tmp_path: Path) -> None:
             "cannot listen on no-such-host.invalid:9999: the address does not resolve",
         ),
         (["--refresh=10s"], "invalid --refresh: 10s is outside 1m..30d"),
-        (["--format=json"], "unrecognized arguments: --format=json"),
         (
             ["--cluster-label=namespace"],
             "invalid --cluster-label: 'namespace' is one of the daemon's own labels",
@@ -382,3 +385,36 @@ def test_patches_need_a_directory_and_no_configmap(tmp_path: Path) -> None:
     assert result.stderr == (
         f"{ERROR}invalid --configmap: keeps one text, not a patches directory\n"
     )
+
+
+@pytest.mark.slow
+def test_with_the_defaults_a_server_that_never_answers_fails_the_job_within_a_minute() -> None:
+    """It accepts the connection and reads the request, and says nothing (as a hung Prometheus
+    does); the job gives up once a trivial query has had no answer either: 30 s with the
+    defaults. Before connect and read timeouts it took four attempts of two minutes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    started = time.monotonic()
+    try:
+        result = rightsize(f"--prometheus={url}", timeout=90)
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()
+    took = time.monotonic() - started
+    assert result.returncode == 1
+    said = result.stderr.splitlines()[-1]
+    assert said.startswith(f"{ERROR}Prometheus at {url} did not answer: no answer to the ")
+    assert said.endswith(
+        " query within 15s, nor to a trivial query within 15s more (--prometheus.read-timeout); "
+        "is it up, and is --prometheus its address?"
+    )
+    assert took < 60, f"took {took:.0f}s"

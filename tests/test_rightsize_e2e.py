@@ -475,7 +475,6 @@ def test_unauthorized_prometheus_is_one_line_and_status_1(tmp_path: Path) -> Non
             ["--prices=/nonexistent.yaml"],
             "invalid --prices: '/nonexistent.yaml' is not a readable file",
         ),
-        (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(args: list[str], message: str) -> None:

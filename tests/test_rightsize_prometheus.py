@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
+import socket
 import ssl
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import trustme
 from aiohttp import web
 
 from exporter.rightsize.prometheus import (
+    BACKOFF_SECONDS,
     Connection,
     PrometheusClient,
     PrometheusQueryError,
@@ -249,3 +251,101 @@ async def test_an_answer_within_the_limit_is_read_whole() -> None:
     async with serve(script) as url:
         samples = await query(url, max_response_bytes=len(json.dumps(VECTOR)))
     assert samples == [Sample({"pod": "a"}, 0.25)]
+
+
+# -- a server that does not answer, one that cannot be reached ------------------------------------
+
+
+@asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[str, list[bytes]]]:
+    """Accepts connections and reads requests, and never answers; yields its URL and the
+    requests' first lines."""
+    seen: list[bytes] = []
+
+    async def never(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await reader.readline())
+        await reader.read()  # until the client gives up
+
+    server = await asyncio.start_server(never, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+
+
+async def test_a_server_that_never_answers_fails_at_once_after_a_trivial_query() -> None:
+    async with silent_server() as (url, seen):
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(PrometheusUnreachable) as caught:
+            await query(url, read_timeout_seconds=0.3)
+        took = asyncio.get_running_loop().time() - started
+    assert str(caught.value) == (
+        f"Prometheus at {url} did not answer: no answer to the busy_mean query within 0.3s, nor "
+        "to a trivial query within 0.3s more (--prometheus.read-timeout); is it up, and is "
+        "--prometheus its address?"
+    )
+    assert seen == [b"POST /api/v1/query HTTP/1.1\r\n"] * 2, "the query once, then vector(1)"
+    assert took < 10, "not retried: the trivial query was the second chance"
+
+
+async def test_a_slow_query_of_a_server_that_answers_keeps_its_time() -> None:
+    """Silence is not enough to give up: a server evaluating a heavy query says nothing until
+    it is done, and answers a trivial one meanwhile."""
+    asked: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        query = str((await request.post())["query"])
+        asked.append(query)
+        if query != "vector(1)":
+            await asyncio.sleep(1.0)
+        return web.json_response(VECTOR)
+
+    with serving(handle) as url:
+        samples = await query(url, read_timeout_seconds=0.2)
+    assert samples == [Sample({"pod": "a"}, 0.25)]
+    assert asked == ["up", "vector(1)"]
+
+
+async def test_a_connection_that_does_not_open_is_retried_then_says_so() -> None:
+    """A listening socket whose accept queue is full drops the SYNs: connecting hangs, as to a
+    firewalled port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    queued = socket.create_connection(listener.getsockname())
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with pytest.raises(PrometheusUnreachable) as caught:
+            await query(url, connect_timeout_seconds=0.2)
+    finally:
+        queued.close()
+        listener.close()
+    assert str(caught.value) == (
+        f"cannot reach Prometheus at {url}: no connection within 0.2s "
+        "(--prometheus.connect-timeout; 4 attempts)"
+    )
+
+
+async def test_a_host_that_does_not_resolve_is_named() -> None:
+    url = "http://no-such-host.invalid:9090"
+    with pytest.raises(PrometheusUnreachable) as caught:
+        await query(url)
+    assert str(caught.value).startswith(
+        f"cannot reach Prometheus at {url}: no-such-host.invalid does not resolve: "
+    )
+    assert str(caught.value).endswith(" (4 attempts)")
+    assert "unknown error" not in str(caught.value).lower()
+
+
+def test_by_default_a_server_that_cannot_be_reached_or_never_answers_fails_within_a_minute() -> (
+    None
+):
+    """The defaults' worst cases, from the policy: every attempt's connection timing out, and a
+    silent server (the query's read timeout, then the trivial query's)."""
+    defaults = Connection(url="http://prometheus:9090")
+    connecting = 4 * defaults.connect_timeout_seconds + sum(BACKOFF_SECONDS)
+    silent = 2 * defaults.read_timeout_seconds
+    assert len(BACKOFF_SECONDS) + 1 == 4
+    assert connecting < 60
+    assert silent < 60

@@ -11,7 +11,9 @@ Read here: the cluster's `server`, `certificate-authority(-data)`, `insecure-ski
 `client-certificate(-data)` and `client-key(-data)`, `username` and `password`, and its `exec`
 plugin (without a token) or `auth-provider`, checked here and run only when a request needs
 credentials (`exporter.attribution.credentials`): reading a kubeconfig never runs anything, so
-the daemon starts and serves whatever its credentials cost.
+the daemon starts and serves whatever its credentials cost. An auth-provider needs the Kubernetes
+client (`gpuscope[auth-providers]`): a kubeconfig that has one is refused, naming the extra, when
+it is not installed.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import urllib3
 
-from exporter import documents
+from exporter import documents, extras
 from exporter.attribution.cluster import ApiConfig, TokenFile, tls_context
 from exporter.attribution.credentials import API_VERSIONS, AuthProvider, ExecPlugin, ExecSpec
 from exporter.config import ConfigError
+from exporter.extras import MissingExtra
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,6 +138,12 @@ def _configuration(merged: _Merged, paths: str) -> ApiConfig:
     if "auth-provider" in user:
         provider = documents.mapping(user["auth-provider"], "user.auth-provider")
         name = documents.text(provider.get("name"), "user.auth-provider.name")
+        try:
+            # Checked here, at start, not at the first request: without it attribution would
+            # only ever log that its credentials fail.
+            extras.require("auth-providers")
+        except MissingExtra as missing:
+            raise documents.Invalid("user.auth-provider", str(missing)) from None
         return dataclasses.replace(config, authorization=AuthProvider(paths, name))
     if "exec" in user and not ("token" in user or "tokenFile" in user):
         spec = _exec_spec(user["exec"], user_dir, cluster, cluster_dir, server)

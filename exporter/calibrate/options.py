@@ -6,7 +6,8 @@ the flag (`--device`), the variable (`GPUSCOPE_CALIBRATE_DEVICE`), the key of th
 flag > environment > file > default; anything wrong is one line and exit status 2.
 
 Kept free of PyTorch, rich and the Kubernetes client, so `gpuscope calibrate --help` and a bad
-flag answer at once, and the absence of PyTorch is reported in one line.
+flag answer at once, on the core install too; without the `gpuscope[calibrate]` extra the command
+then says in one line what to install (`exporter.extras`).
 """
 
 from __future__ import annotations
@@ -36,13 +37,6 @@ if TYPE_CHECKING:
 
     from exporter.documents import Format
 
-EXTRA_MODULES: Final = frozenset({"torch"})
-"""What `pip install 'gpuscope[calibrate]'` brings that the job imports (numpy, the extra's other
-package, only keeps torch quiet; rich and the Kubernetes client are gpuscope's own
-dependencies): missing it is the one fix below."""
-INSTALL_HINT: Final = (
-    "gpuscope calibrate needs PyTorch and the calibrate extra: pip install 'gpuscope[calibrate]'"
-)
 ENV_PREFIX: Final = "GPUSCOPE_CALIBRATE_"
 STDOUT: Final = Path("-")
 """`--output -`: the profile on standard output."""

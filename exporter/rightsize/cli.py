@@ -23,7 +23,7 @@ from exporter.rightsize.configmap import ConfigMapError, write_report
 from exporter.rightsize.formatters import DIRECTORIES, EXTENSIONS, FORMATTERS, Output
 from exporter.rightsize.formatters.patches import MARK, SCRIPT
 from exporter.rightsize.notify import notify
-from exporter.rightsize.options import PROG, RightsizeConfig, UsageError, load
+from exporter.rightsize.options import PROG, RightsizeConfig, load
 from exporter.rightsize.produce import produce
 from exporter.rightsize.prometheus import PrometheusError
 from exporter.settings import ConfigError
@@ -46,7 +46,7 @@ def main(argv: Sequence[str]) -> int:
         return serve(argv[1:])
     try:
         config = load(argv, os.environ)
-    except (UsageError, ConfigError) as error:
+    except ConfigError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     logs.configure(config.log_level, config.log_format)

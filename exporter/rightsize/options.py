@@ -15,14 +15,13 @@ output's (`--format`, `--output`, `--configmap`), and the server's (`SERVER_SETT
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import ssl
 import time
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from exporter import documents, logs
@@ -46,6 +45,7 @@ from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, lis
 from exporter.rightsize.strategy import STRATEGIES
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
+    CommandParser,
     ConfigError,
     ListenAddress,
     Setting,
@@ -61,6 +61,7 @@ from exporter.settings import (
 )
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
 
@@ -87,15 +88,6 @@ DEFAULT_PORT: Final = 9456
 _SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
-class UsageError(Exception):
-    """A command line argparse refuses (an unknown flag, a missing value): one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
 @dataclass(frozen=True, slots=True)
 class RightsizeSettings(StrategySettings):
     """Every setting of `gpuscope rightsize`, as given: the strategy's, and the job's own.
@@ -115,6 +107,8 @@ class RightsizeSettings(StrategySettings):
     insecure_skip_verify: bool = False
     headers: tuple[tuple[str, str], ...] = ()
     timeout: float = 120.0
+    connect_timeout: float = 10.0
+    read_timeout: float = 15.0
     concurrency: int = 4
     max_response_size: int = DEFAULT_MAX_RESPONSE_BYTES
     strategy: str = "simple"
@@ -463,7 +457,27 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "prometheus.timeout",
         "timeout",
         duration_between(1, 3600),
-        "Time limit of one query attempt (1s to 1h).",
+        "Time limit of one query attempt (1s to 1h): a server that answers but is slow to "
+        "evaluate a query gets this long.",
+        "DURATION",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.connect-timeout",
+        "connect_timeout",
+        duration_between(1, 300),
+        "Time limit to open a connection, TCP and TLS (1s to 5m); retried as a refused "
+        "connection is.",
+        "DURATION",
+        group="connection",
+    ),
+    Setting(
+        "prometheus.read-timeout",
+        "read_timeout",
+        duration_between(1, 3600),
+        "How long a query may go without an answer before the server is asked a trivial query "
+        "(1s to 1h): when that has no answer within as long again, the server is not answering "
+        "and the run fails at once; when it has, the query keeps --prometheus.timeout.",
         "DURATION",
         group="connection",
     ),
@@ -652,9 +666,8 @@ _SERVER_TABLE: Final = SettingsTable(SERVER_SETTINGS, ServeSettings(), env_prefi
 
 def build_parser(*, serve: bool = False) -> argparse.ArgumentParser:
     if serve:
-        parser = _Parser(
+        parser = CommandParser(
             prog=f"{PROG} serve",
-            allow_abbrev=False,
             description="Serve the rightsizing report, made again every --refresh: the page "
             "(sortable, filterable, with each workload's patch) at /, its JSON at /api/v1/report, "
             "its recommendations as Prometheus metrics at /metrics. Every flag can also be set "
@@ -662,9 +675,8 @@ def build_parser(*, serve: bool = False) -> argparse.ArgumentParser:
         )
         RIGHTSIZE_SERVE.add_arguments(parser)
         return parser
-    parser = _Parser(
+    parser = CommandParser(
         prog=PROG,
-        allow_abbrev=False,
         description="Read GPU usage history from Prometheus (or any PromQL API: Thanos, Mimir, "
         "VictoriaMetrics) and recommend, per workload, what it should run on and what that saves. "
         "Every flag can also be set by its environment variable or in the --config.file YAML. "
@@ -686,7 +698,8 @@ def server_settings_table() -> str:
 
 def load(argv: Sequence[str], environ: Mapping[str, str]) -> RightsizeConfig:
     """The run's configuration from the command line, the environment and `--config.file`;
-    raises `UsageError` or `ConfigError` (one line) for the first thing wrong."""
+    raises `ConfigError` (one line) for the first thing wrong; a command line argparse refuses
+    exits with status 2 after the usage and one line (`CommandParser`)."""
     flags = vars(build_parser().parse_args(argv))
     return configure(RightsizeSettings(**RIGHTSIZE.load(flags, environ)), environ)
 
@@ -800,6 +813,8 @@ def _connection(settings: RightsizeSettings, environ: Mapping[str, str]) -> Conn
         insecure_skip_verify=settings.insecure_skip_verify,
         headers=dict(settings.headers),
         timeout_seconds=settings.timeout,
+        connect_timeout_seconds=settings.connect_timeout,
+        read_timeout_seconds=settings.read_timeout,
         concurrency=settings.concurrency,
         max_response_bytes=settings.max_response_size,
     )

@@ -3,7 +3,17 @@
 Only `POST /api/v1/query` (instant queries): every statistic the job needs is aggregated inside
 Prometheus, so no raw series cross the network. Retries follow a policy written as data —
 timeouts, connection failures, 5xx and 429 are retried after the delays in `BACKOFF_SECONDS`,
-logged as "attempt #2/4"; any other 4xx is final at once. An answer is read in chunks and
+logged as "attempt #2/4"; any other 4xx is final at once.
+
+Three time limits. A connection must open (TCP and TLS) within `connect_timeout_seconds`. A
+query's answer must be complete within `timeout_seconds`: a PromQL server says nothing until it
+has evaluated the query, and a heavy one over a long window may take a minute. So silence alone
+does not tell a slow query from a server that will never answer; when a query has had no answer
+for `read_timeout_seconds`, the client asks the server a trivial query (`vector(1)`) on a
+connection of its own: a server that answers that within `read_timeout_seconds` too is working,
+and the query keeps its time; one that does not is not answering, and the query fails at once,
+not retried, saying so. With the defaults a server that accepts connections and never answers
+fails the job in 30 s, not in four attempts of two minutes each. An answer is read in chunks and
 refused as soon as it passes `Connection.max_response_bytes`, so a server streaming without end
 costs that much memory and no more. Every failure is a `PrometheusError` whose `str()` is one
 complete line for the user; after a redirect it names where the request was sent.
@@ -28,11 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import math
 import os
 import re
+import socket
 import ssl
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -45,7 +57,7 @@ from yarl import URL
 from exporter.documents import quote, size_text
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
     from types import TracebackType
 
 log = logging.getLogger("exporter.rightsize.prometheus")
@@ -79,7 +91,7 @@ class PrometheusError(Exception):
 
 
 class PrometheusUnreachable(PrometheusError):
-    """No HTTP answer at all (DNS, refused connection, TLS failure, timeouts)."""
+    """No HTTP answer at all (DNS, refused connection, TLS failure, timeouts, a silent server)."""
 
 
 class PrometheusUnauthorized(PrometheusError):
@@ -158,7 +170,12 @@ class Connection:
     headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Extra request headers, e.g. `X-Scope-OrgID` for a multi-tenant Mimir or Cortex."""
     timeout_seconds: float = 120.0
-    """Per attempt of one query."""
+    """Per attempt of one query: to connect, be answered and read the whole answer."""
+    connect_timeout_seconds: float = 10.0
+    """To open a connection: TCP, and TLS for https."""
+    read_timeout_seconds: float = 15.0
+    """How long a query may go without an answer before the server is asked whether it answers
+    at all (a trivial query, given as long again)."""
     concurrency: int = 4
     """Queries in flight at once."""
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
@@ -202,6 +219,12 @@ class PrometheusClient:
         self._shown_endpoint = connection.shown.rstrip("/") + "/api/v1/query"
         self._semaphore = asyncio.Semaphore(connection.concurrency)
         self._session: aiohttp.ClientSession | None = None
+        self._probe_session: aiohttp.ClientSession | None = None
+        """A connection of its own for the trivial query, which must not wait for one of the
+        queries' connections (all of them may be held by silent queries)."""
+        self._probe: asyncio.Task[bool] | None = None
+        """The last trivial query; shared by the queries that wait on a silent server at once."""
+        self._probed_at = -math.inf
         self._warned: set[tuple[str, str]] = set()
         """The (signal, series) a warning named already."""
         self.queries_sent = 0
@@ -211,12 +234,21 @@ class PrometheusClient:
         authorization = self.connection.authorization()
         if authorization is not None:
             headers["Authorization"] = authorization
+        context = _ssl_context(self.connection)
+        connect = self.connection.connect_timeout_seconds
         self._session = aiohttp.ClientSession(
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=self.connection.timeout_seconds),
-            connector=aiohttp.TCPConnector(
-                ssl=_ssl_context(self.connection), limit=self.connection.concurrency
+            timeout=aiohttp.ClientTimeout(
+                total=self.connection.timeout_seconds, sock_connect=connect
             ),
+            connector=aiohttp.TCPConnector(ssl=context, limit=self.connection.concurrency),
+        )
+        self._probe_session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(
+                total=self.connection.read_timeout_seconds, sock_connect=connect
+            ),
+            connector=aiohttp.TCPConnector(ssl=context, limit=1),
         )
         return self
 
@@ -226,9 +258,14 @@ class PrometheusClient:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        for session in (self._session, self._probe_session):
+            if session is not None:
+                await session.close()
+        self._session = self._probe_session = None
 
     async def query(
         self,
@@ -284,9 +321,20 @@ class PrometheusClient:
         self.queries_sent += 1
         redirects: list[str] = []
         try:
-            status, body, retry_after = await self._post(
-                self._session, {"query": promql, "time": f"{at:.3f}"}, redirects, name
+            status, body, retry_after = await self._unless_silent(
+                self._post(self._session, {"query": promql, "time": f"{at:.3f}"}, redirects, name),
+                name,
             )
+        except aiohttp.ConnectionTimeoutError as error:
+            url = self._where(redirects)
+            connect = self.connection.connect_timeout_seconds
+            raise _Transient(
+                f"no connection within {connect:g}s",
+                lambda n: PrometheusUnreachable(
+                    f"cannot reach Prometheus at {url}: no connection within {connect:g}s "
+                    f"(--prometheus.connect-timeout; {n} attempts)"
+                ),
+            ) from error
         except TimeoutError as error:
             url = self._where(redirects)
             raise _Transient(
@@ -315,6 +363,54 @@ class PrometheusClient:
         return _answer(
             self._where(redirects), name, status, body, retry_after=retry_after, vector=vector
         )
+
+    async def _unless_silent(
+        self, post: Coroutine[object, object, tuple[int, bytearray, str]], name: str
+    ) -> tuple[int, bytearray, str]:
+        """What `post` returns, unless it has no answer within the read timeout and the server
+        then does not answer a trivial query either: `PrometheusUnreachable`, final."""
+        task = asyncio.ensure_future(post)
+        try:
+            read = self.connection.read_timeout_seconds
+            done, _ = await asyncio.wait({task}, timeout=read)
+            if not done:
+                probe = self._answering()
+                await asyncio.wait({task, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not task.done() and not probe.result():
+                    raise PrometheusUnreachable(
+                        f"Prometheus at {self.connection.shown} did not answer: no answer to the "
+                        f"{name} query within {read:g}s, nor to a trivial query within {read:g}s "
+                        "more (--prometheus.read-timeout); is it up, and is --prometheus its "
+                        "address?"
+                    )
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _answering(self) -> asyncio.Task[bool]:
+        """Whether the server answers a trivial query within the read timeout: one such query
+        at a time, and its answer believed for as long again."""
+        now = asyncio.get_running_loop().time()
+        stale = now - self._probed_at > self.connection.read_timeout_seconds
+        if self._probe is None or (self._probe.done() and stale):
+            self._probed_at = now
+            self._probe = asyncio.create_task(self._answers_trivially())
+        return self._probe
+
+    async def _answers_trivially(self) -> bool:
+        """Any HTTP answer to `vector(1)` counts: the server is working (what it thinks of the
+        query, or of the credentials, the query itself will tell)."""
+        if self._probe_session is None:
+            raise RuntimeError("PrometheusClient used outside `async with`")
+        form = {"query": "vector(1)"}
+        try:
+            async with self._probe_session.post(self._endpoint, data=form, allow_redirects=False):
+                return True
+        except (TimeoutError, aiohttp.ClientError):
+            return False
 
     async def _post(
         self,
@@ -760,6 +856,9 @@ def _retry_after_seconds(header: str) -> float:
 def _connection_reason(error: aiohttp.ClientError) -> str:
     if isinstance(error, aiohttp.ClientConnectorError):
         cause = error.os_error
+        if isinstance(cause, socket.gaierror):
+            # The resolver's own codes (EAI_*), negative: os.strerror has no text for them.
+            return f"{error.host} does not resolve: {cause.strerror or 'no address'}"
         if cause.errno:
             return os.strerror(cause.errno).lower()
         return str(cause)

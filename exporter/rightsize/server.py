@@ -47,7 +47,7 @@ from exporter.durations import format_duration
 from exporter.rightsize.formatters import FORMATTERS, Output, report_document
 from exporter.rightsize.formatters.patches import SCRIPT, patch_files
 from exporter.rightsize.notify import SERVICES, notify
-from exporter.rightsize.options import PROG, ServeConfig, UsageError, load_serve
+from exporter.rightsize.options import PROG, ServeConfig, load_serve
 from exporter.rightsize.produce import produce
 from exporter.rightsize.prometheus import PrometheusError
 from exporter.rightsize.strategy import IDLE, UNDERUSED
@@ -662,7 +662,7 @@ def main(argv: Sequence[str]) -> int:
     malloc.fewer_arenas(os.environ)  # before any thread starts
     try:
         config = load_serve(argv, os.environ)
-    except (UsageError, ConfigError) as error:
+    except ConfigError as error:
         print(f"{PROG} serve: error: {error}", file=sys.stderr)
         return 2
     try:
