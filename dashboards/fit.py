@@ -5,7 +5,7 @@ its region or covers another text or a plot.
 
 The check reads only what matplotlib drew (each text's extent as the renderer lays it out) and
 the dashboard's grid, never how the renderer meant to place things, so it holds any layout to
-the same rule: a picture in the README is legible or it is not written.
+the same rule: a picture in the docs is legible or it is not written.
 """
 
 from __future__ import annotations

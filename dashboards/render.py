@@ -1,4 +1,4 @@
-"""Draw each dashboard as a PNG from live data, for the README: `python -m dashboards.render`.
+"""Draw each dashboard as a PNG from live data, for the docs: `python -m dashboards.render`.
 
 There is no Grafana here, so this draws what Grafana would: every panel at its grid position
 with its title, filled from the panel's own queries run against a real Prometheus — by default

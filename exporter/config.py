@@ -4,7 +4,7 @@ Every setting of `gpuscope serve` is declared once in `SETTINGS` (the machinery 
 `exporter.settings`, shared with `gpuscope rightsize` and `gpuscope calibrate`). From that one
 table come the command-line flag (`--collect.interval`), the environment variable
 (`GPUSCOPE_COLLECT_INTERVAL`), the key in the optional YAML file (`collect: {interval: 1s}`) and
-the README's flag table. Precedence is flag > environment > file > default. Anything wrong stops
+the docs' flag table. Precedence is flag > environment > file > default. Anything wrong stops
 the program with one line naming the setting (exit status 2, see `exporter.cli`).
 """
 
@@ -434,12 +434,12 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
 
 
 def settings_table() -> str:
-    """The README's flag table of `gpuscope serve`."""
+    """The docs' flag table of `gpuscope serve` (scripts/reference.py)."""
     return SERVE.table()
 
 
 def collectors_table() -> str:
-    """The Markdown table of collectors for the README."""
+    """The Markdown table of collectors for the docs."""
     rows = ["| collector | reads | by default | switch with |", "|---|---|---|---|"]
     rows.extend(
         f"| `{name}` | {what} | off | `--collector.{name}` |"
@@ -451,7 +451,7 @@ def collectors_table() -> str:
 
 
 def profiles_table() -> str:
-    """The Markdown table of the chart's collector profiles for the README."""
+    """The Markdown table of the chart's collector profiles for the docs."""
     rows = ["| `daemon.profile` | flags it adds |", "|---|---|"]
     rows.extend(
         f"| `{name}` | {', '.join(f'`{flag}`' for flag in flags) or 'none: the defaults'} |"

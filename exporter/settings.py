@@ -3,7 +3,7 @@
 Each of gpuscope's commands (`serve`, `rightsize`, `calibrate`) declares its settings as a
 `SettingsTable` of `Setting` rows and a frozen dataclass of defaults. From a row come the flag
 (`--collect.interval`), the variable (`GPUSCOPE_COLLECT_INTERVAL`), the key of the optional YAML
-file given with `--config.file` (`collect: {interval: 1s}`), `--help`, and the README's flag
+file given with `--config.file` (`collect: {interval: 1s}`), `--help`, and the docs' flag
 table. Precedence is flag > environment > file > default. A value that cannot be used raises
 `ConfigError` with one line naming where it came from; the commands exit with status 2.
 
@@ -124,7 +124,7 @@ class Setting:
     group: str = ""
     """The `--help` section it is listed in."""
     shown_default: str | None = None
-    """The default as `--help` and the README show it, where `str()` of the value would not do."""
+    """The default as `--help` and the docs show it, where `str()` of the value would not do."""
     env_prefix: str = ENV_PREFIX
     """Set by the `SettingsTable` the setting is in."""
 
@@ -259,7 +259,7 @@ class SettingsTable:
         return documents.load_file(path, settings_in, error, limit=CONFIG_FILE_LIMIT)
 
     def table(self) -> str:
-        """The Markdown flag table for the README (a test keeps the README equal to it)."""
+        """The Markdown flag table for the docs (tests/test_docs.py keeps the docs equal to it)."""
         rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
         for setting in self.settings:
             shown = self.shown_default(setting)
@@ -308,7 +308,7 @@ def _flatten(document: Mapping[str, Any], prefix: str) -> list[tuple[str, object
 
 
 def describe(value: object) -> str:
-    """A default as `--help` and the README show it."""
+    """A default as `--help` and the docs show it."""
     if value is None:
         return ""
     if isinstance(value, bool):
