@@ -23,7 +23,6 @@ from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
 from exporter.sampling import SamplingLoop
 from exporter.supervise import TaskHealth, background_task, in_daemon_thread, supervised
-from exporter.web import counters
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
 
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from exporter.config import ServeConfig
     from exporter.nvml.driver import NvmlDriver
     from exporter.simulator.fleet import Fleet
+    from exporter.web import counters
 
 log = logging.getLogger(__name__)
 
@@ -249,21 +249,10 @@ def _own_families(security: WebSecurity) -> Callable[[], list[Metric]]:
 
 
 def _web_families(counts: counters.WebCounts) -> Iterator[Metric]:
-    for family, value in (
-        (counters.CONNECTIONS_OPEN, counts.connections_open),
-        (counters.CONNECTIONS_MAX, counts.connections_max),
-        (counters.BAD_REQUESTS, counts.bad_requests),
-    ):
+    for family, samples in counts.by_family():
         metric = new_metric(family)
-        add(metric, {}, value)
-        yield metric
-    for family, by_reason in (
-        (counters.CONNECTIONS_CLOSED, counts.closed),
-        (counters.REQUESTS_REFUSED, counts.refused),
-    ):
-        metric = new_metric(family)
-        for reason, value in by_reason:
-            add(metric, {"reason": reason}, value)
+        for values, value in samples:
+            add(metric, dict(zip(family.labels, values, strict=True)), value)
         yield metric
 
 

@@ -25,9 +25,9 @@ from exporter.calibrate.options import settings_table as calibrate_settings_tabl
 from exporter.config import collectors_table, profiles_table, settings_table  # noqa: E402
 from exporter.dcgm.table import fields_table as dcgm_fields_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
+from exporter.rightsize.exposition import metrics_table as rightsize_metrics_table  # noqa: E402
 from exporter.rightsize.options import server_settings_table  # noqa: E402
 from exporter.rightsize.options import settings_table as rightsize_settings_table  # noqa: E402
-from exporter.rightsize.server import metrics_table as rightsize_metrics_table  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -18,7 +18,7 @@ from dashboards.layout import datasource_variable
 from dashboards.panels import DATASOURCE, FLEET_POINTS, FLEET_ROWS
 from dashboards.queries import EVALUATIONS, SLOWDOWN_REASONS, selected_only
 from exporter.metrics.process import own_families
-from exporter.rightsize.server import RECOMMENDATION_FAMILIES, SERVER_FAMILIES
+from exporter.rightsize.exposition import RECOMMENDATION_FAMILIES, SERVER_FAMILIES
 from tests.dashboard_queries import grafana_values, recorded_names
 from tests.helpers import ROOT, require_tool, unavailable
 from tests.serving_server import FAMILIES as SERVING_FAMILIES

@@ -8,9 +8,9 @@ import pytest
 
 from exporter.catalog import builtin_catalog
 from exporter.rightsize.consolidation import Slot, consolidate, gpus_needed, pack_mig
+from exporter.rightsize.exposition import recommendation_metrics
 from exporter.rightsize.history import History
 from exporter.rightsize.report import build_report
-from exporter.rightsize.server import recommendation_metrics
 from exporter.rightsize.settings import StrategySettings
 from exporter.rightsize.strategy import STRATEGIES
 from tests.rightsize_data import (

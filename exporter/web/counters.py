@@ -72,3 +72,14 @@ class WebCounts:
     bad_requests: int
     refused: tuple[tuple[str, int], ...]
     """By reason, in `REFUSALS` order."""
+
+    def by_family(self) -> tuple[tuple[Family, tuple[tuple[tuple[str, ...], int], ...]], ...]:
+        """Each family with its samples (label values, value): what the daemon and the report
+        server export of the endpoint, each with its own metric builder."""
+        return (
+            (CONNECTIONS_OPEN, (((), self.connections_open),)),
+            (CONNECTIONS_MAX, (((), self.connections_max),)),
+            (CONNECTIONS_CLOSED, tuple(((reason,), value) for reason, value in self.closed)),
+            (BAD_REQUESTS, (((), self.bad_requests),)),
+            (REQUESTS_REFUSED, tuple(((reason,), value) for reason, value in self.refused)),
+        )
