@@ -45,6 +45,9 @@ of a group of `--nodes-per-namespace`), so the rules' joins and rollups see a fl
 The rules' own windows ([1h], [1d]) hold only the warm-up's samples: rule times are those of a
 fleet a few minutes old, and the daily rules (p95 over a day, the day's peak) read up to a day of
 recorded series once the fleet is a day old.
+
+One file over 700 lines on purpose: a benchmark run by hand, whose five steps above share one
+fleet's state and read top to bottom in that order; nothing else imports it.
 """
 
 from __future__ import annotations
