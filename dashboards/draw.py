@@ -214,14 +214,18 @@ def no_data(page: Page, box: Box, text: str = "No data") -> None:
     )
 
 
-def _minutes(left: float) -> FuncFormatter:
-    """Time-axis ticks: minutes before the end of the window; the window's left edge unlabelled
-    (its label would run under the value axis' lowest label)."""
+def _minutes(page: Page, axes: Axes) -> FuncFormatter:
+    """Time-axis ticks: minutes before the end of the window; a tick whose label would reach
+    left of the plot unlabelled (it would run under the value axis' lowest label), the window's
+    left edge among them."""
 
     def label(value: float, _: object) -> str:
         if abs(value) < 1e-9:
             return "now"
-        return "" if abs(value - left) < 1e-9 else f"{value:g}m"
+        text = f"{value:g}m"
+        tick = axes.transData.transform((value, 0.0))[0]
+        plot = axes.get_window_extent(page.drawer)
+        return "" if tick - page.width(text, TICK_POINTS) / 2 < plot.x0 else text
 
     return FuncFormatter(label)
 
@@ -239,15 +243,22 @@ def fit_axes(page: Page, axes: Axes, room: Box, *, value_axis: bool = True) -> N
     at most, so that labels never touch (a timeline's rows keep the ticks they have)."""
     # Round numbers (and halves, fifths of one) as Grafana's axes have them: -4m, never -4.8m.
     round_steps = [1, 2, 2.5, 5, 10]
-    axes.xaxis.set_major_locator(
-        MaxNLocator(nbins=max(2, int(room.width // 80)), steps=round_steps)
-    )
-    if value_axis:
-        axes.yaxis.set_major_locator(
-            MaxNLocator(nbins=max(2, int(room.height // 28)), steps=round_steps)
+
+    def space_ticks(plot: Box) -> None:
+        axes.xaxis.set_major_locator(
+            MaxNLocator(nbins=max(2, int(plot.width // 80)), steps=round_steps)
         )
+        if value_axis:
+            axes.yaxis.set_major_locator(
+                MaxNLocator(nbins=max(2, int(plot.height // 28)), steps=round_steps)
+            )
+
+    space_ticks(room)
     axes.set_position(room.fraction(page.size))
-    for _ in range(3):  # tick labels change as the plot shrinks; three rounds settle them
+    # Tick labels change as the plot shrinks, and the ticks are spaced for the plot it shrank
+    # to (spaced for the whole room, they crowd a plot that its labels made smaller); three
+    # rounds settle them.
+    for _ in range(3):
         tight = axes.get_tightbbox(page.drawer)
         inner = axes.get_window_extent(page.drawer)
         if tight is None:
@@ -258,6 +269,7 @@ def fit_axes(page: Page, axes: Axes, room: Box, *, value_axis: bool = True) -> N
             right=max(tight.x1 - inner.x1, 0) + 2,
             top=max(tight.y1 - inner.y1, 0) + 2,
         )
+        space_ticks(plot)
         axes.set_position(plot.fraction(page.size))
 
 
@@ -350,7 +362,7 @@ def draw_timeseries(page: Page, box: Box, panel: Json, source: Source, dashboard
     left = (source.window.start - source.window.end) / 60
     axes.set_xlim(left, 0)
     axes.yaxis.set_major_formatter(lambda value, _: format_value(value, unit))
-    axes.xaxis.set_major_formatter(_minutes(left))
+    axes.xaxis.set_major_formatter(_minutes(page, axes))
     fit_axes(page, axes, room)
 
 
@@ -585,7 +597,7 @@ def draw_state_timeline(page: Page, box: Box, panel: Json, source: Source, dashb
     axes.set_xlim(left, 0)
     axes.set_ylim(len(results), 0)
     axes.set_yticks([row + 0.5 for row in range(len(results))], names, fontsize=points)
-    axes.xaxis.set_major_formatter(_minutes(left))
+    axes.xaxis.set_major_formatter(_minutes(page, axes))
     fit_axes(page, axes, box, value_axis=False)
 
 
