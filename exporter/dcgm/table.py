@@ -36,6 +36,9 @@ _NAMED_BY: Final = {
     "DCGM_FI_DEV_NVLINK_THROUGHPUT_TOTAL": "DCGM 4.6's name of field 449 (MB/s there); the "
     "bytes/s field of DCGM 4.7 may be named otherwise",
     "DCGM_FI_SYSTEM_DRIVER_VERSION": "4.9.0's release notes",
+    "DCGM_FI_DEV_SM_CLOCK_HERTZ": "DCGM 4.6.1's base-unit fields",
+    "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ": "DCGM 4.6.1's base-unit fields",
+    "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL": "DCGM 4.6.1's base-unit fields",
     "DCGM_FI_DEV_FB_CAPACITY_BYTES": "4.9.0's release notes (a new default)",
 }
 """Where a 4.9.0 name comes from, where it is not DCGM 4.6's header (or inferred)."""
