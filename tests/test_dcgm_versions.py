@@ -18,6 +18,9 @@ from exporter.dcgm import NOT_SERVED, VERSION_48, VERSION_49, VERSIONS, Field
 from exporter.dcgm_counters import ADDED_IN_49, RENAMED_IN_49, read_counters
 from exporter.metrics.dcgm import DcgmCompat
 from exporter.metrics.exposition import TEXT
+from exporter.model import CollectorStatus, GpuIdentity, GpuSample, Snapshot
+from exporter.readings.device import TEMPERATURE
+from exporter.readings.events import xid_series
 from tests.dcgm_fleet import dcgm_exposition, dcgm_series, declared_types
 from tests.helpers import ROOT, daemon_command, series
 
@@ -160,6 +163,18 @@ def test_fb_capacity_is_the_total_in_bytes(served: dict[str, str]) -> None:
             continue
         (total,) = series(served["4.9"], "gpu_memory_total_bytes", uuid=labels["UUID"]).values()
         assert number == total
+
+
+def test_a_gpu_that_is_down_keeps_49s_last_xid_and_nothing_else() -> None:
+    gpu = GpuIdentity(0, "GPU-0", "NVIDIA H100 80GB HBM3", "00000000:18:00.0", "570.1")
+    compat = DcgmCompat(VERSION_49.default_fields, hostname="node-a", version=VERSION_49)
+    events = (CollectorStatus("events", success=True, duration_seconds=None),)
+    values = {xid_series(79): 1.0, TEMPERATURE: 40.0}
+    down = Snapshot(0.0, (GpuSample(gpu, up=False, values=values),), events)
+    served = {m.name: m.samples for m in compat.families(down) if m.samples}
+    assert list(served) == ["DCGM_FI_DEV_XID_ERROR"]
+    (xid,) = served["DCGM_FI_DEV_XID_ERROR"]
+    assert (xid.value, xid.labels["err_code"], xid.labels["hostname"]) == (79.0, "79", "node-a")
 
 
 # -- the setting ---------------------------------------------------------------------------------
