@@ -1,6 +1,7 @@
 """What `--compat.dcgm` costs per rendered snapshot, in process; prints one JSON document.
 
     .venv/bin/python benchmarks/dcgm.py [--gpus 8] [--processes 64] [--pods 0] [--cycles 100]
+                                        [--dcgm-version 4.8]
 
 The node is benchmarks/daemon.py's (H100s, GPM on each); with `--pods N` its processes run in N
 time-sliced pods spread over the GPUs, so shared GPUs carry a series per pod. The same simulated
@@ -9,7 +10,7 @@ Prometheus scrape asks), without and with dcgm-exporter's default fields, in `--
 that alternate which goes first (so that the machine's load falls on both alike). Reported: the
 median CPU time (`time.process_time`, every thread of the process) per sampled and rendered
 cycle of each, the median of the rounds' differences — what the DCGM families cost a scraped
-snapshot — and the samples they add.
+snapshot — and the samples they add, in `--dcgm-version`'s shapes (`--compat.dcgm-version`).
 A snapshot nobody scrapes is never rendered, so an unscraped cycle costs the same either way.
 """
 
@@ -56,7 +57,9 @@ def with_pods(document: dict[str, Any], pods: int, gpus: int) -> dict[str, Any]:
     return document
 
 
-async def measure(fleet_file: Path, *, compat: bool, pods: bool, cycles: int) -> tuple[float, int]:
+async def measure(
+    fleet_file: Path, *, compat: bool, pods: bool, cycles: int, version: str = "4.8"
+) -> tuple[float, int]:
     """CPU milliseconds per sampled and rendered cycle, and the DCGM samples of the last one."""
     loaded = load_fleet(fleet_file)
     clock = ManualClock()
@@ -64,7 +67,11 @@ async def measure(fleet_file: Path, *, compat: bool, pods: bool, cycles: int) ->
     attributor = simulated_attributor(loaded, node="benchmark-node") if pods else None
     sampling = SamplingLoop(
         replace(
-            ServeConfig(), collect_interval=1.0, compat_dcgm=compat, node_name="benchmark-node"
+            ServeConfig(),
+            collect_interval=1.0,
+            compat_dcgm=compat,
+            dcgm_version=version,
+            node_name="benchmark-node",
         ),
         SimulatedNvml(loaded, clock=clock, wall=wall),
         build=BuildInfo("benchmark"),
@@ -100,6 +107,7 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=0, help="time-sliced pods (0: no attribution)")
     parser.add_argument("--cycles", type=int, default=100, help="cycles per measurement")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dcgm-version", choices=("4.8", "4.9"), default="4.8")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -113,7 +121,13 @@ def main() -> int:
             order = (False, True) if n % 2 == 0 else (True, False)
             taken = {
                 compat: asyncio.run(
-                    measure(fleet_file, compat=compat, pods=bool(args.pods), cycles=args.cycles)
+                    measure(
+                        fleet_file,
+                        compat=compat,
+                        pods=bool(args.pods),
+                        cycles=args.cycles,
+                        version=args.dcgm_version,
+                    )
                 )
                 for compat in order
             }
@@ -128,6 +142,7 @@ def main() -> int:
         "python": sys.version.split()[0],
         "cycles_per_measurement": args.cycles,
         "rounds": args.rounds,
+        "dcgm_version": args.dcgm_version,
         "cpu_ms_per_rendered_cycle_without": round(without, 3),
         "cpu_ms_per_rendered_cycle_with_compat_dcgm": round(with_dcgm, 3),
         "cpu_ms_the_dcgm_series_add": round(added, 3),

@@ -12,7 +12,8 @@ re-create). The daemon runs as it ships (`benchmarks/runtime.py`) once per confi
 
 - `default`: no collector flag;
 - `lean` and `full`: the chart's profiles (`PROFILES`, the same flags `daemon.profile` renders);
-- `full` with `--compat.dcgm`: everything gpuscope can serve.
+- `full` with `--compat.dcgm`: everything gpuscope can serve (dcgm-exporter 4.8's shapes, and
+  4.9.0's with `--compat.dcgm-version=4.9`).
 
 For each, once the daemon is steady (attribution filled, the 5 s readings in), one scrape as
 Prometheus asks for it (OpenMetrics) is counted: its series (sample lines), by family and by
@@ -55,6 +56,7 @@ CONFIGURATIONS: dict[str, list[str]] = {
     "lean": list(PROFILES["lean"]),
     "full": list(PROFILES["full"]),
     "full+compat.dcgm": [*PROFILES["full"], "--compat.dcgm"],
+    "full+compat.dcgm-4.9": [*PROFILES["full"], "--compat.dcgm", "--compat.dcgm-version=4.9"],
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

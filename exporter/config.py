@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from exporter.dcgm_counters import CountersFile, read_counters
+from exporter.dcgm_counters import DCGM_VERSIONS, CountersFile, read_counters, version_mismatch
 from exporter.documents import quote
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
@@ -81,6 +81,8 @@ class ServeConfig:
     """Also serve dcgm-exporter's series (`exporter.metrics.dcgm`)."""
     dcgm_counters: CountersFile | None = None
     """The DCGM fields to serve, from dcgm-exporter's counters file; None: its default set."""
+    dcgm_version: str = "4.8"
+    """Whose names, units and labels `--compat.dcgm` serves: dcgm-exporter 4.8's or 4.9's."""
     collector_device: bool = True
     collector_clocks: bool = True
     collector_health: bool = True
@@ -379,6 +381,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "lists (default: dcgm-exporter's default set). Needs --compat.dcgm.",
         "FILE",
     ),
+    Setting(
+        "compat.dcgm-version",
+        "dcgm_version",
+        one_of(*DCGM_VERSIONS),
+        "The dcgm-exporter whose series --compat.dcgm serves: 4.8 (4.8.0-4.8.4 names, Hostname) "
+        "or 4.9 (4.9.0's renamed fields in base units, hostname, DCGM_FI_SYSTEM_DRIVER_VERSION). "
+        "A counters file must spell that version's names.",
+        "VERSION",
+    ),
     *(
         Setting(
             f"collector.{name}",
@@ -425,6 +436,14 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
         raise ConfigError(
             "--compat.dcgm-counters", "it chooses what --compat.dcgm serves, and that is off"
         )
+    if config.dcgm_version != _DEFAULTS.dcgm_version and not config.compat_dcgm:
+        raise ConfigError(
+            "--compat.dcgm-version", "it chooses what --compat.dcgm serves, and that is off"
+        )
+    if config.dcgm_counters is not None:
+        mismatch = version_mismatch(config.dcgm_counters, config.dcgm_version)
+        if mismatch is not None:
+            raise ConfigError("--compat.dcgm-counters", mismatch)
     if config.process_names and not config.collector_processes:
         raise ConfigError(
             "--collect.process-names",

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from exporter.calibrate.options import settings_table as calibrate_settings_table  # noqa: E402
 from exporter.config import collectors_table, profiles_table, settings_table  # noqa: E402
 from exporter.dcgm.table import fields_table as dcgm_fields_table  # noqa: E402
+from exporter.dcgm.table import renames_table as dcgm_renames_table  # noqa: E402
 from exporter.metrics.table import metrics_table  # noqa: E402
 from exporter.rightsize.exposition import metrics_table as rightsize_metrics_table  # noqa: E402
 from exporter.rightsize.options import server_settings_table  # noqa: E402
@@ -39,6 +40,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "profiles": profiles_table,
     "metrics": metrics_table,
     "dcgm-fields": dcgm_fields_table,
+    "dcgm-renames": dcgm_renames_table,
     "calibrate-flags": calibrate_settings_table,
     "rightsize-flags": rightsize_settings_table,
     "rightsize-serve-flags": server_settings_table,

@@ -78,12 +78,16 @@ def golden_fleet_with_pods() -> Fleet:
     return parse_fleet(document)
 
 
-async def dcgm_exposition(counters: CountersFile | None = None) -> Exposition:
-    """The golden fleet with pods after five deterministic cycles, under `--compat.dcgm`."""
+async def dcgm_exposition(
+    counters: CountersFile | None = None, *, version: str = "4.8"
+) -> Exposition:
+    """The golden fleet with pods after five deterministic cycles, under `--compat.dcgm` (and
+    `--compat.dcgm-version=version`)."""
     config = replace(
         ServeConfig(),
         compat_dcgm=True,
         dcgm_counters=counters,
+        dcgm_version=version,
         collector_nvlink=True,  # off by default; NVLink bandwidth's total is made from its links
     )
     async with sampled_node(

@@ -161,6 +161,7 @@ def test_security_scan_finds_nothing_unexplained(rendered: Path) -> None:
         ("rightsize.server.port=0", "/rightsize/server/port"),
         ("daemon.extraArgs={verbose}", "/daemon/extraArgs/0"),
         ("compat.dcgm=yes", "/compat/dcgm"),
+        ("compat.dcgmVersion=5.0", "/compat/dcgmVersion"),
         ("compat.dcgmExprtedLabels=true", "additional properties 'dcgmExprtedLabels' not allowed"),
     ],
 )
@@ -613,6 +614,26 @@ def test_dcgm_counters_need_compat_dcgm() -> None:
     )
     assert result.returncode != 0
     assert "compat.dcgmCounters chooses what compat.dcgm serves" in result.stderr
+
+
+def test_dcgm_version_is_passed_when_it_is_not_the_default(tmp_path: Path) -> None:
+    assert not any(
+        "dcgm-version" in argument
+        for argument in daemon_container(render(("compat.dcgm=true",)))["args"]
+    ), "4.8 renders as before"
+    args = daemon_container(render(("compat.dcgm=true", "compat.dcgmVersion=4.9")))["args"]
+    assert "--compat.dcgm-version=4.9" in args
+    values = tmp_path / "values.yaml"
+    values.write_text("compat:\n  dcgm: true\n  dcgmVersion: 4.9\n")  # a YAML float
+    documents = yaml.safe_load_all(
+        helm("template", "gpuscope", str(CHART), "-f", str(values)).stdout
+    )
+    assert "--compat.dcgm-version=4.9" in daemon_container([d for d in documents if d])["args"]
+    result = helm(
+        "template", "gpuscope", str(CHART), "--set", "compat.dcgmVersion=4.9", check=False
+    )
+    assert result.returncode != 0
+    assert "compat.dcgmVersion chooses what compat.dcgm serves" in result.stderr
 
 
 @pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])

@@ -84,5 +84,6 @@ def test_configured_features_import_what_they_need_and_work(
         "exporter.calibration.parse",
         "exporter.dcgm",
         "exporter.dcgm.fields",
+        "exporter.dcgm.versions",
         "exporter.dcgm.xids",
     ]

@@ -5,7 +5,7 @@ unit to DCGM's, and how a GPU several pods share splits it. Adding a field is on
 
 A field whose series a GPU did not give this cycle is absent for that GPU, never zero; a field
 gpuscope cannot measure at all has no entry, and dcgm-exporter's default fields among those are
-in `NOT_SERVED`, with why.
+in `exporter.dcgm.versions.NOT_SERVED`, with why. `versions` also derives 4.9.0's names from these.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import pynvml
 
+from exporter.dcgm_counters import RENAMED_IN_49
 from exporter.readings.clocks import CLOCK_EVENT_REASONS, CLOCK_EVENTS, CLOCKS, MAX_CLOCKS
 from exporter.readings.declare import link_series
 from exporter.readings.device import (
@@ -90,6 +91,7 @@ utilization, or by their processes' memory (`exporter.metrics.dcgm`)."""
 
 XID_ERRORS: Final = "DCGM_FI_DEV_XID_ERRORS"
 DRIVER_VERSION: Final = "DCGM_FI_DRIVER_VERSION"
+_LAST_XID: Final = frozenset({XID_ERRORS, RENAMED_IN_49[XID_ERRORS]})
 
 _PERCENT: Final = 100.0
 _MIB: Final = 1.0 / 2**20
@@ -125,6 +127,8 @@ class Field:
     """DCGM's unit, for the field table: `%`, `MiB`, `MHz`, `ratio`, …"""
     sources: tuple[Source, ...] = ()
     """The value: the first of these series the GPU gave this cycle, times its factor."""
+    summed: bool = False
+    """Or the sum of every one of `sources` the GPU gave (absent where it gave none)."""
     bits: tuple[tuple[int, Series], ...] = ()
     """Or a bitmask: each bit set while its series is 1 (`gpu_clock_event_active`)."""
     totals: tuple[Series, ...] = ()
@@ -145,12 +149,14 @@ class Field:
     def value(self, values: Mapping[Series, float], *, gpm: bool = False) -> float | None:
         """The field's value from a GPU's values this cycle; None where the GPU gave none.
         `gpm`: the GPU has GPM (`GpuIdentity.has_gpm`), so a GPM stand-in is never used."""
-        for source in self.sources:
-            if gpm and source.without_gpm:
-                continue
-            found = values.get(source.series)
-            if found is not None:
-                return found * source.factor
+        if self.sources:
+            given = [
+                found * source.factor
+                for source in self.sources
+                if not (gpm and source.without_gpm)
+                and (found := values.get(source.series)) is not None
+            ]
+            return (float(sum(given)) if self.summed else given[0]) if given else None
         if self.bits:
             states = [(bit, values.get(series)) for bit, series in self.bits]
             if all(state is None for _, state in states):
@@ -172,7 +178,7 @@ class Field:
     @property
     def while_down(self) -> bool:
         """Still served for a GPU that is down (what the event thread counted)."""
-        return self.name == XID_ERRORS
+        return self.name in _LAST_XID
 
 
 def _field(
@@ -686,9 +692,3 @@ SPLIT_BY: Final[Mapping[Split, Series]] = {"utilization": UTILIZATION, "memory":
 """The device's own measure a split is relative to: a pod's share of a shared GPU is its
 processes' utilization (memory) over the device's, or over the pods' sum where that is larger."""
 DEFAULT_FIELDS: Final = tuple(field for field in FIELDS if field.default)
-
-NOT_SERVED: Final[Mapping[str, str]] = {
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "a vGPU guest's licence state, which NVML answers only "
-    "inside a virtual machine with a vGPU: a Kubernetes node's physical GPUs have none",
-}
-"""dcgm-exporter's default fields that gpuscope does not serve, and why (docs/guide/dcgm.md says so)."""

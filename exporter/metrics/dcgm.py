@@ -2,9 +2,11 @@
 
 Each chosen field (`exporter.dcgm`: dcgm-exporter's defaults, or the rows of a counters file) is
 one family named as dcgm-exporter names it, with its type and help, and its labels: `gpu`,
-`UUID`, `pci_bus_id`, `device` (`nvidia<minor number>`), `modelName`, `Hostname`,
-`DCGM_FI_DRIVER_VERSION` when that field is chosen, `GPU_I_PROFILE` and `GPU_I_ID` on a MIG
-instance (whose `gpu`, `UUID` and `device` are its parent's), and `namespace`, `pod`, `container`.
+`UUID`, `pci_bus_id`, `device` (`nvidia<minor number>`), `modelName`, the node's name (`Hostname`;
+`hostname` under `--compat.dcgm-version=4.9`), the driver-version label when that field is chosen
+(`DCGM_FI_DRIVER_VERSION`; 4.9: `DCGM_FI_SYSTEM_DRIVER_VERSION`), `GPU_I_PROFILE` and `GPU_I_ID` on
+a MIG instance (whose `gpu`, `UUID` and `device` are its parent's), and `namespace`, `pod`,
+`container`. Both versions read the same series and split a shared GPU the same way.
 
 Who a series belongs to follows the snapshot's attribution:
 
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from exporter.config import ServeConfig
-    from exporter.dcgm import Field, Split
+    from exporter.dcgm import DcgmVersion, Field, Split
     from exporter.dcgm_counters import CountersFile
     from exporter.model import (
         Attribution,
@@ -79,11 +81,12 @@ class DcgmCompat:
         *,
         hostname: str,
         helps: Mapping[str, str] | None = None,
+        version: DcgmVersion | None = None,
     ) -> None:
-        from exporter.dcgm import DRIVER_VERSION, SPLIT_BY, XID_ERRORS, xid_message  # noqa: PLC0415
+        from exporter.dcgm import SPLIT_BY, VERSION_48, xid_message  # noqa: PLC0415
 
-        self._driver_version: Final = DRIVER_VERSION
-        self._xid_errors: Final = XID_ERRORS
+        self.version: Final = version or VERSION_48
+        """Whose names and labels: dcgm-exporter 4.8's (the default) or 4.9's."""
         self._xid_message: Final = xid_message
         self._split_by: Final = SPLIT_BY
         chosen = tuple(fields)
@@ -91,7 +94,7 @@ class DcgmCompat:
         """The fields served as families, in the order chosen."""
         self.hostname: Final = hostname
         self._helps = {field.name: (helps or {}).get(field.name) or field.help for field in chosen}
-        self._driver_label = any(field.name == self._driver_version for field in chosen)
+        self._driver_label = any(field.name == self.version.driver_version for field in chosen)
         self._labels: LabelCache[tuple[GpuIdentity, PodIdentity | None, str]] = LabelCache(
             self._pairs
         )
@@ -103,28 +106,35 @@ class DcgmCompat:
         serve (once, here at start)."""
         if not config.compat_dcgm:
             return None
-        from exporter.dcgm import DEFAULT_FIELDS  # noqa: PLC0415 - see the class
+        from exporter.dcgm import VERSIONS  # noqa: PLC0415 - see the class
 
+        version = VERSIONS[config.dcgm_version]
         hostname = config.node_name or socket.gethostname()
         if config.dcgm_counters is None:
-            return cls(DEFAULT_FIELDS, hostname=hostname)
-        return cls.from_counters(config.dcgm_counters, hostname=hostname)
+            return cls(version.default_fields, hostname=hostname, version=version)
+        return cls.from_counters(config.dcgm_counters, hostname=hostname, version=version)
 
     @classmethod
-    def from_counters(cls, counters: CountersFile, *, hostname: str) -> DcgmCompat:
-        from exporter.dcgm import BY_NAME, NOT_SERVED  # noqa: PLC0415 - see the class
+    def from_counters(
+        cls, counters: CountersFile, *, hostname: str, version: DcgmVersion | None = None
+    ) -> DcgmCompat:
+        """The rows of a counters file that `version` serves (a name the other version spells
+        was refused with the configuration, `exporter.dcgm_counters.version_mismatch`)."""
+        from exporter.dcgm import VERSION_48  # noqa: PLC0415 - see the class
 
+        version = version or VERSION_48
+        by_name = version.by_name
         chosen: list[Field] = []
         helps: dict[str, str] = {}
         for row in counters.rows:
-            field = BY_NAME.get(row.field)
+            field = by_name.get(row.field)
             if field is None:
                 log.warning(
                     "the DCGM counters file lists a field gpuscope does not serve; ignoring it",
                     extra={
                         "field": row.field,
                         "at": counters.where(row),
-                        "why": NOT_SERVED.get(row.field, "not a field gpuscope knows"),
+                        "why": version.not_served.get(row.field, "not a field gpuscope knows"),
                     },
                 )
                 continue
@@ -140,7 +150,7 @@ class DcgmCompat:
                 )
             chosen.append(field)
             helps[field.name] = row.help
-        return cls(chosen, hostname=hostname, helps=helps)
+        return cls(chosen, hostname=hostname, helps=helps, version=version)
 
     def families(self, snapshot: Snapshot) -> list[Metric]:
         """One family per chosen field, for every GPU of the snapshot."""
@@ -159,7 +169,7 @@ class DcgmCompat:
             for field, metric in metrics:
                 if not sample.up and not field.while_down:
                     continue
-                if field.name == self._xid_errors:
+                if field.name == self.version.xid_errors:
                     if events and not identity.is_mig_instance:
                         xid = self._last_xid(identity.uuid, sample.values)
                         error = owner.with_pairs(
@@ -204,10 +214,10 @@ class DcgmCompat:
             ("pci_bus_id", identity.pci_bus_id),
             ("device", f"nvidia{minor}"),
             ("modelName", identity.model),
-            ("Hostname", self.hostname),
+            (self.version.node_label, self.hostname),
         ]
         if self._driver_label:
-            pairs.append((self._driver_version, identity.driver_version))
+            pairs.append((self.version.driver_version, identity.driver_version))
         if identity.is_mig_instance:
             pairs += [
                 ("GPU_I_PROFILE", identity.mig_profile),
