@@ -27,6 +27,7 @@ from exporter.rightsize.confidence import (
     TermAnswer,
     Trend,
     assess,
+    gpu_count_label,
     term_label,
     trend,
 )
@@ -175,7 +176,20 @@ class WorkloadRow:
             return "release"
         if recommendation.target is None or recommendation.classification == UNDEFINED:
             return "-"
+        if recommendation.recommended_gpus is not None:
+            return gpu_count_label(recommendation.target.label, recommendation.recommended_gpus)
         return recommendation.target.label
+
+    @property
+    def recommended_gpus(self) -> int:
+        """GPUs (or MIG instances) per replica once the recommendation is applied: none when
+        released, fewer when some are never used, else as many as today."""
+        recommendation = self.recommendation
+        if recommendation.classification == IDLE:
+            return 0
+        if recommendation.recommended_gpus is not None:
+            return recommendation.recommended_gpus
+        return self.gpus_per_replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +415,10 @@ def _priced(
     cost_recommended = cost_current
     if recommendation.classification == IDLE:
         cost_recommended = 0.0 if cost_current is not None else None
+    elif recommendation.recommended_gpus is not None:
+        if cost_current is not None:
+            per_pod = max(gpus_per_pod(workload), 1)
+            cost_recommended = cost_current * recommendation.recommended_gpus / per_pod
     elif recommendation.classification == UNDERUSED and recommendation.target is not None:
         target_price = hardware.price(recommendation.target.model)
         if cost_current is not None and target_price is not None:
@@ -456,6 +474,7 @@ def _consolidation(
         current = recommendation.current
         if current is None:
             continue
+        kept = _kept_devices(row)
         for device in row.devices:
             if not device.present:
                 continue
@@ -464,7 +483,7 @@ def _consolidation(
             cluster = row.cluster
             before.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
             target = recommendation.target
-            if recommendation.classification == IDLE or target is None:
+            if recommendation.classification == IDLE or target is None or id(device) not in kept:
                 continue
             if recommendation.classification != UNDERUSED:
                 after.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
@@ -473,6 +492,19 @@ def _consolidation(
             scale = hardware.scale(current.model, target.model, settings.dtype, side) or 1.0
             after.append(Slot(target.model, target.mig_profile, work * scale, cluster=cluster))
     return consolidate(before, after)
+
+
+def _kept_devices(row: WorkloadRow) -> set[int]:
+    """The ids of the devices a row keeps: each pod's busiest `recommended_gpus` when it asks
+    for fewer, else all of them."""
+    count = row.recommendation.recommended_gpus
+    if count is None:
+        return {id(device) for device in row.devices}
+    return {
+        id(device)
+        for pod in row.history.pods
+        for device in sorted(pod.devices, key=lambda d: -(d.busy_mean or 0.0))[:count]
+    }
 
 
 def _rooflines(
@@ -556,10 +588,16 @@ def business_case(report: Report) -> str:
     if counts.get(IDLE):
         released = sum(1 for row in rows if row.recommendation.classification == IDLE)
         actions.append(f"release {released} idle {_plural(released, 'GPU holder')}")
-    if counts.get(UNDERUSED):
+    fewer = sum(1 for row in rows if row.recommendation.recommended_gpus is not None)
+    moved = counts.get(UNDERUSED, 0) - fewer
+    if moved:
         actions.append(
-            f"move {counts[UNDERUSED]} underused {_plural(counts[UNDERUSED], 'workload')} to MIG "
-            "slices or cheaper GPUs"
+            f"move {moved} underused {_plural(moved, 'workload')} to MIG slices or cheaper GPUs"
+        )
+    if fewer:
+        actions.append(
+            f"ask for fewer GPUs per replica for {fewer} {_plural(fewer, 'workload')} that never "
+            "use some of theirs"
         )
     if counts.get(INPUT_BOUND):
         actions.append(

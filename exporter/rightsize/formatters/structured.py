@@ -131,6 +131,7 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "terms": _terms(row),
         "target": _option(recommendation.target) if recommendation.action == "move" else None,
         "recommended": row.target_label,
+        "recommended_gpus": row.recommended_gpus,
         "demand": None
         if demand is None
         else {
