@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 from exporter import __version__
 from exporter.durations import format_duration
 from exporter.rightsize.confidence import (
+    HIGH,
     LEVELS,
     LOW,
+    MEDIUM,
     Confidence,
     TermAnswer,
     Trend,
@@ -255,6 +257,8 @@ class Report:
     min_confidence: str = LOW
     left_out: int = 0
     """Recommendations below `min_confidence`, not in the rows."""
+    history_source: str = "gpuscope"
+    """Whose series the history was read from (`--source`): `gpuscope` or `dcgm-exporter`."""
 
     @property
     def classification_counts(self) -> dict[str, int]:
@@ -306,13 +310,14 @@ def build_report(
             for name, members in sorted(clusters.items())
         ),
         rooflines=_rooflines(kept, hardware, settings),
-        missing_signals=history.missing_signals,
+        missing_signals=(*history.missing_signals, *history.limits),
         clusters=tuple((name, _money(members)) for name, members in sorted(clusters.items()))
         if history.cluster_label
         else (),
         cluster_label=history.cluster_label,
         min_confidence=min_confidence,
         left_out=len(rows) - len(kept),
+        history_source=history.source,
     )
 
 
@@ -351,11 +356,25 @@ def _row(
     priced = _priced(workload, recommendation, hardware, window)
     return replace(
         priced,
-        confidence=assess(workload, recommendation, window, terms),
+        confidence=_limited(assess(workload, recommendation, window, terms), history),
         trend=trend(long_term, terms, f"p{settings.percentile * 100:g}"),
         terms=(*terms, long_term),
         autoscaler=autoscaler,
         patch=build_patch(workload, recommendation, history.resources, hardware.seen),
+    )
+
+
+def _limited(confidence: Confidence, history: History) -> Confidence:
+    """At most medium when the history's source cannot tell everything (dcgm-exporter's)."""
+    if not history.limits or confidence.level != HIGH:
+        return confidence
+    return replace(
+        confidence,
+        level=MEDIUM,
+        reason=(
+            f"{MEDIUM}: {confidence.reason.removeprefix(HIGH + ': ')}; at most medium from "
+            f"{history.source}'s series alone (see the missing signals)"
+        ),
     )
 
 

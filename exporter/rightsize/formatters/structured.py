@@ -169,6 +169,7 @@ def report_document(report: Report) -> dict[str, Any]:
         "generated_at": timestamp(report.end),
         "gpuscope_version": report.version,
         "source": report.source,
+        "history_source": report.history_source,
         "window": format_duration(report.window_seconds),
         "step": format_duration(report.step_seconds),
         "strategy": report.strategy,
