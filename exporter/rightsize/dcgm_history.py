@@ -95,7 +95,7 @@ def _at_step(metrics: Iterable[tuple[str, float]], function: str, group: str) ->
     parts = []
     for name, factor in metrics:
         part = f"{function}({name}[{{s}}])"
-        parts.append(part if factor == 1.0 else f"{part} * {factor:g}")
+        parts.append(part if factor == 1.0 else f"{part} * {factor!r}")
     return "(" + f" or on ({group}) ".join(parts) + ")"
 
 
@@ -164,7 +164,7 @@ def render_dcgm(
         "dram": _at_step(DRAM, "avg_over_time", group),
     }
     memory_now = f" or on ({group}) ".join(
-        name if factor == 1.0 else f"{name} * {factor:g}" for name, factor in MEMORY
+        name if factor == 1.0 else f"{name} * {factor!r}" for name, factor in MEMORY
     )
     template = signal.template.format(
         G="{G}", w="{w}", s="{s}", q="{q}", memory_now=f"({memory_now})", **steps

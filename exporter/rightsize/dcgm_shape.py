@@ -122,9 +122,10 @@ def translate(
             "mig_profile": profile,
             "resource": _resource(profile, requests),
         }
-    translated: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+    translated: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for name, samples in answers.items():
         target = "busy_seconds" if name == "busy_mean" else name
+        translated.setdefault(target, {})
         for sample in samples:
             device = devices.get(tuple(sample.labels.get(label, "") for label in group))
             if device is None:
