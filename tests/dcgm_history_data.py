@@ -19,7 +19,11 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tests.helpers import require_tool
+from tests.synthetic_history import backfill
+
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import TextIO
 
 DAY = 86400.0
@@ -215,3 +219,14 @@ def write_openmetrics(
 
 def _ksm(ns: str, pod: str, **extra: str) -> dict[str, str]:
     return {"namespace": ns, "pod": pod, **extra, "job": "kube-state-metrics"}
+
+
+def backfilled(root: Path) -> Path:
+    """The week's history written and backfilled with promtool into `root/data`; the data
+    directory."""
+    openmetrics = root / "dcgm-history.om"
+    with openmetrics.open("w") as out:
+        write_openmetrics(out)
+    backfill(require_tool("promtool"), openmetrics, root / "data")
+    openmetrics.unlink()
+    return root / "data"

@@ -9,11 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.dcgm_history_data import ANSWERS, END, FORMS, namespace, write_openmetrics
-from tests.helpers import require_tool
+from tests.dcgm_history_data import ANSWERS, END, FORMS, backfilled, namespace
 from tests.prometheus_server import running_prometheus
 from tests.rightsize_run import rightsize
-from tests.synthetic_history import backfill
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -23,14 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    promtool = require_tool("promtool")
     root = tmp_path_factory.mktemp("dcgm-prometheus")
-    openmetrics = root / "history.om"
-    with openmetrics.open("w") as out:
-        write_openmetrics(out)
-    backfill(promtool, openmetrics, root / "data")
-    openmetrics.unlink()
-    with running_prometheus(root / "data") as url:
+    with running_prometheus(backfilled(root)) as url:
         yield url
 
 
