@@ -184,9 +184,10 @@ async def source_of_history(client: PrometheusClient, *, end: float, window: flo
     if own and own[0].value > 0:
         log.info("source chosen", extra={"source": "gpuscope", "why": "gpu_allocation_info found"})
         return "gpuscope"
-    names = "|".join(name for name, _ in (*MEMORY, *BUSY))
+    # One count per name: a function over a selector of several names may drop the names and
+    # leave two series with one label set, which a PromQL server refuses.
     theirs = await client.query(
-        f'count(last_over_time({{__name__=~"{names}"}}[{w}]))',
+        " or ".join(f"count(last_over_time({name}[{w}]))" for name, _ in (*MEMORY, *BUSY)),
         at=end,
         name="source: dcgm-exporter",
     )
