@@ -115,3 +115,26 @@ def test_each_signal_reads_both_versions_names_in_one_unit() -> None:
     assert "max_over_time(DCGM_FI_DEV_FB_USED_BYTES[5m])" in memory
     assert "[7d:5m]" in memory
     assert "{" not in "".join(queries.values()).replace("{__name__", "")
+
+
+def test_profiling_means_become_seconds_active_per_gpu() -> None:
+    whole = {k: v for k, v in MIG.items() if not k.startswith("GPU_I")}
+    answers = {
+        "held": [Sample(whole, 100.0)],
+        "sm_quantile": [Sample(whole, 0.4)],
+        "tensor_mean": [Sample(whole, 0.3)],
+        "dram_mean": [Sample(whole, 0.6)],
+    }
+    shaped, limits = translate(
+        answers,
+        cluster(requests={("ml", "embed-0"): {("main", "nvidia_com_gpu")}}),
+        selection=Selection(),
+        window=86400,
+        step=300,
+        cluster_label=None,
+    )
+    assert shaped["sm_quantile"] == [Sample({"uuid": "GPU-parent"}, 0.4)]
+    assert shaped["tensor_seconds"] == [Sample({"uuid": "GPU-parent"}, 0.3 * 100 * 300)]
+    assert shaped["dram_seconds"] == [Sample({"uuid": "GPU-parent"}, 0.6 * 100 * 300)]
+    assert "tensor_mean" not in shaped
+    assert not any(text.startswith("SM activity") for text in limits)

@@ -81,7 +81,13 @@ SHARED_SLACK: Final = 1.05
 that replaced one another (a rollout) hold it one after the other, never longer than the window."""
 SUMMED: Final = frozenset({"held", "busy_steps"})
 """Signals that add up over a device's series (counts); the others take the largest."""
-ACTIVITY: Final = (("sm_mean", "sm_seconds"), ("tensor_mean", "tensor_seconds"))
+ACTIVITY: Final = (
+    ("sm_mean", "sm_seconds"),
+    ("tensor_mean", "tensor_seconds"),
+    ("dram_mean", "dram_seconds"),
+)
+"""Device activity as dcgm-exporter gives it (a mean while held) and as gpuscope's history reads
+it (seconds active)."""
 
 
 def translate(
@@ -144,7 +150,7 @@ def translate(
     result = {
         name: [Sample(dict(key), value) for key, value in values.items()]
         for name, values in translated.items()
-        if name not in {"sm_quantile", "sm_mean", "tensor_mean", "dram_mean"}
+        if name != "sm_quantile" and name not in dict(ACTIVITY)
     }
     held = translated.get("held", {})
     result.update(_per_gpu(translated, held, step=step, grouping=grouping))
@@ -185,7 +191,7 @@ def _per_gpu(
         Sample(dict(zip(grouping.uuid, gpu, strict=True)), value)
         for gpu, value in quantiles.items()
     ]
-    for mean_name, seconds_name in (*ACTIVITY, ("dram_mean", "dram_seconds")):
+    for mean_name, seconds_name in ACTIVITY:
         seconds: dict[tuple[str, ...], float] = defaultdict(float)
         for key, mean in translated.get(mean_name, {}).items():
             seconds[_gpu_key(key, grouping)] += mean * held.get(key, 0.0) * step
