@@ -17,6 +17,7 @@ from dashboards import render
 from dashboards.draw import Source, Window
 from dashboards.live import Prometheus
 from exporter.rightsize.cli import main as rightsize
+from tests import dcgm_history_data as dcgm_history
 from tests.helpers import ROOT, eventually, require_tool
 from tests.prometheus_server import running_prometheus
 from tests.rightsize_browser import browser
@@ -121,14 +122,43 @@ def serve(argv: list[str]) -> int:
     return 0
 
 
+def dcgm_exporter_source(argv: list[str]) -> tuple[bool, list[str]]:
+    """Whether `--source dcgm-exporter` (or `--source=dcgm-exporter`) was asked for, and the
+    other arguments."""
+    rest: list[str] = []
+    chosen = False
+    index = 0
+    while index < len(argv):
+        if argv[index] == "--source=dcgm-exporter":
+            chosen, index = True, index + 1
+        elif argv[index : index + 2] == ["--source", "dcgm-exporter"]:
+            chosen, index = True, index + 2
+        else:
+            rest.append(argv[index])
+            index += 1
+    return chosen, rest
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:
         return serve(argv[1:])
+    # `--source dcgm-exporter`: what a cluster that never ran gpuscope has, a week of
+    # dcgm-exporter's and kube-state-metrics' series, and what gpuscope recommends from it.
+    dcgm, argv = dcgm_exporter_source(argv)
     with tempfile.TemporaryDirectory(prefix="gpuscope-try-") as scratch_name:
         scratch = Path(scratch_name)
-        with running_prometheus(history(scratch)) as url:
-            print(f"try-rightsize: Prometheus with 14 days of history at {url}", file=sys.stderr)
+        data = dcgm_history.backfilled(scratch) if dcgm else history(scratch)
+        with running_prometheus(data) as url:
+            held = (
+                "a week of dcgm-exporter and kube-state-metrics history (no gpuscope series)"
+                if dcgm
+                else "14 days of history"
+            )
+            print(f"try-rightsize: Prometheus with {held} at {url}", file=sys.stderr)
             arguments = ["--prometheus", url, f"--end={END}"]
+            if dcgm:
+                arguments = ["--prometheus", url, f"--end={dcgm_history.END}", "--window=7d"]
+                arguments.append("--source=dcgm-exporter")
             status = rightsize(
                 [*arguments, "--format=html", "--output=report.html", "--log.level=warn"]
             )

@@ -79,6 +79,11 @@ class FakeWorkload:
     """A `cluster` label on every series of the workload, as a store of many clusters has it."""
     autoscaler: tuple[int, int, str] | None = None
     """A HorizontalPodAutoscaler (min replicas, max replicas, metric) in kube-state-metrics."""
+    idle_gpus: int = 0
+    """The last this many GPUs of each pod are held and never used (no process, no memory)."""
+
+    def idle(self, gpu: str) -> bool:
+        return self.busy is None or int(gpu) >= self.gpus_per_pod - self.idle_gpus
 
     def pod_name(self, index: int) -> str:
         return (
@@ -184,10 +189,9 @@ def write_openmetrics(
 
     def each_device(only_busy: bool = False) -> Iterator[tuple[FakeWorkload, str, str, str]]:
         for w in workloads:
-            if only_busy and w.busy is None:
-                continue
             for pod, gpu, uuid in w.devices():
-                yield w, pod, gpu, uuid
+                if not (only_busy and w.idle(gpu)):
+                    yield w, pod, gpu, uuid
 
     def constant(w: FakeWorkload, value: float) -> Iterator[tuple[float, float]]:
         return ((t, value) for t in times(w))
@@ -232,7 +236,7 @@ def write_openmetrics(
         (
             (
                 device_labels(w, p, g, u) | {"resource": _resource(w)},
-                constant(w, 0 if w.busy is None else 1),
+                constant(w, 0 if w.idle(g) else 1),
             )
             for w, p, g, u in each_device()
         ),

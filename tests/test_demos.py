@@ -10,6 +10,7 @@ extra to it, as a user running them in that order would.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -167,6 +168,25 @@ def test_scripts_try_rightsize_writes_the_report(clone: Path) -> None:
     assert "try-rightsize: wrote report.html" in result.stderr
     assert "<html" in (clone / "report.html").read_text(encoding="utf-8")
     assert "GPU rightsizing" in result.stdout
+
+
+def test_scripts_try_rightsize_from_dcgm_exporter_history(clone: Path) -> None:
+    result = subprocess.run(
+        [str(clone / "scripts" / "try-rightsize"), "--source", "dcgm-exporter", "--format=json"],
+        cwd=clone,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_SECONDS + 240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "dcgm-exporter and kube-state-metrics history (no gpuscope series)" in result.stderr
+    assert "try-rightsize: wrote report.html" in result.stderr
+    document = json.loads(result.stdout)
+    assert document["history_source"] == "dcgm-exporter"
+    recommended = {(w["workload"], w["recommended"]) for w in document["workloads"]}
+    assert {("notebook", "release"), ("finetune", "H100 SXM x1")} <= recommended
 
 
 def test_scripts_try_serving_serves_until_ctrl_c(clone: Path, running: list[Running]) -> None:

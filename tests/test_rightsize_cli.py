@@ -418,3 +418,42 @@ def test_with_the_defaults_a_server_that_never_answers_fails_the_job_within_a_mi
         "is it up, and is --prometheus its address?"
     )
     assert took < 60, f"took {took:.0f}s"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source=dcgm"], "invalid --source: 'dcgm' is not one of gpuscope, dcgm-exporter, auto"),
+        (
+            ["--source=dcgm-exporter", "--selector=team=ml"],
+            "invalid --selector: matches the pod labels gpuscope's daemon exports",
+        ),
+    ],
+)
+def test_a_bad_source_is_refused_before_any_query(
+    empty_prometheus: tuple[str, list[str]], args: list[str], message: str
+) -> None:
+    url, queries = empty_prometheus
+    result = rightsize("--prometheus", url, *args, timeout=30)
+    assert result.returncode == 2
+    assert _one_line(result.stderr).startswith(message)
+    assert queries == []
+
+
+def test_the_source_is_a_setting_like_any_other() -> None:
+    assert load(["--prometheus=http://p:9090"], {}).source == "gpuscope"
+    environ = {"GPUSCOPE_RIGHTSIZE_SOURCE": "auto"}
+    assert load(["--prometheus=http://p:9090"], environ).source == "auto"
+    flagged = load(["--prometheus=http://p:9090", "--source=dcgm-exporter"], environ)
+    assert flagged.source == "dcgm-exporter"
+
+
+def test_with_an_empty_store_auto_falls_back_to_gpuscope_and_says_why(
+    empty_prometheus: tuple[str, list[str]],
+) -> None:
+    url, queries = empty_prometheus
+    result = rightsize("--prometheus", url, "--source=auto", "--format=json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "neither gpuscope's nor dcgm-exporter's series" in result.stderr
+    assert json.loads(result.stdout)["history_source"] == "gpuscope"
+    assert any("gpu_allocation_info" in query for query in queries[:3])

@@ -526,3 +526,15 @@ def test_the_daemon_never_loads_the_rightsizing_code() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_auto_reads_the_daemons_series_where_the_window_has_them(prometheus: str) -> None:
+    result = rightsize("--prometheus", prometheus, f"--end={END}", "--format=json", "--source=auto")
+    assert result.returncode == 0, result.stderr
+    assert "source=gpuscope" in result.stderr
+    assert 'why="gpu_allocation_info found"' in result.stderr
+    document = json.loads(result.stdout)
+    assert document["history_source"] == "gpuscope"
+    assert len(document["workloads"]) == 9
+    # gpuscope's own series are calibrated and say when a process ran: nothing missing.
+    assert document["missing_signals"] == []

@@ -408,3 +408,38 @@ def test_a_fifo_in_the_output_directory_does_not_block_the_job(tmp_path: Path) -
     assert (written / SCRIPT).read_text() == files[SCRIPT], "the FIFO replaced, not written to"
     assert not elsewhere.exists(), "the symlink replaced, not followed"
     assert sorted(path.name for path in written.iterdir()) == sorted([*files, fifo.name])
+
+
+def test_fewer_gpus_sets_the_gpu_limit_to_the_recommended_count(tmp_path: Path) -> None:
+    history = workload(
+        device(uuid="GPU-0", busy=0.7, memory_gib=60, container="main"),
+        device(uuid="GPU-1", busy=0.0, in_use_ratio=0.0, memory_gib=0, container="main"),
+        name="train",
+        kind="Job",
+    )
+    recommendation = run(history, hardware(), StrategySettings())
+    patch = build_patch(history, recommendation, WHOLE)
+    assert patch is not None
+    assert patch.body is not None
+    assert patch.changes == ("nvidia.com/gpu: 2 -> 1",)
+    assert "torchrun" in patch.note
+    after = kubectl_patch(tmp_path, manifest("Job", "train", pod_spec(count=2)), patch.body)
+    main = containers(after)["main"]
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert main["resources"]["requests"]["nvidia.com/gpu"] == 1
+    # The report: half the cost, the count per replica in the JSON.
+    report = build_report(
+        History(END, WINDOW, 300.0, 0.95, (history,)),
+        strategy=STRATEGIES["simple"],
+        hardware=hardware(),
+        settings=StrategySettings(),
+        source="test",
+    )
+    (row,) = report_document(report)["workloads"]
+    assert (row["action"], row["gpus_per_replica"], row["recommended_gpus"]) == ("fewer GPUs", 2, 1)
+    assert row["recommended"] == "H100 SXM x1"
+    assert row["cost_recommended_usd_per_month"] == pytest.approx(
+        row["cost_current_usd_per_month"] / 2, abs=0.01
+    )
+    assert report.consolidation.gpus_after == 1
+    assert "ask for fewer GPUs per replica for 1 workload" in report.business_case

@@ -324,3 +324,40 @@ def test_a_report_shows_settings_as_they_are_written() -> None:
         "dtype": "bf16",
         "models": "all",
     }
+
+
+def test_a_replica_that_never_uses_its_second_gpu_asks_for_one() -> None:
+    # A 2-GPU Job: the first GPU works all week, the second idles (no memory, p99 0%).
+    history = workload(
+        device(uuid="GPU-0", busy=0.7, memory_gib=60),
+        device(uuid="GPU-1", busy=0.0, in_use_ratio=0.0, memory_gib=0.0),
+        name="train",
+        kind="Job",
+    )
+    recommendation = recommend(history)
+    assert recommendation.classification == UNDERUSED
+    assert recommendation.action == "fewer GPUs"
+    assert recommendation.recommended_gpus == 1
+    assert recommendation.target == recommendation.current
+    assert "1 of the 2 GPUs of each replica unused" in recommendation.reason
+    # The demand is the used GPU's alone.
+    assert recommendation.demand is not None
+    assert recommendation.demand.compute == pytest.approx(0.7)
+
+
+def test_fewer_gpus_counts_the_busiest_replica_and_not_an_idle_gpu_holding_memory() -> None:
+    # Replica 0 uses 1 of 4, replica 1 uses 3 of 4: each needs 3.
+    busy = [0.6, 0.0, 0.0, 0.0, 0.6, 0.5, 0.4, 0.0]
+    history = workload(
+        *(device(uuid=f"GPU-{i}", busy=b, memory_gib=40 if b else 0.0) for i, b in enumerate(busy)),
+        pods=2,
+    )
+    assert recommend(history).recommended_gpus == 3
+    # A compute-idle GPU holding 30 GiB (a shard's weights) is in use: nothing to remove.
+    holding = workload(
+        device(uuid="GPU-0", busy=0.6), device(uuid="GPU-1", busy=0.0, memory_gib=30)
+    )
+    assert recommend(holding).recommended_gpus is None
+    # Every GPU idle is the idle answer, not fewer GPUs.
+    idle = workload(*(device(uuid=f"GPU-{i}", busy=0.0, memory_gib=0.0) for i in range(2)))
+    assert recommend(idle).classification == IDLE

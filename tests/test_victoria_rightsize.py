@@ -22,6 +22,7 @@ import pytest
 
 from dashboards.live import Prometheus
 from dashboards.victoria import VictoriaMetrics
+from tests import dcgm_history_data as dcgm_history
 from tests.helpers import require_tool
 from tests.prometheus_server import running_prometheus
 from tests.rightsize_run import rightsize
@@ -124,3 +125,32 @@ def test_every_decision_and_sum_of_money_is_identical(reports: tuple[Any, Any]) 
     assert decisions(victoria) == decisions(prometheus)
     assert victoria["summary"] == prometheus["summary"]
     assert len(prometheus["workloads"]) == 9
+
+
+def test_dcgm_exporter_history_gives_the_same_report_on_both_stores(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # The dcgm-exporter source's queries (`or on (...)` inside subqueries, both versions' names)
+    # mean the same in MetricsQL.
+    require_tool("victoria-metrics")
+    root = tmp_path_factory.mktemp("victoria-dcgm")
+    with (
+        running_prometheus(dcgm_history.backfilled(root)) as prometheus,
+        VictoriaMetrics(root / "victoria") as victoria,
+    ):
+        victoria.copy_from(
+            Prometheus(prometheus), start=dcgm_history.END - 8 * DAY, end=dcgm_history.END
+        )
+        documents = []
+        for url in (prometheus, victoria.url):
+            result = rightsize(
+                f"--prometheus={url}",
+                f"--end={dcgm_history.END}",
+                "--window=7d",
+                "--source=dcgm-exporter",
+                "--format=json",
+            )
+            assert result.returncode == 0, result.stderr
+            documents.append(json.loads(result.stdout))
+    assert len(documents[0]["workloads"]) == 18
+    assert differences(*documents) == []

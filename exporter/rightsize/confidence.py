@@ -192,11 +192,18 @@ def _label(recommendation: Recommendation) -> str:
     """What a recommendation says to do, comparable between terms."""
     if recommendation.action == "release":
         return "release"
+    if recommendation.recommended_gpus is not None and recommendation.target is not None:
+        return gpu_count_label(recommendation.target.label, recommendation.recommended_gpus)
     if recommendation.action == "move" and recommendation.target is not None:
         return recommendation.target.label
     if recommendation.action == "add CPU":
         return "add CPU"
     return "keep"
+
+
+def gpu_count_label(option: str, count: int) -> str:
+    """An option asked for `count` times per replica (`H100 SXM x1`)."""
+    return f"{option} x{count}"
 
 
 def term_label(recommendation: Recommendation | None) -> str:

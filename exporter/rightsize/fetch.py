@@ -16,6 +16,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from exporter.rightsize.dcgm_history import fetch_dcgm, source_of_history
 from exporter.rightsize.history import LONG_TERM, TERMS, History, TermHistory, assemble
 from exporter.rightsize.prometheus import PrometheusQueryError
 from exporter.rightsize.signals import SIGNALS, Signal, pod_batches, render
@@ -41,9 +42,25 @@ async def fetch(
     quantile: float,
     cluster_label: str | None = None,
     terms: Sequence[Term] = TERMS,
+    source: str = "gpuscope",
 ) -> History:
     """Run every signal's query over the window, and the strategy's over each shorter term
-    (concurrency bounded by the client), and assemble the history."""
+    (concurrency bounded by the client), and assemble the history. `source` is whose series:
+    `gpuscope`'s, `dcgm-exporter`'s (`dcgm_history.py`), or `auto` (whichever the window has)."""
+    if source == "auto":
+        await client.query("vector(1)", at=end, name="connectivity check")
+        source = await source_of_history(client, end=end, window=window)
+    if source == "dcgm-exporter":
+        return await fetch_dcgm(
+            client,
+            selection=selection,
+            end=end,
+            window=window,
+            step=step,
+            quantile=quantile,
+            cluster_label=cluster_label,
+            terms=terms,
+        )
     # One cheap query first, so an unreachable or unauthorized server is one clear error, not
     # dozens of parallel ones.
     await client.query("vector(1)", at=end, name="connectivity check")

@@ -227,6 +227,11 @@ class History:
     autoscalers: Mapping[tuple[str, str, str, str], Autoscaler] = field(default_factory=dict)
     """By the (cluster, namespace, kind, name) of the workload they scale."""
     cluster_label: str | None = None
+    source: str = "gpuscope"
+    """Whose series it was read from: `gpuscope` or `dcgm-exporter` (`--source`)."""
+    limits: tuple[str, ...] = ()
+    """What the source cannot tell, in words (dcgm-exporter has no calibration, ...): each
+    recommendation made from it is at most of medium confidence."""
 
 
 def assemble(

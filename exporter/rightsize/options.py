@@ -85,6 +85,8 @@ _SIZE: Final = re.compile(r"(\d{1,13})\s*(B|KiB|MiB|GiB)?")
 _LABEL: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 DEFAULT_PORT: Final = 9456
 """The report server's port: the daemon's (9455) and one."""
+SOURCES: Final = ("gpuscope", "dcgm-exporter", "auto")
+"""`--source`: whose series the history is read from."""
 _SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
@@ -125,6 +127,7 @@ class RightsizeSettings(StrategySettings):
     notify: tuple[Webhook, ...] = ()
     notify_timeout: float = 10.0
     report_url: str | None = None
+    source: str = "gpuscope"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,8 @@ class RightsizeConfig:
     report_url: str | None = None
     fixed_end: bool = False
     """`--end` was given: every run (each of the server's refreshes) reports the same window."""
+    source: str = "gpuscope"
+    """Whose series the history is read from (`--source`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +402,17 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "many, e.g. cluster: workloads, money and consolidation are per cluster, and every "
         "report shows it.",
         "LABEL",
+        group="history",
+    ),
+    Setting(
+        "source",
+        "source",
+        one_of(*SOURCES),
+        "Whose series the history is read from: gpuscope (its daemon's), dcgm-exporter "
+        "(dcgm-exporter's and kube-state-metrics', 4.8 or 4.9 names: see what gpuscope would "
+        "save before installing it; every recommendation at most of medium confidence), auto "
+        "(gpuscope's where the window has them, else dcgm-exporter's; the choice is logged).",
+        "SOURCE",
         group="history",
     ),
     Setting(
@@ -735,6 +751,12 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
     except PriceFileError as error:
         raise ConfigError("--prices", str(error)) from None
     _check_output(settings)
+    if settings.selector and settings.source != "gpuscope":
+        raise ConfigError(
+            "--selector",
+            "matches the pod labels gpuscope's daemon exports (gpu_pod_info): it needs "
+            "--source gpuscope (use --namespace with dcgm-exporter's series)",
+        )
     return RightsizeConfig(
         connection=_connection(settings, environ),
         selection=Selection(settings.namespaces, settings.selector),
@@ -758,6 +780,7 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
         notify_timeout=settings.notify_timeout,
         report_url=settings.report_url,
         fixed_end=settings.end is not None,
+        source=settings.source,
     )
 
 

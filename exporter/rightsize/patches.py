@@ -5,7 +5,8 @@ input-bound container):
 
 - the GPU resource in limits and requests: the same count of another whole GPU, one MIG
   instance, or none (an idle GPU released; the old resource is set to null, which a strategic
-  merge deletes). Resource names are the ones the cluster's pods hold (`gpu_allocation_info
+  merge deletes), or fewer of the same (a replica that never uses some of its GPUs: the
+  `nvidia.com/gpu` limit and request become the recommended count). Resource names are the ones the cluster's pods hold (`gpu_allocation_info
   {resource}`): `nvidia.com/mig-<profile>` under the device plugin's mixed MIG strategy,
   `nvidia.com/gpu` and a `nvidia.com/gpu.product` of `<product>-MIG-<profile>` under the single
   one, the pod's own resource name for whole GPUs (a renamed time-slicing resource stays);
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from exporter.rightsize.names import name_problem
-from exporter.rightsize.strategy import gpus_per_pod
+from exporter.rightsize.strategy import FEWER_GPUS, gpus_per_pod
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -152,7 +153,7 @@ def build_patch(
     product label)."""
     if recommendation.action == "add CPU":
         change = _cpu_change(recommendation)
-    elif recommendation.action in {"release", "move"}:
+    elif recommendation.action in {"release", "move", FEWER_GPUS}:
         held = [use for use in inventory if use.cluster == workload.cluster]
         change = _gpu_change(workload, recommendation, held, list(seen_models))
     else:
@@ -236,6 +237,17 @@ def _gpu_change(
     count = max(gpus_per_pod(workload), 1)
     if recommendation.action == "release":
         return _Change({container: _gpu(resource, None)}, (f"{resource}: {count} -> removed",))
+    fewer = recommendation.recommended_gpus
+    if fewer is not None:
+        return _Change(
+            {container: _gpu(resource, fewer)},
+            (f"{resource}: {count} -> {fewer}",),
+            note=(
+                f"each replica then gets {fewer} {'GPU' if fewer == 1 else 'GPUs'}: start as "
+                "many workers as it is given (torchrun --nproc-per-node, a device count in its "
+                "arguments), not a number fixed to the old count"
+            ),
+        )
     target = recommendation.target
     if target is None:
         return None

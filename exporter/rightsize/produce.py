@@ -32,6 +32,7 @@ async def produce(config: RightsizeConfig) -> Report:
             step=config.step,
             quantile=config.settings.percentile,
             cluster_label=config.cluster_label,
+            source=config.source,
         )
         queries = client.queries_sent
     hardware = Hardware.build(

@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING
 from exporter import __version__
 from exporter.durations import format_duration
 from exporter.rightsize.confidence import (
+    HIGH,
     LEVELS,
     LOW,
+    MEDIUM,
     Confidence,
     TermAnswer,
     Trend,
     assess,
+    gpu_count_label,
     term_label,
     trend,
 )
@@ -175,7 +178,20 @@ class WorkloadRow:
             return "release"
         if recommendation.target is None or recommendation.classification == UNDEFINED:
             return "-"
+        if recommendation.recommended_gpus is not None:
+            return gpu_count_label(recommendation.target.label, recommendation.recommended_gpus)
         return recommendation.target.label
+
+    @property
+    def recommended_gpus(self) -> int:
+        """GPUs (or MIG instances) per replica once the recommendation is applied: none when
+        released, fewer when some are never used, else as many as today."""
+        recommendation = self.recommendation
+        if recommendation.classification == IDLE:
+            return 0
+        if recommendation.recommended_gpus is not None:
+            return recommendation.recommended_gpus
+        return self.gpus_per_replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +257,8 @@ class Report:
     min_confidence: str = LOW
     left_out: int = 0
     """Recommendations below `min_confidence`, not in the rows."""
+    history_source: str = "gpuscope"
+    """Whose series the history was read from (`--source`): `gpuscope` or `dcgm-exporter`."""
 
     @property
     def classification_counts(self) -> dict[str, int]:
@@ -292,13 +310,14 @@ def build_report(
             for name, members in sorted(clusters.items())
         ),
         rooflines=_rooflines(kept, hardware, settings),
-        missing_signals=history.missing_signals,
+        missing_signals=(*history.missing_signals, *history.limits),
         clusters=tuple((name, _money(members)) for name, members in sorted(clusters.items()))
         if history.cluster_label
         else (),
         cluster_label=history.cluster_label,
         min_confidence=min_confidence,
         left_out=len(rows) - len(kept),
+        history_source=history.source,
     )
 
 
@@ -337,11 +356,25 @@ def _row(
     priced = _priced(workload, recommendation, hardware, window)
     return replace(
         priced,
-        confidence=assess(workload, recommendation, window, terms),
+        confidence=_limited(assess(workload, recommendation, window, terms), history),
         trend=trend(long_term, terms, f"p{settings.percentile * 100:g}"),
         terms=(*terms, long_term),
         autoscaler=autoscaler,
         patch=build_patch(workload, recommendation, history.resources, hardware.seen),
+    )
+
+
+def _limited(confidence: Confidence, history: History) -> Confidence:
+    """At most medium when the history's source cannot tell everything (dcgm-exporter's)."""
+    if not history.limits or confidence.level != HIGH:
+        return confidence
+    return replace(
+        confidence,
+        level=MEDIUM,
+        reason=(
+            f"{MEDIUM}: {confidence.reason.removeprefix(HIGH + ': ')}; at most medium from "
+            f"{history.source}'s series alone (see the missing signals)"
+        ),
     )
 
 
@@ -401,6 +434,10 @@ def _priced(
     cost_recommended = cost_current
     if recommendation.classification == IDLE:
         cost_recommended = 0.0 if cost_current is not None else None
+    elif recommendation.recommended_gpus is not None:
+        if cost_current is not None:
+            per_pod = max(gpus_per_pod(workload), 1)
+            cost_recommended = cost_current * recommendation.recommended_gpus / per_pod
     elif recommendation.classification == UNDERUSED and recommendation.target is not None:
         target_price = hardware.price(recommendation.target.model)
         if cost_current is not None and target_price is not None:
@@ -456,6 +493,7 @@ def _consolidation(
         current = recommendation.current
         if current is None:
             continue
+        kept = _kept_devices(row)
         for device in row.devices:
             if not device.present:
                 continue
@@ -464,7 +502,7 @@ def _consolidation(
             cluster = row.cluster
             before.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
             target = recommendation.target
-            if recommendation.classification == IDLE or target is None:
+            if recommendation.classification == IDLE or target is None or id(device) not in kept:
                 continue
             if recommendation.classification != UNDERUSED:
                 after.append(Slot(current.model, current.mig_profile, work, shared_uuid, cluster))
@@ -473,6 +511,19 @@ def _consolidation(
             scale = hardware.scale(current.model, target.model, settings.dtype, side) or 1.0
             after.append(Slot(target.model, target.mig_profile, work * scale, cluster=cluster))
     return consolidate(before, after)
+
+
+def _kept_devices(row: WorkloadRow) -> set[int]:
+    """The ids of the devices a row keeps: each pod's busiest `recommended_gpus` when it asks
+    for fewer, else all of them."""
+    count = row.recommendation.recommended_gpus
+    if count is None:
+        return {id(device) for device in row.devices}
+    return {
+        id(device)
+        for pod in row.history.pods
+        for device in sorted(pod.devices, key=lambda d: -(d.busy_mean or 0.0))[:count]
+    }
 
 
 def _rooflines(
@@ -556,10 +607,16 @@ def business_case(report: Report) -> str:
     if counts.get(IDLE):
         released = sum(1 for row in rows if row.recommendation.classification == IDLE)
         actions.append(f"release {released} idle {_plural(released, 'GPU holder')}")
-    if counts.get(UNDERUSED):
+    fewer = sum(1 for row in rows if row.recommendation.recommended_gpus is not None)
+    moved = counts.get(UNDERUSED, 0) - fewer
+    if moved:
         actions.append(
-            f"move {counts[UNDERUSED]} underused {_plural(counts[UNDERUSED], 'workload')} to MIG "
-            "slices or cheaper GPUs"
+            f"move {moved} underused {_plural(moved, 'workload')} to MIG slices or cheaper GPUs"
+        )
+    if fewer:
+        actions.append(
+            f"ask for fewer GPUs per replica for {fewer} {_plural(fewer, 'workload')} that never "
+            "use some of theirs"
         )
     if counts.get(INPUT_BOUND):
         actions.append(

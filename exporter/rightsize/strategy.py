@@ -40,6 +40,9 @@ CLASSIFICATIONS: Final = (
     UNDEFINED,
 )
 
+FEWER_GPUS: Final = "fewer GPUs"
+"""The action of a replica that holds GPUs it never uses: the same GPU, fewer of it."""
+
 MAX_CPU_FACTOR: Final = 4.0
 """An input-bound pod's CPU limit is raised at most this many times in one recommendation."""
 MIN_CPU_FACTOR: Final = 1.5
@@ -83,6 +86,9 @@ class Recommendation:
     it), as a share of the room that threshold leaves; None without an answer."""
     margin_text: str = ""
     """The same in words, for the confidence's reason."""
+    recommended_gpus: int | None = None
+    """GPUs per replica to ask for instead of today's, when some of them are never used
+    (`fewer GPUs`: the same GPU option, fewer of it); None when the count does not change."""
 
     @property
     def action(self) -> str:
@@ -93,7 +99,7 @@ class Recommendation:
         if self.classification == INPUT_BOUND:
             return "add CPU"
         if self.classification == UNDERUSED:
-            return "move"
+            return FEWER_GPUS if self.recommended_gpus is not None else "move"
         return "keep"
 
 
@@ -159,6 +165,7 @@ def simple(
         return undefined(f"not enough data: {problem}", current)
     return (
         _idle(workload, settings, current)
+        or _fewer_gpus(workload, settings, current)
         or _input_bound(workload, settings, current)
         or _size(workload, hardware, settings, current)
     )
@@ -209,6 +216,56 @@ def _idle(
         margin=(threshold - busy) / threshold if threshold > 0 else 1.0,
         margin_text=f"p99 utilization {busy:.1%} against the {threshold:.0%} idle threshold",
     )
+
+
+def _unused(device: DeviceHistory, settings: StrategySettings, current: Option) -> bool:
+    """Whether a device was never used: p99 utilization under the idle threshold and hardly any
+    memory (a shard's weights kept on an otherwise idle GPU are a use)."""
+    busy = device.busy_idle_quantile
+    memory = device.memory_peak_bytes or 0.0
+    return (
+        busy is not None
+        and busy <= settings.idle_utilization
+        and memory <= settings.idle_utilization * current.memory_bytes
+    )
+
+
+def _fewer_gpus(
+    workload: WorkloadHistory, settings: StrategySettings, current: Option
+) -> Recommendation | None:
+    """A replica holding several GPUs of which some are never used (a 2-GPU Job whose second GPU
+    idles all week) needs only as many as its busiest replica used."""
+    per_pod = gpus_per_pod(workload)
+    if per_pod < 2:
+        return None
+    used = max(
+        sum(1 for device in pod.devices if not _unused(device, settings, current))
+        for pod in workload.pods
+    )
+    if used == 0 or used >= per_pod:
+        return None
+    idle = [d for d in workload.devices if _unused(d, settings, current)]
+    kept = tuple(d for d in workload.devices if not _unused(d, settings, current))
+    busiest_idle = _max(d.busy_idle_quantile for d in idle) or 0.0
+    threshold = settings.idle_utilization
+    return Recommendation(
+        UNDERUSED,
+        f"{per_pod - used} of the {per_pod} GPUs of each replica unused (p99 utilization "
+        f"{busiest_idle:.1%} at most): ask for {used} {_gpus(used)} per replica",
+        current=current,
+        target=current,
+        demand=_demand(kept, current),
+        margin=(threshold - busiest_idle) / threshold if threshold > 0 else 1.0,
+        margin_text=(
+            f"p99 utilization of the unused GPUs {busiest_idle:.1%} against the "
+            f"{threshold:.0%} idle threshold"
+        ),
+        recommended_gpus=used,
+    )
+
+
+def _gpus(count: int) -> str:
+    return "GPU" if count == 1 else "GPUs"
 
 
 def _input_bound(

@@ -130,11 +130,11 @@ def footer(report: Report) -> str:
         f"{name}={value}" for name, value in settings_text(report.settings).items()
     )
     text = (
-        f"Source: {report.source}; window {format_duration(report.window_seconds)}, step "
+        f"Source: {report.source} ({report.history_source}'s series); window {format_duration(report.window_seconds)}, step "
         f"{format_duration(report.step_seconds)}; settings: {settings}; gpuscope {report.version}."
     )
     if report.cluster_label:
         text += f" Clusters told apart by the label {report.cluster_label}."
     if report.missing_signals:
-        text += f" Signals that could not be read: {', '.join(report.missing_signals)}."
+        text += f" Missing signals: {'; '.join(report.missing_signals)}."
     return text

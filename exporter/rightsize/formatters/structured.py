@@ -131,6 +131,7 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "terms": _terms(row),
         "target": _option(recommendation.target) if recommendation.action == "move" else None,
         "recommended": row.target_label,
+        "recommended_gpus": row.recommended_gpus,
         "demand": None
         if demand is None
         else {
@@ -168,6 +169,7 @@ def report_document(report: Report) -> dict[str, Any]:
         "generated_at": timestamp(report.end),
         "gpuscope_version": report.version,
         "source": report.source,
+        "history_source": report.history_source,
         "window": format_duration(report.window_seconds),
         "step": format_duration(report.step_seconds),
         "strategy": report.strategy,

@@ -70,6 +70,9 @@ def format_table(report: Report, output: Output) -> str:
         f"{consolidation.utilization_after:.0%}."
     )
     console.print(report.business_case)
+    if report.missing_signals:
+        # Words from the history, not markup: a bracket in them is text.
+        console.print(f"Missing signals: {'; '.join(report.missing_signals)}.", markup=False)
     return buffer.getvalue()
 
 
