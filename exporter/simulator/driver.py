@@ -111,6 +111,7 @@ class SimulatedNvml:
         self._real_time = clock is None
         self._wall = wall
         self._refcount = 0
+        self._faults = bool(fleet.faults)
         # The sampler, the event thread and the PCIe thread call in concurrently.
         self._lock = threading.RLock()
         by_gpu: dict[int, list[SimProcess]] = defaultdict(list)
@@ -180,22 +181,23 @@ class SimulatedNvml:
         refusal = _REFUSALS.get(name, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
         def call(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            given = (*args, *kwargs.values())  # pynvml's one keyword (`version`) comes last
+            # pynvml's one keyword (`version`) comes last
+            given = (*args, *kwargs.values()) if kwargs else args
             index = given[:1] if per else ()
-            answer = answers.get(given[len(index) :])
+            answer = answers.get(given[1:] if per else given)
             if answer is None:
                 self._target(handle, name)  # faults, a lost or hung GPU: as for any call
                 raise _fail(refusal)
             mig, since, simulated = answer
             if mig:
                 device, position = self._target(handle, name)
-                if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+                if device.architecture < since:
                     raise not_supported()
                 return simulated(device, position, *index)
             device = self._device(handle, name)
-            if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+            if device.architecture < since:
                 raise not_supported()
-            return simulated(device, *index)
+            return simulated(device, *index) if per else simulated(device)
 
         self.__dict__[name] = call  # made once: the next lookup finds it without __getattr__
         return call
@@ -229,21 +231,26 @@ class SimulatedNvml:
             time.sleep(_POLL_SECONDS)
 
     def _device(self, handle: Any, function: str) -> GpuState:
-        if isinstance(handle, MigHandle):
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on a MIG device
-        if not isinstance(handle, Handle):
+        if handle.__class__ is not Handle:
+            if isinstance(handle, MigHandle):
+                raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on MIG
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         device = handle.device
-        index = device.gpu.index
-        self._hang(index)
-        t = self._clock()
-        for fault in self._lost.get(index, ()):
-            if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
-                raise _fail(fault.error)
-        self._check(function, index, t)
+        if self._faults:
+            index = device.gpu.index
+            self._hang(index)
+            t = self._clock()
+            for fault in self._lost.get(index, ()):
+                if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
+                    raise _fail(fault.error)
+            self._check(function, index, t)
+        elif not self._refcount:
+            raise _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        else:
+            t = self._clock()  # a fleet without faults: none of them to look for, every call
         if device.t is None or t - device.t >= STATE_QUANTUM_SECONDS:
             with self._lock:
-                device.advance(t, self._ecc.get(index, []))
+                device.advance(t, self._ecc.get(device.gpu.index, []))
         return device
 
     def _target(self, handle: Any, function: str) -> tuple[GpuState, int | None]:
