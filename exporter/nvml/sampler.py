@@ -13,9 +13,10 @@ that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG 
   job has been out for `hang_seconds` it is down (reason `hung`) until it returns. NVML is never
   shut down (to re-initialise it, or at exit) while any call is in the driver: a worker's job,
   its follow-up PCIe read, or the event thread's.
-- Every wait of a cycle for driver calls about GPUs (for follow-up reads to leave the driver
-  before a due re-initialisation, for the answers) ends by one deadline, `wait_seconds` (half an
-  interval) after the cycle began.
+- A cycle waits for driver calls about GPUs `wait_seconds` (half an interval) at most in all: for
+  follow-up reads to leave the driver before a due re-initialisation (half of it at most), then
+  for the answers, counted from when the jobs were handed out (NVML's re-initialisation itself,
+  which may wait for the event thread, does not count against the GPUs).
 - Anything unexpected escaping a GPU's job makes that GPU down for the cycle (reason `error`),
   counted in `errors_total`.
 
@@ -62,8 +63,9 @@ T = TypeVar("T")
 REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Waits before successive re-initialisation attempts while a GPU or the library is down."""
 SETTLE_SECONDS: Final = 0.2
-"""How long a due re-initialisation waits (within the cycle's deadline) for a worker's follow-up
-read (PCIe throughput: two 20 ms windows) to leave the driver, when no GPU owes an answer."""
+"""How long a due re-initialisation waits (and half the cycle's wait at most) for a worker's
+follow-up read (PCIe throughput: two 20 ms windows) to leave the driver, when no GPU owes an
+answer."""
 CLOSE_SECONDS: Final = 2.0
 """How long `close` waits for the driver calls under way to return before it leaves NVML as it
 is, and then for the workers' threads to end."""
