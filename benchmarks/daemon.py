@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/daemon.py --pods 200 --pod-changes 10    # with pod attribution
     .venv/bin/python benchmarks/daemon.py --fleet examples/fleet.yaml
     .venv/bin/python benchmarks/daemon.py --serve-flag=--compat.dcgm     # any further serve flag
+    .venv/bin/python benchmarks/daemon.py --against 5d90971^ [--rounds 5] [--seconds 30]
 
 The generated node is H100s (which have GPM); `--mig-gpus N` splits the first N of them into
 MIG instances (3g.40gb + 2g.20gb + 1g.10gb x2) with their share of the processes placed on
@@ -22,6 +23,14 @@ Phases (about 100 s in all):
 Targets from the daemon issue: <= 10 ms CPU per 1 s cycle, <= 80 MiB resident, p99 < 5 ms at
 100 scrapes/s, >= 1,000 scrapes/s.
 
+`--against REV` measures one thing only, CPU per sampling cycle (unscraped) on `--simulate=N`
+(`--gpus`, default 8), side by side with the daemon of an earlier commit: REV's tree comes out of
+`git archive` into a temporary directory and gets a runtime venv of its own
+(.cache/bench-runtime-<commit>), then the two daemons run one at a time, alternately (the order
+swapped each round, so a drift of the shared machine's load falls on both), `--rounds` times for
+`--seconds` each after a warm-up. It prints each side's runs, their medians and the ratio
+(this tree / REV: below 1 means this tree costs less).
+
 With `--pods N`, pod attribution is on: a stand-in API server (tests/fake_kube) serves N pods on
 the node and changes `--pod-changes` of them per second through the watch, a real gRPC
 pod-resources server (tests/fake_kubelet) allocates every GPU to the pods whose processes run on
@@ -34,12 +43,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import multiprocessing
 import os
 import re
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -50,7 +62,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
 
-from benchmarks.runtime import serving  # noqa: E402
+from benchmarks.runtime import runtime_python, serving  # noqa: E402
 from exporter.simulator import load_fleet  # noqa: E402
 from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
 from tests.fake_kube.server import FakeKube  # noqa: E402
@@ -66,6 +78,8 @@ PROMETHEUS_HEADERS = {  # what Prometheus 2.x sends (the benchmark takes the bod
 PATTERNS = ("steady", "bursty", "sawtooth", "input_starved", "idle")
 MIG_LAYOUT = ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
 MIG_USABLE_GIB = (39, 19, 9, 9)
+WARM_UP_SECONDS = 3.0
+"""Before a side-by-side measurement: the first cycles, imports and caches settle."""
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -351,6 +365,88 @@ async def measure(pid: int, port: int, *, quick: bool) -> dict[str, object]:
     }
 
 
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """Each thread's time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat): exact where
+    /proc/<pid>/stat counts in 10 ms ticks, which over 30 one-second cycles is 0.3 ms a cycle."""
+    found: dict[str, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found[task.name] = int((task / "schedstat").read_text().split()[0])
+    return found
+
+
+async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> float:
+    """CPU seconds per sampling cycle over `seconds` without scrapes (but the two that read the
+    cycle counter). A thread that ended meanwhile would go uncounted: an unscraped daemon's
+    threads live as long as it does."""
+    async with Connections(port, 1) as client:
+        cycles_before, cpu_before = await cycles(client), thread_cpu_ns(pid)
+        await asyncio.sleep(seconds)
+        cycles_after, cpu_after = await cycles(client), thread_cpu_ns(pid)
+    spent = sum(ns - cpu_before.get(tid, 0) for tid, ns in cpu_after.items()) / 1e9
+    return spent / max(cycles_after - cycles_before, 1)
+
+
+def commit_of(revision: str) -> str:
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.returncode:
+        raise SystemExit(f"--against: {revision!r} names no commit of this repository")
+    return found.stdout.strip()
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, object]:
+    """CPU per cycle of this tree and of `args.against`, run alternately; both medians."""
+    commit = commit_of(args.against)
+    flags = [f"--simulate={args.gpus}", f"--collect.interval={args.interval}", *args.serve_flag]
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = Path(scratch) / "against"
+        tree.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", commit], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(tree, filter="data")
+        venv = ROOT / ".cache" / f"bench-runtime-{commit[:12]}"
+        sides = {
+            "this": (ROOT, runtime_python()),
+            "against": (tree, runtime_python(root=tree, venv=venv)),
+        }
+        runs: dict[str, list[float]] = {name: [] for name in sides}
+        for round_ in range(args.rounds):
+            for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
+                root, python = sides[name]
+                log = Path(scratch) / f"{name}.log"
+                try:
+                    with serving(flags, log, root=root, python=python) as (daemon, port):
+                        time.sleep(WARM_UP_SECONDS)
+                        runs[name].append(
+                            asyncio.run(idle_cpu_per_cycle(daemon.pid, port, args.seconds))
+                        )
+                except RuntimeError as error:
+                    raise SystemExit(f"{name}: {error}") from error
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    return {
+        "benchmark": "daemon-side-by-side",
+        "node": {"simulate": args.gpus, "collect_interval": args.interval},
+        "serve_flags": args.serve_flag,
+        "against": {"revision": args.against, "commit": commit},
+        "rounds": args.rounds,
+        "seconds_per_run": args.seconds,
+        "python": sys.version.split()[0],
+        "cpu_ms_per_cycle_runs": {
+            name: [round(v * 1000, 3) for v in values] for name, values in runs.items()
+        },
+        "cpu_ms_per_cycle_median": {name: round(m * 1000, 3) for name, m in medians.items()},
+        "ratio_this_to_against": round(medians["this"] / medians["against"], 3),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -370,7 +466,19 @@ def main() -> int:
         metavar="FLAG",
         help="a further gpuscope serve flag, e.g. --serve-flag=--compat.dcgm (repeatable)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="only CPU per cycle, side by side with the daemon of this git revision",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="with --against: runs per side")
+    parser.add_argument(
+        "--seconds", type=float, default=30.0, help="with --against: seconds measured per run"
+    )
     args = parser.parse_args()
+    if args.against is not None:
+        print(json.dumps(side_by_side(args), indent=2))
+        return 0
 
     with tempfile.TemporaryDirectory() as scratch:
         fleet_file = args.fleet or Path(scratch) / "fleet.yaml"

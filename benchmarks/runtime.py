@@ -26,12 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".cache" / "bench-runtime"
 
 
-def runtime_python() -> str:
+def runtime_python(*, root: Path = ROOT, venv: Path = VENV) -> str:
     """The runtime venv's python, created on first use. pip rebuilds a project given by path
-    every time, so the benchmark measures the working tree (and new dependencies arrive)."""
-    python = VENV / "bin" / "python"
+    every time, so the benchmark measures the working tree (and new dependencies arrive).
+    `root` and `venv`: another tree of gpuscope (an earlier commit's) in a venv of its own."""
+    python = venv / "bin" / "python"
     if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run(
         [
             str(python),
@@ -40,7 +41,7 @@ def runtime_python() -> str:
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            f"{ROOT}[auth-providers]",
+            f"{root}[auth-providers]",
         ],
         check=True,
     )
@@ -49,13 +50,19 @@ def runtime_python() -> str:
 
 @contextlib.contextmanager
 def serving(
-    flags: list[str], log: Path, *, env: Mapping[str, str] | None = None
+    flags: list[str],
+    log: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    root: Path = ROOT,
+    python: str | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """Run `gpuscope serve` with `flags` from the runtime venv, on a free loopback port, with its
     stderr in `log` (and `env` added to its environment); yield it and the port it logged.
-    SIGTERM at the end. A daemon that does not start raises RuntimeError with its log."""
+    SIGTERM at the end. A daemon that does not start raises RuntimeError with its log.
+    `root` and `python`: another tree's daemon (run from that tree, with that interpreter)."""
     command = [
-        runtime_python(),
+        python or runtime_python(),
         "-m",
         "exporter",
         "serve",
@@ -65,7 +72,7 @@ def serving(
     ]
     with log.open("w") as stderr:
         daemon = subprocess.Popen(
-            command, stderr=stderr, cwd=ROOT, env={**os.environ, **(env or {})}
+            command, stderr=stderr, cwd=root, env={**os.environ, **(env or {})}
         )
         try:
             yield daemon, _logged_port(daemon, log)

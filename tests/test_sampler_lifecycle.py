@@ -142,6 +142,59 @@ def test_a_due_reinit_waits_for_a_follow_up_read() -> None:
     assert driver.shutdowns == [0, 0]
 
 
+def test_a_done_reinit_is_not_due_again_when_the_next_cycle_is_late() -> None:
+    """Once re-initialised, NVML is re-initialised again only when a GPU is lost again. A cycle
+    after it with GPUs late (down, not lost) used to leave the old due time in place, so the
+    next settled cycle shut NVML down again for nothing."""
+    driver = _tracked(faults=[{"kind": "gpu_lost", "gpu": 1, "at": "100ms", "until": "400ms"}])
+    sampler = NvmlSampler(driver, interval=0.1)  # type: ignore[arg-type]
+    sampler.start()
+    try:
+        eventually(lambda: sampler.sample()[0][1].down_reason == "lost", 5, "GPU 1 lost")
+        eventually(lambda: sampler._threads.settle(sampler._timer() + 1) or None, 5, "idle")
+        threading.Event().wait(0.4)  # past the fault's end
+        sampler._reinit_due = 0.0  # due now, whatever the backoff said
+        release = driver.block("nvmlDeviceGetTemperature")
+        gpus, _ = sampler.sample()  # re-initialises; every GPU's job is held up
+        assert driver.shutdowns == [0]
+        assert not any(gpu.up for gpu in gpus)
+        release.set()
+        eventually(lambda: not sampler._threads.owing(), 5, "the held-up jobs to answer")
+        eventually(lambda: sampler._threads.settle(sampler._timer() + 1) or None, 5, "idle")
+        gpus, _ = sampler.sample()
+        assert all(gpu.up for gpu in gpus)
+        assert driver.shutdowns == [0], "re-initialised again with no GPU lost"
+    finally:
+        sampler.close()
+
+
+def test_a_lost_gpu_comes_back_though_the_reinit_waits_for_the_event_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Detaching the event thread waits for its event wait to return (up to half a second),
+    longer than a 0.1 s cycle waits for answers. The cycle's deadline used to be taken before
+    the re-initialisation, so no GPU answered in time; the cycle after it found the
+    re-initialisation still due (not every GPU up, none lost) and re-initialised again, forever."""
+    driver = _tracked(faults=[{"kind": "gpu_lost", "gpu": 1, "at": "200ms", "until": "700ms"}])
+    sampler = NvmlSampler(driver, interval=0.1, events=EventWatcher(driver))  # type: ignore[arg-type]
+    sampler.start()
+
+    def all_up() -> bool:
+        gpus, _ = sampler.sample()
+        return len(gpus) == 2 and all(gpu.up for gpu in gpus)
+
+    try:
+        with caplog.at_level(logging.INFO, logger="exporter.nvml.sampler"):
+            eventually(lambda: not sampler.sample()[0][1].up, 5, "GPU 1 to be lost")
+            eventually(all_up, 10, "both GPUs up after the re-initialisation", every=0.1)
+            for _ in range(5):
+                assert all_up(), "a GPU went down again after it came back"
+        initialised = [r for r in caplog.records if r.getMessage() == "NVML initialised"]
+        assert 1 <= len(initialised) <= 3, "re-initialised cycle after cycle"
+    finally:
+        sampler.close()
+
+
 def test_detach_waits_for_the_event_threads_ecc_read() -> None:
     """An ECC event makes the event thread read the GPU's error counts: `detach` (before every
     nvmlShutdown) must wait for that call too, not only for the wait on the event set."""

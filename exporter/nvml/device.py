@@ -14,7 +14,6 @@ Everything here runs in the GPU's worker thread; `Answer` is what crosses back t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
@@ -24,6 +23,7 @@ from exporter.nvml.fields import read_fields, request
 from exporter.nvml.health import read_throttle
 from exporter.nvml.mig import enumerate_instances
 from exporter.nvml.processes import read_processes
+from exporter.nvml.reads import Call, Plan
 from exporter.readings import READINGS
 from exporter.readings.declare import HEALTH_PERIOD_SECONDS, each
 from exporter.readings.device import BUSY, UTILIZATION
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.nvml.driver import NvmlDriver
-    from exporter.nvml.reads import Device, Reads
+    from exporter.nvml.reads import Device, Reads, Step
     from exporter.readings.declare import Reading
     from exporter.series import Series
 
@@ -167,21 +167,82 @@ class DeviceReader:
     # -- plain readings ------------------------------------------------------------------------
 
     def _plain(self, device: Device, groups: _Groups, now: float) -> dict[Series, float]:
-        """Every plain reading, collector by collector, each collector's time counted."""
+        """Every plain reading, collector by collector, each collector's time counted. A reading
+        made every cycle is one call of its `Call` (the loop every GPU runs every cycle, kept
+        lean); one made once, on a slow clock, or per fan or link goes through `_call`."""
         values: dict[Series, float] = {}
         clock = self._clock
-        for collector, readings in groups:
+        spent = device.tally.spent
+        for collector, steps in self._plan(device, groups):
             started = clock()
-            for reading in readings:
-                if reading.once:
-                    self._once(device, reading, values)
-                elif reading.period is not None:
-                    fresh = partial(self._fresh, reading=reading)
-                    values.update(self._periodic(device, reading.name, now, fresh, reading.period))
+            for step in steps:
+                if isinstance(step, Call):
+                    try:
+                        answer = step.function(*step.args)
+                    except Exception as error:  # noqa: BLE001 - each reading fails alone
+                        self._refused(device, step.reading, error, values)
+                        continue
+                    for series, convert in step.outputs:
+                        value = convert(answer)
+                        if value is not None:
+                            values[series] = value
+                elif step.once:
+                    self._once(device, step, values)
+                elif step.period is not None:
+                    self._periodic_reading(device, step, now, values)
                 else:
-                    self._call(device, reading, values)
-            device.tally.spent(collector, clock() - started)
+                    self._call(device, step, values)
+            spent(collector, clock() - started)
         return values
+
+    def _plan(self, device: Device, groups: _Groups) -> tuple[tuple[str, tuple[Step, ...]], ...]:
+        """The GPU's plain readings as it makes them now: made again when it refuses one more
+        (its fallback, or nothing, stands in from then on)."""
+        plan = device.plan
+        refused = len(device.unavailable)
+        if plan is None or plan.groups is not groups or plan.refused != refused:
+            steps = tuple(
+                (collector, tuple(step for r in readings if (step := self._step(device, r))))
+                for collector, readings in groups
+            )
+            plan = device.plan = Plan(groups, refused, steps)
+        return plan.steps
+
+    def _step(self, device: Device, reading: Reading) -> Step | None:
+        """A reading made every cycle as a `Call` of the first of its chain the GPU has not
+        refused (None: it has refused them all); any other as itself."""
+        if reading.once or reading.period is not None or reading.per is not None:
+            return reading
+        for made in reading.chain():
+            if made.name not in device.unavailable:
+                return Call(
+                    made,
+                    self._function(made.call),
+                    (device.handle, *made.args),
+                    tuple((output.series, output.value) for output in made.outputs),
+                )
+        return None
+
+    def _refused(
+        self, device: Device, reading: Reading, error: Exception, values: dict[Series, float]
+    ) -> None:
+        """A reading that failed: logged once (`GpuLost` escapes); where the GPU lacks it, its
+        fallback is made at once (and stands in from the next cycle on)."""
+        self._reads.failed(device, reading.name, reading.collector, error)
+        if reading.fallback is not None and reading.name in device.unavailable:
+            self._call(device, reading.fallback, values)
+
+    def _periodic_reading(
+        self, device: Device, reading: Reading, now: float, values: dict[Series, float]
+    ) -> None:
+        """A reading on a slow clock: made when due, its last values repeated in between."""
+        assert reading.period is not None
+        last = device.periodic.get(reading.name)
+        if last is None or now >= last[0]:
+            fresh: dict[Series, float] = {}
+            self._call(device, reading, fresh)
+            last = device.periodic[reading.name] = (now + reading.period, fresh)
+        values.update(last[1])
 
     def _field_values(self, device: Device, values: dict[Series, float]) -> None:
         """Every field-value reading in one call; its time counts towards each collector with a
@@ -205,11 +266,6 @@ class DeviceReader:
             value = device.once.get(output.series)
             if value is not None:
                 values[output.series] = value
-
-    def _fresh(self, device: Device, reading: Reading) -> dict[Series, float]:
-        values: dict[Series, float] = {}
-        self._call(device, reading, values)
-        return values
 
     def _periodic(
         self,

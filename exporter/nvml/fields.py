@@ -9,6 +9,9 @@ another error costs that value for the cycle, as a failed call would.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import struct
 from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
@@ -38,6 +41,39 @@ _VALUE_MEMBERS: Final = {
     pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
 }
 """nvmlValueType_t -> the member of the nvmlValue_t union that holds the number."""
+
+
+_NUMBERS: Final = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: struct.Struct("@d"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: struct.Struct("@I"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: struct.Struct("@L"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: struct.Struct("@Q"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: struct.Struct("@q"),
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: struct.Struct("@i"),
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: struct.Struct("@H"),
+}
+"""nvmlValueType_t -> how the number lies in the nvmlValue_t union's bytes."""
+
+
+def _answer_layout() -> str:
+    """One nvmlFieldValue_t as `struct` reads it: its value type, return code and the union's
+    bytes, the rest skipped; the offsets are ctypes' own, so pynvml's layout is followed."""
+    answer = pynvml.c_nvmlFieldValue_t
+    value_type, code, value = answer.valueType, answer.nvmlReturn, answer.value
+    if not (value_type.size == code.size == 4 and code.offset == value_type.offset + 4):
+        raise RuntimeError("nvmlFieldValue_t: unexpected layout of valueType and nvmlReturn")
+    union = value.size
+    tail = ctypes.sizeof(answer) - value.offset - union
+    return f"{value_type.offset}xII{value.offset - code.offset - 4}x{union}s{tail}x"
+
+
+_ANSWER_LAYOUT: Final = _answer_layout()
+
+
+@functools.lru_cache(maxsize=32)
+def _answers_layout(count: int) -> struct.Struct:
+    """`count` answers read in one call: (value type, return code, value bytes) for each."""
+    return struct.Struct("=" + _ANSWER_LAYOUT * count)
 
 
 def field_number(value: Any) -> float | None:
@@ -95,22 +131,26 @@ def read_fields(
             device.tally.failed.update(asked.collectors)
         return found
     refused = False
-    members = _VALUE_MEMBERS
-    for slot, value in zip(asked.slots, answers(values), strict=True):
-        code = value.nvmlReturn
+    numbers = _NUMBERS
+    # Every answer's type, code and bytes in one C call: reading them field by field through
+    # ctypes costs several times more, forty fields a GPU (NVLink's per link) every cycle.
+    flat = _answers_layout(len(asked.slots)).unpack_from(values)
+    for slot, value_type, code, raw in zip(
+        asked.slots, flat[0::3], flat[1::3], flat[2::3], strict=True
+    ):
         if code:  # not NVML_SUCCESS
             reading = slot.reading
             error = pynvml.NVMLError(code)
             reads.failed(device, slot.what, reading.collector, error, log_as=reading.name)
             refused = refused or slot.what in device.unavailable
             continue
-        member = members.get(value.valueType)
-        if member is None:
+        layout = numbers.get(value_type)
+        if layout is None:
             reading = slot.reading
-            unknown = ValueError(f"field {value.fieldId}: unknown value type {value.valueType}")
+            unknown = ValueError(f"field {reading.field}: unknown value type {value_type}")
             reads.failed(device, slot.what, reading.collector, unknown, log_as=reading.name)
             continue
-        number = float(getattr(value.value, member))
+        number = float(layout.unpack_from(raw)[0])
         for series, convert in slot.outputs:
             converted = convert(number)
             if converted is not None:

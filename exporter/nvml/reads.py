@@ -2,7 +2,7 @@
 
 A `Device` is one GPU (or MIG instance) as of the current NVML initialisation, with what it keeps
 between cycles (its integrals, its field-value request, …); a physical GPU's state is touched by
-its worker's job only, or by the sampler while that worker is idle. `Reads`
+its job (and that job's follow-up read) only, or by the sampler while neither runs. `Reads`
 makes each call and sorts its failures:
 - a function this GPU or driver lacks (`NotSupported`, `FunctionNotFound`) drops that series and
   is not asked again until NVML is re-initialised (logged once);
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import pynvml
 
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from exporter.logs import LogOnce
     from exporter.model import GpuIdentity, GpuSample
     from exporter.nvml.gpm import GpmReader
-    from exporter.nvml.workers import GpuWorker
-    from exporter.readings.declare import Reading
+    from exporter.nvml.workers import GpuWorker, Ticket
+    from exporter.readings.declare import Convert, Reading
     from exporter.series import Series
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,34 @@ class FieldRequest:
     """The collectors with a field in it: the call counts towards each."""
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A reading made every cycle, as one GPU makes it: the driver function, its arguments (the
+    handle first) and each output's series and conversion, looked up once."""
+
+    reading: Reading
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    outputs: tuple[tuple[Series, Convert], ...]
+
+
+Step: TypeAlias = "Call | Reading"
+"""A plain reading in a GPU's plan: a `Call`, or a reading made once, on a slow clock or per fan
+or link (made through its declaration)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A GPU's plain readings, collector by collector, as of the readings it had refused when it
+    was made (`exporter.nvml.device` makes it again when it refuses one more)."""
+
+    groups: object
+    """The declarations it was made from (a whole GPU's, or a MIG instance's)."""
+    refused: int
+    """How many readings the GPU had refused."""
+    steps: tuple[tuple[str, tuple[Step, ...]], ...]
+
+
 @dataclass(slots=True)
 class Device:
     """One GPU or MIG instance as of the current NVML initialisation."""
@@ -140,6 +168,8 @@ class Device:
     """The names of the processes last listed, by pid (with `--collect.process-names`)."""
     fields: FieldRequest | None = None
     """Its field values' request, made on first use and again when a field drops out."""
+    plan: Plan | None = None
+    """Its plain readings' plan, made on first use and again when a reading drops out."""
     gpm: GpmReader | None = None
     """GPM samples of this GPU or MIG instance, where the GPU has GPM."""
     mig_slots: int = 0
@@ -150,8 +180,11 @@ class Device:
     """(transmit, receive bytes/s, when measured) from the worker's last PCIe window."""
     pcie_status: tuple[bool, float] | None = None
     """Whether that window's reading failed, and how long it took (reported with the next job)."""
-    worker: GpuWorker | None = None
-    """The thread this physical GPU is read in (None for a MIG instance)."""
+    worker: GpuWorker[Device] | None = None
+    """The thread this physical GPU is read in now (None for a MIG instance): shared with the
+    other GPUs while it answers fast."""
+    ticket: Ticket[Any] | None = None
+    """Its last job's answer, owed while not `answered` (`exporter.nvml.workers`)."""
     answer: tuple[tuple[GpuSample, ...], float] | None = None
     """The last samples its worker delivered (the GPU and its MIG instances), and when."""
 

@@ -1,10 +1,10 @@
 """Samples every GPU through an NVML driver: NVML's lifecycle, and assembling each cycle.
 
 The sampler itself (init, re-init, enumeration, assembling the cycle) runs in the sampling
-loop's worker thread; each physical GPU is read in a `GpuWorker` thread of its own, with its MIG
-instances, so that a driver call that hangs holds up that GPU only (`exporter.nvml.workers`).
-What one GPU's job reads is `exporter.nvml.device`; how each call fails alone is
-`exporter.nvml.reads`.
+loop's worker thread; the driver calls about GPUs are made by worker threads — one shared by the
+GPUs that answer fast, one of its own for a GPU that is slow — so that a call that hangs holds up
+that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG instances) is
+`exporter.nvml.device`; how each call fails alone is `exporter.nvml.reads`.
 
 - A lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`, reason `lost`) while the
   others keep reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with
@@ -13,6 +13,10 @@ What one GPU's job reads is `exporter.nvml.device`; how each call fails alone is
   job has been out for `hang_seconds` it is down (reason `hung`) until it returns. NVML is never
   shut down (to re-initialise it, or at exit) while any call is in the driver: a worker's job,
   its follow-up PCIe read, or the event thread's.
+- A cycle waits for driver calls about GPUs `wait_seconds` (half an interval) at most in all: for
+  follow-up reads to leave the driver before a due re-initialisation (half of it at most), then
+  for the answers, counted from when the jobs were handed out (NVML's re-initialisation itself,
+  which may wait for the event thread, does not count against the GPUs).
 - Anything unexpected escaping a GPU's job makes that GPU down for the cycle (reason `error`),
   counted in `errors_total`.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pynvml
 
@@ -43,14 +47,14 @@ from exporter.nvml.events import with_events
 from exporter.nvml.gpm import GpmReader, supports_gpm
 from exporter.nvml.mig import text
 from exporter.nvml.reads import Counter, Device, GpuLost, Integrals, Reads
-from exporter.nvml.workers import GpuWorker
+from exporter.nvml.workers import GpuThreads
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from exporter.nvml.driver import NvmlDriver
     from exporter.nvml.events import EventWatcher
-    from exporter.nvml.workers import Ticket
+    from exporter.nvml.workers import Batch, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +63,9 @@ T = TypeVar("T")
 REINIT_BACKOFF_SECONDS: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 """Waits before successive re-initialisation attempts while a GPU or the library is down."""
 SETTLE_SECONDS: Final = 0.2
-"""How long a due re-initialisation waits for workers' follow-up reads (PCIe throughput: two
-20 ms windows) to leave the driver, when no GPU owes an answer."""
+"""How long a due re-initialisation waits (and half the cycle's wait at most) for a worker's
+follow-up read (PCIe throughput: two 20 ms windows) to leave the driver, when no GPU owes an
+answer."""
 CLOSE_SECONDS: Final = 2.0
 """How long `close` waits for the driver calls under way to return before it leaves NVML as it
 is, and then for the workers' threads to end."""
@@ -99,9 +104,17 @@ class NvmlSampler:
         self._events = events
         self.collectors = tuple(name for name in GPU_COLLECTORS if name in set(collectors))
         self.wait_seconds = interval / 2
-        """How long a cycle waits for the GPUs' answers."""
+        """How long a cycle waits for the GPUs' answers, from its start."""
         self.hang_seconds = max(2 * interval, 2.0)
         """A job out this long makes its GPU `hung`."""
+        self._threads: GpuThreads[Device] = GpuThreads(
+            slow_seconds=self.wait_seconds / 2,
+            name=lambda device: f"gpuscope-gpu{device.identity.index}",
+            on_error=partial(self._unexpected, stage="pcie"),
+            timer=timer,
+        )
+        """Which thread reads which GPU: a GPU whose job has run for half the cycle's wait gets
+        the thread it is stuck in, and the GPUs behind it still have the other half."""
         self._once = LogOnce(log)
         self._errors = Counter()
         self._reader = DeviceReader(
@@ -119,9 +132,10 @@ class NvmlSampler:
         self._integrals: dict[str, Integrals] = {}
         self._lost: set[str] = set()
         self._hung: set[str] = set()
-        self._reinit_due = 0.0
+        self._reinit_due: float | None = None
+        """When the next re-initialisation is due (on `clock`); None when none is scheduled."""
         self._reinit_attempt = 0
-        """Re-initialisations tried since everything last answered; 0 means none is pending."""
+        """Re-initialisations scheduled since everything last answered (the backoff's step)."""
 
     @property
     def errors_total(self) -> int:
@@ -160,10 +174,10 @@ class NvmlSampler:
         threads are daemon threads: they end with the process)."""
         deadline = self._timer() + timeout
         events_left = self._events.close() if self._events is not None else True
-        idle = self._all_idle(deadline) and events_left
+        idle = self._threads.settle(deadline) and events_left
         if not idle:
             log.warning("a driver call is still hung; not shutting NVML down")
-        self._stop_workers(self._devices, deadline)
+        self._threads.stop(deadline)
         if not (idle and self._initialized):
             return
         self._initialized = False
@@ -175,53 +189,34 @@ class NvmlSampler:
         except pynvml.NVMLError as error:
             log.debug("nvmlShutdown failed", extra={"error": error_name(error)})
 
-    def _workers(self) -> list[GpuWorker]:
-        return [device.worker for device in self._devices if device.worker is not None]
-
     def _all_idle(self, deadline: float) -> bool:
-        """Whether every worker is idle (no call in the driver, none waiting), waiting for
-        them until `deadline`."""
-        return all(worker.wait_idle(deadline - self._timer()) for worker in self._workers())
+        """Whether every worker is idle (no call in the driver, none waiting; follow-up reads not
+        yet begun are dropped), waiting for them until `deadline`."""
+        return self._threads.settle(deadline)
 
-    def _settled(self) -> bool:
+    def _settled(self, deadline: float) -> bool:
         """Whether NVML may be re-initialised now: no GPU owes an answer, and the workers'
-        follow-up reads leave the driver within `SETTLE_SECONDS`."""
-        if any(worker.busy_since is not None for worker in self._workers()):
+        follow-up reads leave the driver within `SETTLE_SECONDS` (and by `deadline`)."""
+        if self._threads.owing():
             return False
-        return self._all_idle(self._timer() + SETTLE_SECONDS)
+        return self._all_idle(min(self._timer() + SETTLE_SECONDS, deadline))
 
     def _release(self) -> bool:
         """Everything tied to the current initialisation, before nvmlShutdown. Only while every
         worker is idle. Whether NVML may be shut down: False while an event call stays in the
         driver."""
         events_left = self._events.detach() if self._events is not None else True
-        self._stop_workers(self._devices, self._timer() + CLOSE_SECONDS)
+        self._threads.stop(self._timer() + CLOSE_SECONDS)
         for device in self._devices:
             for reader in device.gpm_readers():
                 reader.free()
         return events_left
 
-    def _stop_workers(self, devices: Iterable[Device], deadline: float) -> None:
-        """Ask every worker to end, then wait for them all until one shared `deadline`."""
-        workers = []
-        for device in devices:
-            if device.worker is not None:
-                device.worker.stop()
-                workers.append(device.worker)
-                device.worker = None
-        for worker in workers:
-            worker.join(deadline - self._timer())
-
     def _attach(self) -> None:
-        """Hand the freshly opened GPUs to the event thread, and each to a worker of its own."""
+        """Hand the freshly opened GPUs to the event thread, and to one shared worker."""
         if self._events is not None:
             self._events.attach([(d.identity.uuid, d.handle) for d in self._devices])
-        for device in self._devices:
-            device.worker = GpuWorker(
-                f"gpuscope-gpu{device.identity.index}",
-                on_error=partial(self._unexpected, device, "pcie"),
-                timer=self._timer,
-            )
+        self._threads.place(self._devices)
 
     def _initialize(self) -> None:
         if self._initialized:
@@ -318,7 +313,7 @@ class NvmlSampler:
             return None
 
     def _schedule_reinit(self, now: float) -> None:
-        if self._reinit_attempt and self._reinit_due > now:
+        if self._reinit_due is not None:
             return  # already scheduled
         wait = REINIT_BACKOFF_SECONDS[min(self._reinit_attempt, len(REINIT_BACKOFF_SECONDS) - 1)]
         self._reinit_attempt += 1
@@ -327,11 +322,16 @@ class NvmlSampler:
     # -- one cycle ---------------------------------------------------------------------------
 
     def sample(self) -> tuple[tuple[GpuSample, ...], tuple[CollectorStatus, ...]]:
-        """Every GPU's samples this cycle, and the status of NVML and of each collector; waits at
-        most `wait_seconds` for the GPUs' answers."""
+        """Every GPU's samples this cycle, and the status of NVML and of each collector. Waits
+        for driver calls about GPUs `wait_seconds` at most in all: for follow-up reads to leave
+        the driver before a due re-initialisation (half of it at most), then for the answers."""
         started = self._clock()
-        if self._reinit_attempt and started >= self._reinit_due:
-            if not self._settled():
+        waited = 0.0
+        if self._reinit_due is not None and started >= self._reinit_due:
+            settling = self._timer()
+            settled = self._settled(settling + self.wait_seconds / 2)
+            waited = self._timer() - settling
+            if not settled:
                 # nvmlShutdown under a call still in the driver is undefined behaviour.
                 self._once(
                     logging.WARNING,
@@ -340,25 +340,18 @@ class NvmlSampler:
                 )
             else:
                 self._once.forget(("reinit", "busy"))
+                self._reinit_due = None
                 self._reinitialize()
 
-        reader = self._reader
-        tickets = {
-            id(device): device.worker.submit(
-                partial(reader.read, device),
-                after=partial(reader.read_pcie, device)
-                if device.gpm is None and reader.enabled("pcie")
-                else None,
-            )
-            for device in self._devices
-            if device.worker is not None and not device.lost
-        }
-        deadline = self._timer() + self.wait_seconds
+        batch = self._submit()
+        # Counted from the jobs handed out: a re-initialisation (which waits up to the event
+        # thread's poll for its wait to return) must not eat the GPUs' time to answer.
+        self._threads.wait(batch, self._timer() + self.wait_seconds - waited)
         samples: list[GpuSample] = []
         answers: list[Answer] = []
         for device in self._devices:
-            ticket = tickets.get(id(device))
-            if ticket is not None and ticket.wait(deadline, self._timer):
+            ticket = batch.ticket(device)
+            if ticket is not None and ticket.answered:
                 samples.extend(self._answered(device, ticket, answers))
             else:
                 samples.extend(self._unanswered(device))
@@ -384,6 +377,21 @@ class NvmlSampler:
         )
         return self.overlay_events(tuple(samples)), statuses
 
+    def _submit(self) -> Batch:
+        """This cycle's job for every GPU not lost: its reading, then (without GPM) its PCIe
+        throughput window."""
+        reader = self._reader
+        pcie = reader.enabled("pcie")
+        return self._threads.submit(
+            (
+                device,
+                partial(reader.read, device),
+                partial(reader.read_pcie, device) if pcie and device.gpm is None else None,
+            )
+            for device in self._devices
+            if not device.lost
+        )
+
     def _collector_statuses(self, answers: list[Answer]) -> list[CollectorStatus]:
         """Per collector: whether its readings answered on every GPU that answered, and the
         longest any GPU spent in them."""
@@ -399,12 +407,12 @@ class NvmlSampler:
         ]
 
     def _answered(
-        self, device: Device, ticket: Ticket[Answer], answers: list[Answer]
+        self, device: Device, ticket: Ticket[Any], answers: list[Answer]
     ) -> list[GpuSample]:
         identity = device.identity
         error = ticket.error
         if error is None and ticket.value is not None:
-            answer = ticket.value
+            answer: Answer = ticket.value
             answers.append(answer)
             device.answer = (answer.samples, self._timer())
             self._report_back(identity)
@@ -418,7 +426,7 @@ class NvmlSampler:
             self._report_lost(identity, error.cause)
             return [_down(identity, LOST)]
         assert error is not None
-        self._unexpected(device, "gpu", error)
+        self._unexpected(device, error, stage="gpu")
         return [_down(identity, ERROR)]
 
     def _unanswered(self, device: Device) -> list[GpuSample]:
@@ -426,8 +434,7 @@ class NvmlSampler:
         identity = device.identity
         if device.lost:
             return [_down(identity, LOST)]
-        worker = device.worker
-        since = worker.busy_since if worker is not None else None
+        since = self._threads.busy_since(device)
         outstanding = self._timer() - since if since is not None else 0.0
         if outstanding >= self.hang_seconds or device.answer is None:
             if identity.uuid not in self._hung and outstanding >= self.hang_seconds:
@@ -485,7 +492,7 @@ class NvmlSampler:
                 extra={"gpu": identity.index, "uuid": identity.uuid},
             )
 
-    def _unexpected(self, device: Device, stage: str, error: BaseException) -> None:
+    def _unexpected(self, device: Device, error: BaseException, *, stage: str) -> None:
         """An error nothing anticipated, at any grain: counted and logged once."""
         self._errors.add()
         identity = device.identity

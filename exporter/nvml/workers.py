@@ -1,126 +1,211 @@
-"""A thread of its own for each GPU's driver calls, so that a call that hangs holds up one GPU.
+"""The threads that make the driver calls about GPUs, so that a call that hangs holds up one GPU.
 
-An NVML call can block for tens of seconds when a GPU falls off the bus. With every GPU read in
-one thread, one such GPU would freeze the values of all the others. Instead each physical GPU
-(with its MIG instances) is read by its own `GpuWorker`; the sampling cycle hands every worker a
-job, waits for the answers until a deadline, and goes on with the GPUs that answered.
+An NVML call can block for tens of seconds when a GPU falls off the bus. Made in the sampling
+thread, such a call would freeze the cycle and every GPU's values. So the calls about GPUs are
+made by `GpuWorker` threads: the sampler hands out the cycle's jobs (`GpuThreads.submit`), waits
+for their answers until a deadline (`GpuThreads.wait`), and goes on with the GPUs that answered.
 
-A worker runs at most one job at a time and holds at most one more: a GPU whose last job has not
-delivered its answer is *busy*, and gets no new job until it does, so a call that stays stuck
-for minutes costs one parked thread — never a growing queue or more threads. When the call
-returns, the worker delivers (the answer is stale by then, and the sampler drops it) and takes
-jobs again: the GPU comes back by itself.
+While the GPUs answer fast, one thread reads them all, one after the other: a cycle hands it one
+batch of jobs and the sampler is woken once, by the last answer. (A thread per GPU cost more CPU
+than the reading: eight threads woken every cycle, and handing the GIL to each other around every
+driver call.) A GPU whose job has run for `slow_seconds` (its follow-up read for that long beyond
+the read's own windows) keeps the thread it is stuck in, and the GPUs that thread was reading
+move, with their queued jobs, to a new shared thread — in the same cycle, since `slow_seconds` is
+half of the cycle's wait. A GPU in a thread of its own goes back to the shared one once
+`REJOIN_AFTER` jobs in a row answered within `slow_seconds`; one that stays slow keeps its thread.
 
-A GPU is *busy* while it owes an answer (for hang detection), and *idle* only when no driver
-call of its worker is under way or waiting to start, the job's `after` step included: NVML is
-shut down (at a re-initialisation or at exit) only while every worker is idle.
+A GPU owes at most one answer: one whose last job has not answered gets no new job until it
+does, so a call stuck for minutes costs one parked thread — never a growing queue or more
+threads. When the call returns, the job answers (stale by then: the sampler stopped waiting for
+it) and the GPU takes jobs again, in its own thread until it has been fast for a while.
 
-Threading rule: a job's answer is handed over through its `Ticket` (written once by the worker,
-then signalled; read by the sampler after the signal). Everything a job touches belongs to that
-GPU alone, so jobs of different GPUs share nothing but thread-safe helpers (the log-once set,
-the error counter, the simulator's own lock).
+A worker is *idle* when no job or follow-up read of it runs or waits: NVML is shut down (at a
+re-initialisation or at exit) only while every worker is idle.
+
+Threading rules: a job's answer is written into its `Ticket` by the worker under the batch's lock
+(`answered` last), and read by the sampler once it sees `answered`; a worker's queues and what it
+runs now are under the worker's lock; which thread reads which GPU (`Gpu.worker`, `Gpu.ticket`,
+`GpuThreads`) is the sampler thread's alone. Everything a job touches belongs to its GPU, so
+jobs of different GPUs share nothing but thread-safe helpers (the log-once set, the error
+counter, the simulator's own lock).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Sequence
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+G = TypeVar("G", bound="Gpu")
+
+REJOIN_AFTER: Final = 10
+"""Jobs in a row answered within `slow_seconds` before a GPU in a thread of its own goes back to
+the shared thread."""
+FOLLOW_UP_ALLOWANCE_SECONDS: Final = 0.04
+"""What a follow-up read may take before `slow_seconds` starts counting: the PCIe throughput read
+waits through two of the driver's 20 ms windows."""
+SHARED_NAME: Final = "gpuscope-gpus"
+
+
+class Gpu(Protocol):
+    """What `GpuThreads` keeps on each GPU it reads; written by the sampler thread only."""
+
+    worker: GpuWorker[Any] | None
+    """The thread the GPU is read in now."""
+    ticket: Ticket[Any] | None
+    """Its last job's answer (owed while not `answered`)."""
 
 
 class Ticket(Generic[T]):
-    """The answer to one job: a value or the exception it raised, once `done` is set."""
+    """The answer to one job: a value or the exception it raised, once `answered`."""
 
-    __slots__ = ("done", "error", "submitted", "value")
+    __slots__ = ("answered", "error", "seconds", "submitted", "value")
 
     def __init__(self, submitted: float) -> None:
         self.submitted = submitted
-        self.done = threading.Event()
         self.value: T | None = None
         self.error: BaseException | None = None
+        self.seconds = 0.0
+        """How long the job ran."""
+        self.answered = False
 
-    def wait(self, deadline: float, timer: Callable[[], float]) -> bool:
-        """Whether the answer came by `deadline` (on `timer`'s clock)."""
-        return self.done.wait(max(0.0, deadline - timer()))
+
+class Batch:
+    """One cycle's jobs: the sampler waits for all of them at once, woken by the last answer."""
+
+    __slots__ = ("_cond", "_owed", "tickets")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owed = 0
+        self.tickets: dict[int, Ticket[Any]] = {}
+        """The ticket of each GPU given a job, by the GPU's `id()` (the sampler thread's)."""
+
+    def ticket(self, gpu: object) -> Ticket[Any] | None:
+        """The GPU's job in this batch; None when it got none."""
+        return self.tickets.get(id(gpu))
+
+    def expect(self, jobs: int) -> None:
+        with self._cond:
+            self._owed += jobs
+
+    def answer(self, ticket: Ticket[Any], value: Any, error: BaseException | None) -> None:
+        with self._cond:
+            ticket.value = value
+            ticket.error = error
+            ticket.answered = True
+            self._owed -= 1
+            if not self._owed:
+                self._cond.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether every job has answered, waiting up to `timeout` seconds."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._owed, max(0.0, timeout))
 
 
-class _Job(Generic[T]):
-    __slots__ = ("after", "read", "ticket")
+class _Job(Generic[G]):
+    __slots__ = ("after", "batch", "gpu", "read", "ticket")
 
     def __init__(
-        self, read: Callable[[], T], after: Callable[[], None] | None, ticket: Ticket[T]
+        self,
+        gpu: G,
+        read: Callable[[], Any],
+        after: Callable[[], None] | None,
+        ticket: Ticket[Any],
+        batch: Batch,
     ) -> None:
+        self.gpu = gpu
         self.read = read
         self.after = after
         self.ticket = ticket
+        self.batch = batch
 
 
-class GpuWorker:
-    """One GPU's driver calls, in a daemon thread of their own."""
+class GpuWorker(Generic[G]):
+    """A daemon thread making the driver calls of the GPUs handed to it: their jobs in the order
+    given, then each answered job's follow-up read (a job handed over meanwhile goes first)."""
 
     def __init__(
         self,
         name: str,
         *,
-        on_error: Callable[[Exception], None],
+        on_error: Callable[[G, Exception], None],
         timer: Callable[[], float] = time.monotonic,
     ) -> None:
         self._timer = timer
         self._on_error = on_error
-        self._cond = threading.Condition()
-        self._job: _Job[Any] | None = None
-        """Submitted and not yet answered (waiting or running)."""
-        self._pending: _Job[Any] | None = None
-        """Submitted while the worker still ran the previous job's `after` step."""
-        self._in_driver = False
-        """A job's `read` or its `after` step is running: a driver call may be under way."""
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: deque[_Job[G]] = deque()
+        self._follow_ups: deque[tuple[G, Callable[[], None]]] = deque()
+        self._running: tuple[G, float] | None = None
+        """The GPU whose job or follow-up runs now, and when it started counting as slow."""
         self._stop = False
+        self.quick_jobs = 0
+        """Its GPU's jobs in a row that answered within `slow_seconds`, while it reads one GPU
+        alone (the sampler thread's)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def busy_since(self) -> float | None:
-        """When the job still owed an answer was submitted; None when none is."""
+    def running(self) -> tuple[G, float] | None:
+        """The GPU in the driver now, and since when its call counts towards `slow_seconds`."""
         with self._cond:
-            job = self._job or self._pending
-            return job.ticket.submitted if job is not None else None
+            return self._running
 
     @property
     def idle(self) -> bool:
-        """No driver call is under way or about to start: neither a job's `read` nor its `after`
-        step runs, and none waits. Only then may NVML be shut down."""
+        """No job or follow-up runs or waits: no driver call is under way or about to start."""
         with self._cond:
-            return not self._in_driver and self._pending is None
+            return self._is_idle()
+
+    def _is_idle(self) -> bool:
+        return self._running is None and not self._jobs and not self._follow_ups
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for `idle` (a job's `after` step takes tens of ms)."""
+        """Whether the worker is idle, waiting up to `timeout` seconds."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: not self._in_driver and self._pending is None, timeout
-            )
+            return self._cond.wait_for(self._is_idle, max(0.0, timeout))
 
-    def submit(
-        self, read: Callable[[], T], *, after: Callable[[], None] | None = None
-    ) -> Ticket[T] | None:
-        """Run `read` (its answer goes to the ticket), then `after` (slow follow-up work whose
-        result the next `read` may use). None, and nothing submitted, while busy."""
+    def take(
+        self, jobs: Iterable[_Job[G]], follow_ups: Iterable[tuple[G, Callable[[], None]]] = ()
+    ) -> None:
         with self._cond:
-            if self._stop or self._job is not None or self._pending is not None:
-                return None
-            ticket: Ticket[T] = Ticket(self._timer())
-            self._pending = _Job(read, after, ticket)
+            self._jobs.extend(jobs)
+            self._follow_ups.extend(follow_ups)
             self._cond.notify_all()
-            return ticket
+
+    def keep_only(self, gpu: G) -> tuple[list[_Job[G]], list[tuple[G, Callable[[], None]]]]:
+        """Take back the queued jobs and follow-ups of every other GPU (for another thread)."""
+        with self._cond:
+            jobs = [job for job in self._jobs if job.gpu is not gpu]
+            follow_ups = [item for item in self._follow_ups if item[0] is not gpu]
+            self._jobs = deque(job for job in self._jobs if job.gpu is gpu)
+            self._follow_ups = deque(item for item in self._follow_ups if item[0] is gpu)
+            return jobs, follow_ups
+
+    def drop_follow_ups(self) -> None:
+        """Forget the follow-ups not yet begun (their figures age by a cycle)."""
+        with self._cond:
+            self._follow_ups.clear()
+            self._cond.notify_all()
+
+    def rename(self, name: str) -> None:
+        self._thread.name = name
 
     def stop(self) -> None:
-        """Ask the thread to end after the job in hand; returns at once (`join` waits)."""
+        """Ask the thread to end after the call in hand, dropping what waits; returns at once."""
         with self._cond:
             self._stop = True
+            self._jobs.clear()
+            self._follow_ups.clear()
             self._cond.notify_all()
 
     def join(self, timeout: float) -> None:
@@ -129,29 +214,196 @@ class GpuWorker:
         self._thread.join(max(0.0, timeout))
 
     def _run(self) -> None:
+        cond = self._cond
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._pending is not None)
+            with cond:
+                self._running = None
+                cond.notify_all()
+                while not (self._stop or self._jobs or self._follow_ups):
+                    cond.wait()
                 if self._stop:
                     return
-                job, self._pending = self._pending, None
-                self._job = job
-                self._in_driver = True
-            assert job is not None
-            ticket = job.ticket
+                now = self._timer()
+                job = self._jobs.popleft() if self._jobs else None
+                if job is not None:
+                    self._running = (job.gpu, now)
+                else:
+                    follow_up = self._follow_ups.popleft()
+                    self._running = (follow_up[0], now + FOLLOW_UP_ALLOWANCE_SECONDS)
+            if job is not None:
+                self._answer(job, now)
+                continue
+            gpu, after = follow_up
             try:
-                ticket.value = job.read()
-            except BaseException as error:  # noqa: BLE001 - handed to the sampler, which decides
-                ticket.error = error
-            with self._cond:
-                self._job = None  # answered: no longer owed, though the `after` step may run
-            ticket.done.set()
-            try:
-                if job.after is not None and ticket.error is None:
-                    job.after()
+                after()
             except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
-                self._on_error(error)
-            finally:
-                with self._cond:
-                    self._in_driver = False
-                    self._cond.notify_all()
+                self._on_error(gpu, error)
+
+    def _answer(self, job: _Job[G], started: float) -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = job.read()
+        except BaseException as caught:  # noqa: BLE001 - handed to the sampler, which decides
+            error = caught
+        job.ticket.seconds = self._timer() - started
+        if error is None and job.after is not None:
+            # Queued before the answer, so that the worker is not idle when the sampler wakes.
+            # One per GPU at most: when the follow-ups of all the GPUs take longer than a cycle
+            # (eight 40 ms PCIe windows, a short interval) the queue must not grow; the one
+            # queued reads the GPU as it is when it runs, as a new one would.
+            with self._cond:
+                if all(queued is not job.gpu for queued, _ in self._follow_ups):
+                    self._follow_ups.append((job.gpu, job.after))
+        job.batch.answer(job.ticket, value, error)
+
+
+class GpuThreads(Generic[G]):
+    """Which thread reads which GPU: one shared by the GPUs that answer fast, one of its own for
+    each GPU that is slow. Used by the sampler thread only."""
+
+    def __init__(
+        self,
+        *,
+        slow_seconds: float,
+        name: Callable[[G], str],
+        on_error: Callable[[G, Exception], None],
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`slow_seconds`: how long a GPU's job may run before the GPUs queued behind it move to
+        another thread; `name`: its own thread's name for a GPU; `on_error`: a follow-up read
+        that raised."""
+        self.slow_seconds = slow_seconds
+        self._name = name
+        self._on_error = on_error
+        self._timer = timer
+        self._gpus: list[G] = []
+        self._shared: GpuWorker[G] | None = None
+
+    def place(self, gpus: Sequence[G]) -> None:
+        """The GPUs of a fresh initialisation, all read by one new shared thread."""
+        self._gpus = list(gpus)
+        self._shared = self._worker(SHARED_NAME) if gpus else None
+        for gpu in gpus:
+            gpu.worker = self._shared
+            gpu.ticket = None
+
+    def workers(self) -> list[GpuWorker[G]]:
+        """Every thread reading a GPU now."""
+        found: dict[int, GpuWorker[G]] = {}
+        for gpu in self._gpus:
+            if gpu.worker is not None:
+                found.setdefault(id(gpu.worker), gpu.worker)
+        return list(found.values())
+
+    def busy_since(self, gpu: G) -> float | None:
+        """When the job the GPU still owes an answer to was handed out; None when it owes none."""
+        ticket = gpu.ticket
+        return ticket.submitted if ticket is not None and not ticket.answered else None
+
+    def owing(self) -> bool:
+        return any(self.busy_since(gpu) is not None for gpu in self._gpus)
+
+    def submit(
+        self, jobs: Iterable[tuple[G, Callable[[], Any], Callable[[], None] | None]]
+    ) -> Batch:
+        """Hand out one job per GPU (`read`, then the follow-up `after` once `read` answered
+        without error), each to the thread its GPU is read in; a GPU that still owes an answer
+        gets none. Each thread is woken once."""
+        self._isolate_slow()  # stuck since before this cycle: queue nothing behind it
+        now = self._timer()
+        batch = Batch()
+        handed: dict[int, tuple[GpuWorker[G], list[_Job[G]]]] = {}
+        for gpu, read, after in jobs:
+            previous = gpu.ticket
+            worker = gpu.worker
+            if worker is None or (previous is not None and not previous.answered):
+                continue
+            if worker is not self._shared and previous is not None:
+                worker = self._maybe_rejoin(gpu, worker, previous)
+            ticket: Ticket[Any] = Ticket(now)
+            gpu.ticket = batch.tickets[id(gpu)] = ticket
+            handed.setdefault(id(worker), (worker, []))[1].append(
+                _Job(gpu, read, after, ticket, batch)
+            )
+        batch.expect(sum(len(queued) for _, queued in handed.values()))
+        for worker, queued in handed.values():
+            worker.take(queued)
+        return batch
+
+    def wait(self, batch: Batch, deadline: float) -> None:
+        """Until every job of `batch` answered, or `deadline`. Meanwhile a GPU whose job has run
+        `slow_seconds` gets the thread it is stuck in, and the GPUs behind it a new one."""
+        while True:
+            now = self._timer()
+            shared = self._shared
+            running = shared.running() if shared is not None else None
+            slow_at = now + self.slow_seconds if running is None else running[1] + self.slow_seconds
+            if batch.wait(min(deadline, max(slow_at, now)) - now):
+                return
+            self._isolate_slow()
+            if self._timer() >= deadline:
+                return
+
+    def settle(self, deadline: float) -> bool:
+        """Whether every worker is idle (queued follow-ups dropped), waiting until `deadline`."""
+        workers = self.workers()
+        for worker in workers:
+            worker.drop_follow_ups()
+        return all(worker.wait_idle(deadline - self._timer()) for worker in workers)
+
+    def stop(self, deadline: float) -> None:
+        """Ask every thread to end, then wait for them all until one shared `deadline`."""
+        workers = self.workers()
+        for worker in workers:
+            worker.stop()
+        for gpu in self._gpus:
+            gpu.worker = None
+        self._gpus = []
+        self._shared = None
+        for worker in workers:
+            worker.join(deadline - self._timer())
+
+    def _worker(self, name: str) -> GpuWorker[G]:
+        return GpuWorker(name, on_error=self._on_error, timer=self._timer)
+
+    def _isolate_slow(self) -> None:
+        """The shared thread, in one GPU's call for `slow_seconds`, becomes that GPU's own; the
+        other GPUs it read, and what it held for them, move to a new shared thread."""
+        shared = self._shared
+        running = shared.running() if shared is not None else None
+        if shared is None or running is None:
+            return
+        stuck, since = running
+        if self._timer() - since < self.slow_seconds:
+            return
+        others = [gpu for gpu in self._gpus if gpu.worker is shared and gpu is not stuck]
+        jobs, follow_ups = shared.keep_only(stuck)
+        shared.rename(self._name(stuck))
+        shared.quick_jobs = 0
+        log.info(
+            "a GPU's driver calls run long; reading it in a thread of its own",
+            extra={"worker": self._name(stuck), "gpus_moved": len(others)},
+        )
+        if not others:
+            self._shared = None
+            return
+        moved = self._worker(SHARED_NAME)
+        for gpu in others:
+            gpu.worker = moved
+        moved.take(jobs, follow_ups)
+        self._shared = moved
+
+    def _maybe_rejoin(self, gpu: G, worker: GpuWorker[G], previous: Ticket[Any]) -> GpuWorker[G]:
+        """The thread the GPU's next job goes to: back to the shared one once it has answered
+        fast `REJOIN_AFTER` times in a row in a thread of its own, and nothing of it runs."""
+        worker.quick_jobs = worker.quick_jobs + 1 if previous.seconds < self.slow_seconds else 0
+        if worker.quick_jobs < REJOIN_AFTER or not worker.idle:
+            return worker
+        if self._shared is None:
+            worker.rename(SHARED_NAME)
+            self._shared = worker
+            return worker
+        worker.stop()  # idle: it ends without another call
+        gpu.worker = self._shared
+        return self._shared

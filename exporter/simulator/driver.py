@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import struct
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import pynvml
 
@@ -78,6 +79,26 @@ _FIELD_ANSWERS: Final = {
     if reading.simulated is not None
 }
 """Declared field id -> (the oldest architecture's place, per link, the simulated answer)."""
+_FIELD_VALUE_SIZE: Final = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+_VALUE_TYPE_OFFSET: Final = pynvml.c_nvmlFieldValue_t.valueType.offset
+_RETURN_OFFSET: Final = pynvml.c_nvmlFieldValue_t.nvmlReturn.offset - _VALUE_TYPE_OFFSET
+_GAP: Final = pynvml.c_nvmlFieldValue_t.value.offset - _VALUE_TYPE_OFFSET - 8
+_ANSWERED_INT: Final = struct.Struct(f"=II{_GAP}xQ")
+"""An answer's value type, return code and (after any padding) its number, from `valueType` on."""
+_ANSWERED_DOUBLE: Final = struct.Struct(f"=II{_GAP}xd")
+_REFUSED: Final = struct.Struct("=I")
+_ULL: Final = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_DOUBLE: Final = pynvml.NVML_VALUE_TYPE_DOUBLE
+
+_TIMESTAMP: Final = struct.Struct("=q")
+"""(Each written alone: a pad byte in a `struct` format writes a zero over what lies there.)"""
+_TIMESTAMP_OFFSET: Final = pynvml.c_nvmlFieldValue_t.timestamp.offset
+
+
+_Declared: TypeAlias = "tuple[int, int, tuple[int, bool, Any]]"
+_FieldAnswers: TypeAlias = "tuple[Any, tuple[tuple[int, int], ...], tuple[_Declared, ...]]"
+"""A field-value answer's array, and where in it the throttle times (position, policy) and the
+declared fields (position, scope, `_FIELD_ANSWERS` entry) go."""
 _REFUSALS: Final = {"nvmlDeviceGetMemoryInfo": pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH}
 """What the driver answers arguments no declaration names, where that is not INVALID_ARGUMENT
 (the memory call's argument is a struct version)."""
@@ -111,6 +132,7 @@ class SimulatedNvml:
         self._real_time = clock is None
         self._wall = wall
         self._refcount = 0
+        self._faults = bool(fleet.faults)
         # The sampler, the event thread and the PCIe thread call in concurrently.
         self._lock = threading.RLock()
         by_gpu: dict[int, list[SimProcess]] = defaultdict(list)
@@ -157,7 +179,7 @@ class SimulatedNvml:
         ]
         self._gpm_samples: dict[int, _GpmSample | None] = {}
         self._gpm_tokens = itertools.count(1)
-        self._field_templates: dict[tuple[int | tuple[int, int], ...], Any] = {}
+        self._field_templates: dict[tuple[int | tuple[int, int], ...], _FieldAnswers] = {}
         self._names = {process.pid: process.name for process in fleet.processes}
         """What the driver names each process (every simulated process is visible)."""
 
@@ -180,22 +202,23 @@ class SimulatedNvml:
         refusal = _REFUSALS.get(name, pynvml.NVML_ERROR_INVALID_ARGUMENT)
 
         def call(handle: Any, *args: Any, **kwargs: Any) -> Any:
-            given = (*args, *kwargs.values())  # pynvml's one keyword (`version`) comes last
+            # pynvml's one keyword (`version`) comes last
+            given = (*args, *kwargs.values()) if kwargs else args
             index = given[:1] if per else ()
-            answer = answers.get(given[len(index) :])
+            answer = answers.get(given[1:] if per else given)
             if answer is None:
                 self._target(handle, name)  # faults, a lost or hung GPU: as for any call
                 raise _fail(refusal)
             mig, since, simulated = answer
             if mig:
                 device, position = self._target(handle, name)
-                if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+                if device.architecture < since:
                     raise not_supported()
                 return simulated(device, position, *index)
             device = self._device(handle, name)
-            if ARCHITECTURES.index(device.gpu.model.architecture) < since:
+            if device.architecture < since:
                 raise not_supported()
-            return simulated(device, *index)
+            return simulated(device, *index) if per else simulated(device)
 
         self.__dict__[name] = call  # made once: the next lookup finds it without __getattr__
         return call
@@ -229,21 +252,26 @@ class SimulatedNvml:
             time.sleep(_POLL_SECONDS)
 
     def _device(self, handle: Any, function: str) -> GpuState:
-        if isinstance(handle, MigHandle):
-            raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on a MIG device
-        if not isinstance(handle, Handle):
+        if handle.__class__ is not Handle:
+            if isinstance(handle, MigHandle):
+                raise _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a whole-GPU reading on MIG
             raise _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         device = handle.device
-        index = device.gpu.index
-        self._hang(index)
-        t = self._clock()
-        for fault in self._lost.get(index, ()):
-            if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
-                raise _fail(fault.error)
-        self._check(function, index, t)
+        if self._faults:
+            index = device.gpu.index
+            self._hang(index)
+            t = self._clock()
+            for fault in self._lost.get(index, ()):
+                if fault.at <= t and (fault.until is None or handle.obtained_at < fault.until):
+                    raise _fail(fault.error)
+            self._check(function, index, t)
+        elif not self._refcount:
+            raise _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        else:
+            t = self._clock()  # a fleet without faults: none of them to look for, every call
         if device.t is None or t - device.t >= STATE_QUANTUM_SECONDS:
             with self._lock:
-                device.advance(t, self._ecc.get(index, []))
+                device.advance(t, self._ecc.get(device.gpu.index, []))
         return device
 
     def _target(self, handle: Any, function: str) -> tuple[GpuState, int | None]:
@@ -410,56 +438,57 @@ class SimulatedNvml:
         answered alone: NotSupported in its own slot where the GPU lacks it. A field id comes
         alone or with its scope (a link), as pynvml takes them."""
         device = self._device(handle, "nvmlDeviceGetFieldValues")
-        asked = tuple(field_ids)
-        values = self._field_values(asked)
-        view = (plain_layout(pynvml.c_nvmlFieldValue_t) * len(asked)).from_buffer(values)
+        values, throttled, declared = self._field_values(tuple(field_ids))
+        # Written with `struct` at each answer's offset: forty fields a GPU every cycle through
+        # ctypes attributes would make the stand-in cost more than the sampler it serves.
         now_us = int(self._wall() * 1_000_000)
-        architecture = ARCHITECTURES.index(device.gpu.model.architecture)
-        for value in view:
-            value.timestamp = now_us
-            field_id = value.fieldId
-            policy = THROTTLE_FIELDS.get(field_id)
-            if policy is not None:
-                value.value.ullVal = int(device.violation_ns[policy])
-                continue
-            declared = _FIELD_ANSWERS.get(field_id)
-            if declared is None:
-                continue  # NotSupported, as the template says
-            since, per_link, simulated = declared
+        for offset in range(_TIMESTAMP_OFFSET, len(values) * _FIELD_VALUE_SIZE, _FIELD_VALUE_SIZE):
+            _TIMESTAMP.pack_into(values, offset, now_us)
+        for offset, policy in throttled:
+            _ANSWERED_INT.pack_into(
+                values, offset, _ULL, pynvml.NVML_SUCCESS, int(device.violation_ns[policy])
+            )
+        architecture = device.architecture
+        for offset, scope, (since, per_link, simulated) in declared:
             try:
                 if architecture < since:
                     raise not_supported()
-                answer = simulated(device, value.scopeId) if per_link else simulated(device)
+                answer = simulated(device, scope) if per_link else simulated(device)
             except pynvml.NVMLError as error:
-                value.nvmlReturn = error.value
+                _REFUSED.pack_into(values, offset + _RETURN_OFFSET, error.value)
                 continue
-            value.nvmlReturn = pynvml.NVML_SUCCESS
             if isinstance(answer, float):
-                value.valueType = pynvml.NVML_VALUE_TYPE_DOUBLE
-                value.value.dVal = answer
+                _ANSWERED_DOUBLE.pack_into(values, offset, _DOUBLE, pynvml.NVML_SUCCESS, answer)
             else:
-                value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                value.value.ullVal = answer
+                _ANSWERED_INT.pack_into(values, offset, _ULL, pynvml.NVML_SUCCESS, answer)
         return values
 
-    def _field_values(self, field_ids: tuple[int | tuple[int, int], ...]) -> Any:
-        """A fresh array answering these field ids, copied from one built once per id list
-        (pynvml's structs are slow to fill field by field)."""
-        template = self._field_templates.get(field_ids)
-        if template is None:
+    def _field_values(self, field_ids: tuple[int | tuple[int, int], ...]) -> _FieldAnswers:
+        """A fresh array for these field ids, copied from one built once per id list (pynvml's
+        structs are slow to fill field by field), and where in it (the offset of each answer's
+        value type) the throttle times and the declared fields go; every other slot answers
+        NotSupported."""
+        found = self._field_templates.get(field_ids)
+        if found is None:
             template = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-            for value, asked in zip(template, field_ids, strict=True):
+            throttled: list[tuple[int, int]] = []
+            declared: list[_Declared] = []
+            for position, (value, asked) in enumerate(zip(template, field_ids, strict=True)):
                 field_id, scope = asked if isinstance(asked, tuple) else (asked, 0)
                 value.fieldId = field_id
                 value.scopeId = scope
                 value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-                value.nvmlReturn = (
-                    pynvml.NVML_SUCCESS
-                    if field_id in THROTTLE_FIELDS
-                    else pynvml.NVML_ERROR_NOT_SUPPORTED
-                )
-            self._field_templates[field_ids] = template
-        return type(template).from_buffer_copy(template)
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                policy = THROTTLE_FIELDS.get(field_id)
+                offset = position * _FIELD_VALUE_SIZE + _VALUE_TYPE_OFFSET
+                if policy is not None:
+                    throttled.append((offset, policy))
+                elif field_id in _FIELD_ANSWERS:
+                    declared.append((offset, scope, _FIELD_ANSWERS[field_id]))
+            found = template, tuple(throttled), tuple(declared)
+            self._field_templates[field_ids] = found
+        template, throttled_at, declared_at = found
+        return type(template).from_buffer_copy(template), throttled_at, declared_at
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
         device = self._device(handle, "nvmlDeviceGetViolationStatus")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import pynvml
 
+from exporter.catalog import ARCHITECTURES
 from exporter.simulator import activity
 from exporter.simulator.behaviour import demand, lag, noise, running
 
@@ -72,6 +73,11 @@ class GpuState:
     """Perf policy -> nanoseconds the clocks were held down for it."""
     nvlink_links: int = 0
     """Its NVLink links, all up (0: a GPU without NVLink)."""
+    architecture: int = field(init=False)
+    """Its architecture's place in `ARCHITECTURES` (what a reading's `since` is held against)."""
+
+    def __post_init__(self) -> None:
+        self.architecture = ARCHITECTURES.index(self.gpu.model.architecture)
 
     def advance(self, t: float, ecc_faults: list[Fault]) -> None:
         if self.t is not None and t - self.t < STATE_QUANTUM_SECONDS:
