@@ -39,26 +39,52 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import math
 import os
-import re
 import socket
 import ssl
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import TYPE_CHECKING, Final
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import aiohttp
 from yarl import URL
 
-from exporter.documents import quote, size_text
+from exporter.documents import size_text
+from exporter.rightsize.answer import (
+    ANY_FINITE,
+    MAX_NESTING,
+    Bounds,
+    Nested,
+    Sample,
+    Vector,
+    cut,
+    error_text,
+    read_answer,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Coroutine, Mapping, Sequence
     from types import TracebackType
+
+__all__ = [
+    "ANY_FINITE",
+    "BACKOFF_SECONDS",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Bounds",
+    "Connection",
+    "PrometheusClient",
+    "PrometheusError",
+    "PrometheusQueryError",
+    "PrometheusUnauthorized",
+    "PrometheusUnreachable",
+    "Sample",
+    "shown_url",
+    "url_credentials",
+]
+"""`Sample` and `Bounds` are the answer reader's (`answer.py`), named here too: the callers of a
+query know this module only."""
 
 log = logging.getLogger("exporter.rightsize.prometheus")
 
@@ -74,14 +100,10 @@ device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 wo
 Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
 512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
 READ_CHUNK_BYTES: Final = 256 * 1024
-MAX_NESTING: Final = 64
-"""How deep a part of an answer the client does not read element by element (`warnings`,
-`stats`, ...) may nest; a vector element nests three levels."""
 MAX_WARNINGS: Final = 10
 """Warnings of one answer logged; the rest are counted."""
 REDACTED: Final = "<secret>"
 """What a URL's userinfo is shown as."""
-SERIES_QUOTE_LIMIT: Final = 120
 MAX_WARNED: Final = 10_000
 """Series remembered as warned about (beyond them, a series may be named again)."""
 
@@ -100,30 +122,6 @@ class PrometheusUnauthorized(PrometheusError):
 
 class PrometheusQueryError(PrometheusError):
     """The server answered but refused the query or did not speak the PromQL API."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One element of an instant vector: its labels and its value."""
-
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """The values a signal can take; any other is a forged or broken series."""
-
-    low: float
-    high: float
-    what: str
-    """What the value is, for the warning (`a ratio`, `bytes`)."""
-
-    def admits(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
-
-ANY_FINITE: Final = Bounds(-math.inf, math.inf, "a finite number")
 
 
 def shown_url(url: str) -> str:
@@ -286,7 +284,7 @@ class PrometheusClient:
         (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
         async with self._semaphore:
-            vector = await self._with_retries(promql, at, name, _Vector(keep, bounds))
+            vector = await self._with_retries(promql, at, name, Vector(keep, bounds))
         warned = (signal or name, vector.first_bad)
         first_time = vector.bad > 0 and warned not in self._warned
         if first_time and len(self._warned) < MAX_WARNED:
@@ -294,7 +292,7 @@ class PrometheusClient:
         vector.report(name, warn=first_time)
         return vector.samples
 
-    async def _with_retries(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
+    async def _with_retries(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
         attempts = len(self._backoff) + 1
         for attempt in range(1, attempts + 1):
             try:
@@ -315,7 +313,7 @@ class PrometheusClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _attempt(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
+    async def _attempt(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
         if self._session is None:
             raise RuntimeError("PrometheusClient used outside `async with`")
         self.queries_sent += 1
@@ -495,107 +493,12 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-class _Vector:
-    """The samples of one answer as they are read: those asked for and sane kept, the others
-    counted (and the first bad one kept, to name it)."""
-
-    def __init__(self, keep: Callable[[Mapping[str, str]], bool] | None, bounds: Bounds) -> None:
-        self.keep = keep
-        self.bounds = bounds
-        self.samples: list[Sample] = []
-        self.foreign = 0
-        """Elements not asked for."""
-        self.bad = 0
-        self.first_bad = ""
-        self.why_bad = ""
-
-    def fresh(self) -> _Vector:
-        """An empty one for another attempt at the same query."""
-        return _Vector(self.keep, self.bounds)
-
-    def add(self, element: object) -> None:
-        labels, value = _element(element)
-        if labels is None:
-            self.refuse(element, "a malformed vector element")
-            return
-        if self.keep is not None and not self.keep(labels):
-            self.foreign += 1
-            return
-        if value is None:
-            self.refuse(labels, "its value is not a number")
-        elif not math.isfinite(value):
-            self.refuse(labels, f"value {value} is not a finite number")
-        elif not self.bounds.admits(value):
-            self.refuse(
-                labels,
-                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
-                f"({self.bounds.what})",
-            )
-        else:
-            self.samples.append(Sample(labels, value))
-
-    def refuse(self, series: object, why: str) -> None:
-        self.bad += 1
-        if self.bad == 1:
-            self.first_bad = series_text(series)
-            self.why_bad = why
-
-    def report(self, name: str, *, warn: bool) -> None:
-        """One warning for the query's dropped series, naming the first (if `warn`); a debug
-        line for the series it did not ask about."""
-        if warn and self.bad:
-            log.warning(
-                "prometheus series dropped",
-                extra={
-                    "query": name,
-                    "series": self.first_bad,
-                    "reason": self.why_bad,
-                    "dropped": self.bad,
-                },
-            )
-        if self.foreign:
-            # Matchers on namespace and pod apart also match other pairs of the two.
-            log.debug(
-                "prometheus series not asked for dropped",
-                extra={"query": name, "dropped": self.foreign},
-            )
-
-
-def series_text(series: object) -> str:
-    """A series' labels (or a malformed element) as a log line may quote them: cut, control
-    and bidirectional characters escaped (`repr`)."""
-    if isinstance(series, dict):
-        labels = ", ".join(f"{key}={value}" for key, value in list(series.items())[:12])
-        return quote("{" + labels + "}", SERIES_QUOTE_LIMIT)
-    return quote(series if isinstance(series, str) else json.dumps(series), SERIES_QUOTE_LIMIT)
-
-
-def _element(element: object) -> tuple[dict[str, str] | None, float | None]:
-    """A vector element's labels and value (None labels: malformed)."""
-    if not isinstance(element, dict):
-        return None, None
-    labels, pair = element.get("metric"), element.get("value")
-    if (
-        not isinstance(labels, dict)
-        or not all(map(isinstance, labels.values(), repeat(str)))
-        or not isinstance(pair, list)
-        or len(pair) != 2
-        or not isinstance(pair[1], str)
-    ):
-        return None, None
-    try:
-        value = float(pair[1])
-    except ValueError:
-        return labels, None
-    return labels, value
-
-
 def _answer(
-    url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: _Vector
-) -> _Vector:
+    url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: Vector
+) -> Vector:
     try:
-        document = _read_answer(body, vector)
-    except _Nested:
+        document = read_answer(body, vector)
+    except Nested:
         raise PrometheusQueryError(
             f"Prometheus at {url} answered the {name} query with JSON nested more than "
             f"{MAX_NESTING} levels deep"
@@ -606,7 +509,7 @@ def _answer(
             "basic-auth credentials (--prometheus.bearer-token-file, --prometheus.username)"
         )
     if status in RETRIED_STATUSES:
-        detail = _error_text(document) or _cut(body[:200].decode("utf-8", "replace"))
+        detail = error_text(document) or cut(body[:200].decode("utf-8", "replace"))
         raise _Transient(
             f"HTTP {status}",
             lambda n: PrometheusQueryError(
@@ -628,12 +531,12 @@ def _answer(
     if document["status"] != "success":
         raise PrometheusQueryError(
             f"Prometheus at {url} refused the {name} query (HTTP {status}): "
-            f"{_error_text(document) or 'no reason given'}"
+            f"{error_text(document) or 'no reason given'}"
         )
     warnings = document.get("warnings")
     if isinstance(warnings, list):
         for warning in warnings[:MAX_WARNINGS]:
-            log.warning("prometheus warning", extra={"query": name, "warning": _cut(warning)})
+            log.warning("prometheus warning", extra={"query": name, "warning": cut(warning)})
         if len(warnings) > MAX_WARNINGS:
             log.warning(
                 "prometheus warnings not shown",
@@ -641,208 +544,9 @@ def _answer(
             )
     kind = document.get("resultType")
     if kind != "vector":
-        shown = _cut(kind) if isinstance(kind, str) else "no vector"
+        shown = cut(kind) if isinstance(kind, str) else "no vector"
         raise PrometheusQueryError(f"the {name} query returned {shown}, expected an instant vector")
     return vector
-
-
-def _cut(value: object) -> str:
-    """A server's text for one log line or error: one line, at most 200 characters."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    flat = " ".join(text.split())
-    return flat if len(flat) <= 200 else flat[:199] + "…"
-
-
-# -- reading an answer ---------------------------------------------------------------------------
-
-
-class _Nested(Exception):
-    """A part of the answer nests past `MAX_NESTING` (or the interpreter's recursion limit)."""
-
-
-class _NotJson(Exception):
-    """The answer is not the JSON object it should be."""
-
-
-_SPACE: Final = re.compile(r"[ \t\n\r]*")
-_WHITE_SPACE: Final = frozenset(" \t\n\r")
-_DECODER: Final = json.JSONDecoder()
-_SCALAR_START: Final = frozenset('"-0123456789tfn')
-_READ_KEYS: Final = frozenset({"status", "errorType", "error", "warnings"})
-"""The top-level keys read besides `data`; the others (`stats`, `infos`, ...) are stepped over."""
-
-
-class _Reader:
-    """JSON text read a value at a time: objects and arrays are walked here, so that an
-    element can be handled (and dropped) as soon as it is read; only scalars and single vector
-    elements are handed to the C decoder, so no nesting is ever decoded past the bound."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.at = 0
-
-    def peek(self) -> str:
-        """The next character that is not white space ("" at the end)."""
-        char = self.text[self.at : self.at + 1]
-        if char in _WHITE_SPACE:  # rare: Prometheus answers compact JSON
-            self.at = _SPACE.match(self.text, self.at).end()  # type: ignore[union-attr] # matches ""
-            char = self.text[self.at : self.at + 1]
-        return char
-
-    def expect(self, char: str) -> None:
-        if self.peek() != char:
-            raise _NotJson
-        self.at += 1
-
-    def decoded(self) -> object:
-        """The next value through the C decoder (a scalar, or one vector element)."""
-        self.peek()
-        try:
-            value, self.at = _DECODER.raw_decode(self.text, self.at)
-        except RecursionError:
-            raise _Nested from None
-        except ValueError:
-            raise _NotJson from None
-        return value
-
-    def members(self) -> Iterator[str]:
-        """An object's keys; the caller reads each value before asking for the next key."""
-        self.expect("{")
-        if self.peek() == "}":
-            self.at += 1
-            return
-        while True:
-            key = self.decoded()
-            if not isinstance(key, str):
-                raise _NotJson
-            self.expect(":")
-            yield key
-            if self.peek() == ",":
-                self.at += 1
-                continue
-            self.expect("}")
-            return
-
-    def items(self) -> Iterator[None]:
-        """An array's elements; the caller reads each before asking for the next."""
-        self.expect("[")
-        if self.peek() == "]":
-            self.at += 1
-            return
-        while True:
-            yield None
-            if self.peek() == ",":
-                self.at += 1
-                continue
-            self.expect("]")
-            return
-
-    def value(self, depth: int = 0) -> object:
-        """Any value, nested at most `MAX_NESTING - depth` levels, without recursion past it."""
-        char = self.peek()
-        if char in _SCALAR_START:
-            return self.decoded()
-        if depth >= MAX_NESTING:
-            raise _Nested
-        if char == "{":
-            found: dict[str, object] = {}
-            for key in self.members():
-                found[key] = self.value(depth + 1)
-            return found
-        if char == "[":
-            return [self.value(depth + 1) for _ in self.items()]
-        raise _NotJson
-
-    def skip(self) -> None:
-        """Step over the next value, however deep, building nothing: iterative, so that a
-        value nested a million levels deep costs its bytes and no stack."""
-        depth = 0
-        while True:
-            char = self.peek()
-            if char in _SCALAR_START:
-                try:
-                    _, self.at = _DECODER.raw_decode(self.text, self.at)
-                except ValueError:
-                    raise _NotJson from None
-            elif char in "[{":
-                depth += 1
-                self.at += 1
-            elif char in "]}" and depth > 0:
-                depth -= 1
-                self.at += 1
-            elif char in ",:" and depth > 0:
-                self.at += 1
-                continue
-            else:
-                raise _NotJson
-            if depth == 0:
-                return
-
-    def element(self) -> tuple[object, bool]:
-        """The next array element, and whether it was decoded: one nested past the
-        interpreter's recursion limit is stepped over instead (None, False)."""
-        start = self.at
-        try:
-            return self.decoded(), True
-        except _Nested:
-            self.at = start
-            self.skip()
-            return None, False
-
-    def end(self) -> None:
-        if self.peek():
-            raise _NotJson
-
-
-def _read_answer(body: bytearray, vector: _Vector) -> dict[str, object] | None:
-    """The answer's top-level object, its `data.result` vector read into `vector` element by
-    element (the object then holds `resultType` beside the top level's keys); None when the
-    body is not a JSON object."""
-    try:
-        reader = _Reader(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None
-    try:
-        document: dict[str, object] = {}
-        for key in reader.members():
-            if key == "data" and reader.peek() == "{":
-                _read_data(reader, document, vector)
-            elif key in _READ_KEYS:
-                document[key] = reader.value(1)
-            else:
-                reader.skip()
-        reader.end()
-    except _NotJson:
-        return None
-    return document
-
-
-def _read_data(reader: _Reader, document: dict[str, object], vector: _Vector) -> None:
-    """`data`: its `resultType` into `document`, a vector's elements into `vector`."""
-    for part in reader.members():
-        if part == "resultType":
-            document["resultType"] = reader.value(2)
-        elif (
-            part == "result"
-            and reader.peek() == "["
-            and document.get("resultType", "vector") == "vector"
-        ):
-            for _ in reader.items():
-                element, decoded = reader.element()
-                if decoded:
-                    vector.add(element)
-                else:
-                    vector.refuse("(an element)", "nested too deeply")
-        else:
-            reader.skip()
-
-
-def _error_text(document: dict[str, object] | None) -> str:
-    if document is not None and document.get("error"):
-        kind = document.get("errorType")
-        error = _cut(document["error"])
-        return f"{_cut(kind)}: {error}" if kind else error
-    return ""
 
 
 def _retry_after_seconds(header: str) -> float:
