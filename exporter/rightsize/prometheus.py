@@ -21,12 +21,11 @@ complete line for the user; after a redirect it names where the request was sent
 The server is not trusted to answer sanely (its series can be forged through a PodMonitor with
 `honorLabels` or remote write):
 
-- the answer's vector is read element by element (`_read_answer`): an element the caller did not
-  ask for (`keep`, e.g. a pod outside the batch asked about) is dropped as it is read, so an
-  answer holding every series costs no more than the ones asked for; nesting is bounded; a
-  malformed element, or one whose value is NaN, infinite or outside the signal's `Bounds`, is
-  dropped with one warning per query naming the first such series — one bad series never fails
-  a query;
+- the answer is read by `answer.py`, a value at a time and never built whole: elements the
+  caller did not ask for (`keep`) and labels the query does not group by are dropped as read;
+  warnings and errors are read only as far as they are shown; a malformed element, or one whose
+  value is NaN, infinite or outside the signal's `Bounds`, is dropped with one warning per query
+  naming the first such series — one bad series never fails a query;
 - credentials in the URL's userinfo (`http://alice:pw@prometheus:9090`) authenticate, and every
   place that shows the URL shows `shown_url`'s form (`http://<secret>@prometheus:9090`);
 - a redirect is followed only within the URL's origin (scheme, host and port): the credentials
@@ -54,13 +53,11 @@ from yarl import URL
 from exporter.documents import size_text
 from exporter.rightsize.answer import (
     ANY_FINITE,
-    MAX_NESTING,
     Bounds,
-    Nested,
     Sample,
     Vector,
+    answer_labels,
     cut,
-    error_text,
     read_answer,
 )
 
@@ -100,8 +97,6 @@ device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 wo
 Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
 512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
 READ_CHUNK_BYTES: Final = 256 * 1024
-MAX_WARNINGS: Final = 10
-"""Warnings of one answer logged; the rest are counted."""
 REDACTED: Final = "<secret>"
 """What a URL's userinfo is shown as."""
 MAX_WARNED: Final = 10_000
@@ -284,7 +279,9 @@ class PrometheusClient:
         (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
         async with self._semaphore:
-            vector = await self._with_retries(promql, at, name, Vector(keep, bounds))
+            vector = await self._with_retries(
+                promql, at, name, Vector(keep, bounds, answer_labels(promql))
+            )
         warned = (signal or name, vector.first_bad)
         first_time = vector.bad > 0 and warned not in self._warned
         if first_time and len(self._warned) < MAX_WARNED:
@@ -496,20 +493,14 @@ class _Transient(Exception):
 def _answer(
     url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: Vector
 ) -> Vector:
-    try:
-        document = read_answer(body, vector)
-    except Nested:
-        raise PrometheusQueryError(
-            f"Prometheus at {url} answered the {name} query with JSON nested more than "
-            f"{MAX_NESTING} levels deep"
-        ) from None
+    answer = read_answer(body, vector)
     if status in {401, 403}:
         raise PrometheusUnauthorized(
             f"Prometheus at {url} refused the request (HTTP {status}): check the bearer token or "
             "basic-auth credentials (--prometheus.bearer-token-file, --prometheus.username)"
         )
     if status in RETRIED_STATUSES:
-        detail = error_text(document) or cut(body[:200].decode("utf-8", "replace"))
+        detail = (answer and answer.error_text()) or cut(body[:200].decode("utf-8", "replace"))
         raise _Transient(
             f"HTTP {status}",
             lambda n: PrometheusQueryError(
@@ -523,28 +514,22 @@ def _answer(
             f"no PromQL API at {url} (HTTP 404 for /api/v1/query): give the base URL "
             "(e.g. http://prometheus:9090, http://thanos-query:10902, https://mimir/prometheus)"
         )
-    if document is None or "status" not in document:
+    if answer is None or answer.status is None:
         raise PrometheusQueryError(
             f"{url} answered HTTP {status} to the {name} query with something that is not a "
             "PromQL API response"
         )
-    if document["status"] != "success":
+    if answer.status != "success":
         raise PrometheusQueryError(
             f"Prometheus at {url} refused the {name} query (HTTP {status}): "
-            f"{error_text(document) or 'no reason given'}"
+            f"{answer.error_text() or 'no reason given'}"
         )
-    warnings = document.get("warnings")
-    if isinstance(warnings, list):
-        for warning in warnings[:MAX_WARNINGS]:
-            log.warning("prometheus warning", extra={"query": name, "warning": cut(warning)})
-        if len(warnings) > MAX_WARNINGS:
-            log.warning(
-                "prometheus warnings not shown",
-                extra={"query": name, "count": len(warnings) - MAX_WARNINGS},
-            )
-    kind = document.get("resultType")
-    if kind != "vector":
-        shown = cut(kind) if isinstance(kind, str) else "no vector"
+    for warning in answer.warnings:
+        log.warning("prometheus warning", extra={"query": name, "warning": warning})
+    if answer.more_warnings:
+        log.warning("prometheus warnings not shown", extra={"query": name})
+    if answer.result_type != "vector":
+        shown = answer.result_type or "no vector"
         raise PrometheusQueryError(f"the {name} query returned {shown}, expected an instant vector")
     return vector
 
