@@ -37,6 +37,7 @@ from exporter.rightsize.notify import Webhook, parse_webhook
 from exporter.rightsize.prometheus import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Connection,
+    after_authority,
     shown_url,
     url_credentials,
 )
@@ -181,6 +182,13 @@ class ServeConfig:
 def parse_url(value: object) -> str:
     """An http(s) URL; userinfo in it (`http://alice:pw@host`) is a secret, never quoted."""
     url = text(value).strip()
+    if "@" in after_authority(url):
+        # The userinfo ended early, at a delimiter in the password: what follows would be
+        # taken for the path (or the host, with a number before the delimiter).
+        raise ValueError(
+            f"{quote(shown_url(url))}: credentials in it must percent-encode '/', '?' and '#' "
+            "(%2F, %3F, %23)"
+        )
     try:
         parts = urlsplit(url) if url.isprintable() and " " not in url else None
         # `port` raises ValueError for a port that is not a number.

@@ -77,6 +77,7 @@ __all__ = [
     "PrometheusUnauthorized",
     "PrometheusUnreachable",
     "Sample",
+    "after_authority",
     "shown_url",
     "url_credentials",
 ]
@@ -121,17 +122,24 @@ class PrometheusQueryError(PrometheusError):
 
 def shown_url(url: str) -> str:
     """The URL as logs, errors, reports and notifications show it: userinfo (`alice:pw@`) as
-    `<secret>@`, the rest as given. The one place a `--prometheus` URL is made fit to show."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        parts = None
-    if parts is None or "@" not in parts.netloc:
-        if parts is None and "@" in url:
-            return f"{REDACTED}@{url.rpartition('@')[2]}"
+    `<secret>@`, the rest as given. The one place a `--prometheus` URL is made fit to show.
+
+    Whatever it is given: everything between the scheme and the last `@` is hidden, so a
+    password holding an unencoded `/`, `?` or `#` (which ends the authority early) is hidden
+    too; a URL with an `@` past its host shows less than it could, never a secret."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    if "@" not in rest:
         return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{REDACTED}@{host}"))
+    return f"{scheme}{separator}{REDACTED}@{rest.rpartition('@')[2]}"
+
+
+def after_authority(url: str) -> str:
+    """What follows a URL's authority: its path, query and fragment."""
+    rest = url.partition("://")[2]
+    ends = [at for at in map(rest.find, "/?#") if at >= 0]
+    return rest[min(ends) :] if ends else ""
 
 
 def _without_userinfo(parts: SplitResult) -> str:
@@ -432,6 +440,14 @@ class PrometheusClient:
                             "query to a URL that cannot be read"
                         ) from None
                     redirects.append(shown_url(str(target)))
+                    if target.user is not None or target.password is not None:
+                        # Credentials come from --prometheus alone, never from an answer (and
+                        # aiohttp refuses userinfo beside an Authorization header anyway).
+                        raise PrometheusQueryError(
+                            f"Prometheus at {self.connection.shown} redirected the {name} query "
+                            f"to a URL carrying credentials, {shown_url(str(target))}: refused; "
+                            "credentials are taken from --prometheus and its flags only"
+                        )
                     if elsewhere:
                         raise PrometheusQueryError(
                             f"Prometheus at {self.connection.shown} redirected the {name} query "
