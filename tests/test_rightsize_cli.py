@@ -17,6 +17,7 @@ import pytest
 import trustme
 from aiohttp import web
 
+from exporter.rightsize.cli import write_file
 from exporter.rightsize.options import RIGHTSIZE, load
 from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES
 from exporter.settings import ConfigError
@@ -418,3 +419,33 @@ def test_with_the_defaults_a_server_that_never_answers_fails_the_job_within_a_mi
         "is it up, and is --prometheus its address?"
     )
     assert took < 60, f"took {took:.0f}s"
+
+
+@pytest.mark.parametrize("output_format", ["json", "html"])
+def test_a_fifo_as_the_output_file_is_refused_at_start(tmp_path: Path, output_format: str) -> None:
+    """It held the job for ever after "report ready" (no reader ever came)."""
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.json_response(EMPTY)
+
+    with serving(empty) as url:
+        result = rightsize(
+            f"--prometheus={url}", f"--format={output_format}", f"--output={fifo}", timeout=60
+        )
+    assert result.returncode == 2
+    assert result.stderr == f"{ERROR}invalid --output: '{fifo}' is not a regular file\n"
+
+
+def test_a_fifo_made_at_the_output_path_after_the_start_is_not_written_through(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="No such device or address"):
+        write_file(fifo, "{}")
+    regular = tmp_path / "old.json"
+    regular.write_text("a longer text of an earlier report")
+    write_file(regular, "{}")
+    assert regular.read_text() == "{}"

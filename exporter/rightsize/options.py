@@ -770,8 +770,13 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
 
 
 def _check_output(settings: RightsizeSettings) -> None:
-    """A directory format needs a directory; a ConfigMap holds one text."""
+    """A directory format needs a directory; a ConfigMap holds one text; a text format writes
+    a regular file (a FIFO would hold the job for ever once the report is ready)."""
     if settings.output_format not in DIRECTORIES:
+        output = settings.output
+        if output is not None and output.exists() and not output.is_file():
+            shown = quote(str(output), PATH_QUOTE_LIMIT)
+            raise ConfigError("--output", f"{shown} is not a regular file")
         return
     if settings.output is None:
         raise ConfigError(
