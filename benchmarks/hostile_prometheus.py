@@ -39,7 +39,7 @@ from tests.rightsize_hostile import END, StandIn, held_pod  # noqa: E402 - after
 from tests.rightsize_run import serving  # noqa: E402
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 MEASURE = """
 import os, sys
@@ -82,6 +82,14 @@ SHAPES: dict[str, Callable[[], str]] = {
     "astral_string": lambda: (
         '{"status":"success","error":"\U0001f600","data":{"resultType":"vector","result":[]},'
         f'"pad":"{"a" * SHAPE_BYTES}"}}'
+    ),
+    "tiny_elements": lambda: (
+        _HEAD
+        + ",".join(
+            f'{{"metric":{{"pod":"p{n}"}},"value":[1780000200,"1"]}}'
+            for n in range(SHAPE_BYTES // 56)
+        )
+        + "]}}"
     ),
     "long_label_value": lambda: (
         _HEAD + '{"metric":{"pod":"' + "p" * SHAPE_BYTES + '"},"value":[1780000200,"1"]}]}}'
@@ -186,10 +194,12 @@ def run_shape(url: str, code: Path, *, seconds: float, mib: int) -> dict[str, ob
     }
 
 
-def shapes(code: Path, *, seconds: float, mib: int) -> dict[str, object]:
-    """The job's peak memory against every shape of `SHAPES`."""
+def shapes(code: Path, *, seconds: float, mib: int, only: Sequence[str] = ()) -> dict[str, object]:
+    """The job's peak memory against every shape of `SHAPES` (or those named in `only`)."""
     found: dict[str, object] = {"body_mib": SHAPE_BYTES / 2**20, "code": str(code)}
     for name, make in SHAPES.items():
+        if only and name not in only:
+            continue
         body = make().encode()
 
         async def canned(request: web.Request, body: bytes = body) -> web.Response:
@@ -208,9 +218,12 @@ def main() -> None:
     parser.add_argument("--shapes", action="store_true", help="hostile shapes, not many pods")
     parser.add_argument("--give-up-seconds", type=float, default=180.0)
     parser.add_argument("--give-up-mib", type=int, default=3072)
+    parser.add_argument("--shape", action="append", choices=list(SHAPES), default=[])
     args = parser.parse_args()
     if args.shapes:
-        found = shapes(args.code.resolve(), seconds=args.give_up_seconds, mib=args.give_up_mib)
+        found = shapes(
+            args.code.resolve(), seconds=args.give_up_seconds, mib=args.give_up_mib, only=args.shape
+        )
         found["load_average"] = [round(load, 2) for load in os.getloadavg()]
         print(json.dumps(found, indent=1))
         return

@@ -354,7 +354,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "max_response_size",
         size_between(1 << 20, 4 << 30),
         "Largest answer read from the PromQL API (1MiB to 4GiB): a longer one fails the query "
-        "as soon as it passes the limit. An answer costs about 6.5 times its size in memory.",
+        "as soon as it passes the limit. No answer is built whole: one at the limit costs the "
+        "job under 400 MiB whatever its shape; what the job keeps grows with the series asked "
+        "for.",
         "SIZE",
         group="connection",
         shown_default=size_text(DEFAULT_MAX_RESPONSE_BYTES).replace(" ", ""),

@@ -95,8 +95,9 @@ MAX_RETRY_AFTER_SECONDS: Final = 30.0
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The largest answer read by default. The job's answers hold one element (about 275 bytes) per
 device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 workloads need.
-Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
-512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
+No answer is built whole (`answer.py`): one at the limit, whatever its shape, costs the job at
+most about 400 MiB in all, within the CronJob's 512 MiB; a server answering without end costs at
+most `concurrency` times the limit."""
 READ_CHUNK_BYTES: Final = 256 * 1024
 REDACTED: Final = "<secret>"
 """What a URL's userinfo is shown as."""
