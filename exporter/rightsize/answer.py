@@ -1,11 +1,15 @@
-"""Reading a PromQL API answer: its vector element by element, bounded in nesting.
+"""Reading a PromQL API answer a value at a time, never building any part of it whole.
 
 The server is not trusted to answer sanely (its series can be forged through a PodMonitor with
-`honorLabels` or remote write): an element the caller did not ask for (`keep`) is dropped as it is
-read, so an answer holding every series costs no more than the ones asked for; nesting is
-bounded; a malformed element, or one whose value is NaN, infinite or outside the signal's
-`Bounds`, is dropped and counted, the first such series named — one bad series never fails a
-query. `prometheus.py` sends the queries and judges the answer's status.
+`honorLabels` or remote write, and the server can be an attacker's): an element the caller did
+not ask for (`keep`) is dropped as it is read, so an answer holding every series costs no more
+than the ones asked for; of an element kept, only the labels its query groups by are
+(`answer_labels`); warnings and errors are read only as far as they are shown; an element is
+decoded whole only in the flat shape every server writes, any other is walked; whatever else
+the answer holds is stepped over without being built, however long or deep. A malformed
+element, or one whose value is NaN, infinite or outside the signal's `Bounds`, is dropped and
+counted, the first such series named — one bad series never fails a query. `prometheus.py`
+sends the queries and judges the answer's status.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter.rightsize.prometheus")
 
 MAX_NESTING: Final = 64
-"""How deep a part of an answer the client does not read element by element (`warnings`,
-`stats`, ...) may nest; a vector element nests three levels."""
+"""A malformed element nested deeper than this is named `nested too deeply` when dropped (a
+well-formed one nests three levels)."""
 SERIES_QUOTE_LIMIT: Final = 120
 MAX_WARNINGS: Final = 10
-"""Warnings of one answer read and logged; the rest are counted and stepped over."""
+"""Warnings of one answer read and logged; the rest are stepped over unread."""
 
 
 @dataclass(frozen=True, slots=True)

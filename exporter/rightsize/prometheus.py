@@ -283,7 +283,8 @@ class PrometheusClient:
 
         `name` says which signal this is, for log lines and error messages. Elements whose
         labels `keep` refuses are dropped as they are read (no warning: a server may answer
-        more than asked); elements that are malformed or whose value is NaN, infinite or
+        more than asked), and of those kept, the labels `promql` does not group by
+        (`answer_labels`); elements that are malformed or whose value is NaN, infinite or
         outside `bounds` are dropped with one warning naming the first, once per `signal`
         (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
