@@ -17,6 +17,7 @@ import pytest
 import trustme
 from aiohttp import web
 
+from exporter.rightsize.cli import write_file
 from exporter.rightsize.options import RIGHTSIZE, load
 from exporter.rightsize.prometheus import DEFAULT_MAX_RESPONSE_BYTES
 from exporter.settings import ConfigError
@@ -457,3 +458,33 @@ def test_with_an_empty_store_auto_falls_back_to_gpuscope_and_says_why(
     assert "neither gpuscope's nor dcgm-exporter's series" in result.stderr
     assert json.loads(result.stdout)["history_source"] == "gpuscope"
     assert any("gpu_allocation_info" in query for query in queries[:3])
+
+
+@pytest.mark.parametrize("output_format", ["json", "html"])
+def test_a_fifo_as_the_output_file_is_refused_at_start(tmp_path: Path, output_format: str) -> None:
+    """It held the job for ever after "report ready" (no reader ever came)."""
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.json_response(EMPTY)
+
+    with serving(empty) as url:
+        result = rightsize(
+            f"--prometheus={url}", f"--format={output_format}", f"--output={fifo}", timeout=60
+        )
+    assert result.returncode == 2
+    assert result.stderr == f"{ERROR}invalid --output: '{fifo}' is not a regular file\n"
+
+
+def test_a_fifo_made_at_the_output_path_after_the_start_is_not_written_through(
+    tmp_path: Path,
+) -> None:
+    fifo = tmp_path / "report.json"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="No such device or address"):
+        write_file(fifo, "{}")
+    regular = tmp_path / "old.json"
+    regular.write_text("a longer text of an earlier report")
+    write_file(regular, "{}")
+    assert regular.read_text() == "{}"

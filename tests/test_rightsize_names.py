@@ -61,7 +61,7 @@ def report_of(*workloads: WorkloadHistory) -> Report:
     [("Deployment", 253), ("StatefulSet", 253), ("Pod", 253), ("Job", 63), ("CronJob", 52)],
 )
 def test_each_kind_has_the_name_limit_kubernetes_applies(kind: str, longest: int) -> None:
-    name = "a" * (longest - 2) + ".b"
+    name = (("a" * 62 + ".") * 5)[: longest - 1] + "b"  # labels of at most 63
     assert name_problem(cluster="", namespace="team", kind=kind, name=name) is None
     too_long = name_problem(cluster="", namespace="team", kind=kind, name="a" + name)
     assert too_long is not None
@@ -219,3 +219,15 @@ def test_the_real_kubectl_reads_the_generated_line_as_meant(tmp_path: Path) -> N
         "/apis/apps/v1",
         "/apis/apps/v1/namespaces/serving/deployments/chat",
     }
+
+
+def test_each_label_of_a_subdomain_name_is_at_most_63_characters() -> None:
+    """As Kubernetes checks it: the name as a whole may reach 253, no label past 63."""
+    names = {"x" * 63 + ".y": None, "x" * 64 + ".y": "x" * 64, "y." + "x" * 64: "x" * 64}
+    for name, too_long in names.items():
+        problem = name_problem(cluster="", namespace="ns", kind="Deployment", name=name)
+        if too_long is None:
+            assert problem is None
+        else:
+            assert problem is not None
+            assert problem.startswith("Deployment name ")

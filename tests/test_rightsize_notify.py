@@ -4,6 +4,7 @@ the plain JSON checked by a local receiver, and failures that stay failures of t
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from dataclasses import replace
@@ -234,3 +235,17 @@ def test_a_teams_card_shows_labels_as_written_not_as_markdown() -> None:
             unescaped = list(re.finditer(r"(?<!\\)[\[\]()*_]", text))
             assert not unescaped, text
             assert "\n" not in text
+
+
+def test_a_slack_message_carries_no_bidirectional_or_zero_width_character() -> None:
+    """A forged name with U+202E (read backwards) or U+200B (hidden) shows as written."""
+    report = sample_report()
+    forged = "evil\u202etxt.exe\u200bnotebook"
+    rows = tuple(
+        replace(row, history=replace(row.history, name=forged)) if index == 0 else row
+        for index, row in enumerate(report.rows)
+    )
+    payload = json.dumps(slack_payload(replace(report, rows=rows), None), ensure_ascii=False)
+    assert "\u202e" not in payload
+    assert "\u200b" not in payload
+    assert "evil txt.exe notebook" in payload

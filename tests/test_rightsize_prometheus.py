@@ -80,9 +80,13 @@ async def serve(script: Script, *, ssl_context: ssl.SSLContext | None = None) ->
         await runner.cleanup()
 
 
+PROMQL = "max by (pod) (up)"
+"""A query as the job sends them: aggregated by the labels it reads (the others are dropped)."""
+
+
 async def query(url: str, **connection: Any) -> list[Sample]:
     async with PrometheusClient(Connection(url=url, **connection), backoff=FAST) as client:
-        return await client.query("up", at=1700000000.5, name="busy_mean")
+        return await client.query(PROMQL, at=1700000000.5, name="busy_mean")
 
 
 async def test_a_vector_comes_back_without_nans_and_the_query_is_posted() -> None:
@@ -91,7 +95,7 @@ async def test_a_vector_comes_back_without_nans_and_the_query_is_posted() -> Non
         samples = await query(url + "/")
     assert samples == [Sample({"pod": "a"}, 0.25)]
     form, _ = script.requests[0]
-    assert form == {"query": "up", "time": "1700000000.500"}
+    assert form == {"query": PROMQL, "time": "1700000000.500"}
 
 
 async def test_5xx_and_429_are_retried_and_logged_as_attempts(
@@ -304,7 +308,7 @@ async def test_a_slow_query_of_a_server_that_answers_keeps_its_time() -> None:
     with serving(handle) as url:
         samples = await query(url, read_timeout_seconds=0.2)
     assert samples == [Sample({"pod": "a"}, 0.25)]
-    assert asked == ["up", "vector(1)"]
+    assert asked == [PROMQL, "vector(1)"]
 
 
 async def test_a_connection_that_does_not_open_is_retried_then_says_so() -> None:

@@ -166,3 +166,38 @@ def test_the_report_server_hides_it() -> None:
     assert any(f"# from {shown};" in text for text in patches)
     assert f"source={shown}" in server.text(), "the listening line"
     assert_no_secret(server.text(), page.decode(), json.dumps(document), metrics.decode(), *patches)
+
+
+@pytest.mark.parametrize("delimiter", ["/", "?", "#"])
+@pytest.mark.parametrize("before", ["9090", "pw"])
+def test_a_password_with_an_unencoded_delimiter_is_refused_without_showing_it(
+    delimiter: str, before: str
+) -> None:
+    """Else the userinfo ends at the delimiter: the password shown as a path, and with a number
+    before it, the job connects to the user name as a host."""
+    url = f"http://{USER}:{before}{delimiter}{PASSWORD}@127.0.0.1:{free_port()}"
+    result = rightsize(f"--prometheus={url}", "--format=json")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "percent-encode '/', '?' and '#'" in result.stderr
+    assert PASSWORD not in result.stderr
+
+
+def test_the_shown_form_hides_userinfo_that_ends_at_a_delimiter() -> None:
+    for delimiter in "/?#":
+        shown = shown_url(f"http://{USER}:9090{delimiter}{PASSWORD}@prom:9090/x")
+        assert shown == "http://<secret>@prom:9090/x"
+    assert shown_url(f"{USER}:{PASSWORD}@prom") == "<secret>@prom"
+
+
+def test_a_redirect_carrying_userinfo_is_refused_in_one_line() -> None:
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"http://mallory:{PASSWORD}@{request.host}/elsewhere")
+
+    with serving(redirect) as url:
+        result = rightsize(f"--prometheus={with_credentials(url)}", "--format=json")
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()[-1:]
+    assert "redirected the connectivity check query to a URL carrying credentials" in line
+    assert PASSWORD not in result.stderr

@@ -10,6 +10,7 @@ query). Each failure is one line on stderr.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -89,7 +90,7 @@ def _write(config: RightsizeConfig, report: Report) -> int:
             sys.stdout.write(text)
             sys.stdout.flush()
         else:
-            config.output.write_text(text, encoding="utf-8")
+            write_file(config.output, text)
         if config.configmap is not None:
             key = f"report.{EXTENSIONS[config.output_format]}"
             write_report(config.configmap, key, text, generated_at=report.end)
@@ -104,6 +105,20 @@ def _write(config: RightsizeConfig, report: Report) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def write_file(path: Path, text: str) -> None:
+    """`text` as the regular file at `path`. Opened without blocking and checked before any
+    write: a FIFO made there since the start would otherwise hold the job until a reader came
+    (with none, opening fails at once: ENXIO)."""
+    descriptor = os.open(
+        path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644
+    )
+    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        file.truncate()
+        file.write(text)
 
 
 def write_directory(directory: Path, files: dict[str, str]) -> int:

@@ -20,7 +20,8 @@ from exporter.documents import quote
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+"""One RFC 1123 label: at most 63 characters, in a subdomain too."""
 DNS_LABEL: Final = re.compile(_LABEL)
 """RFC 1123 label, as Kubernetes checks a namespace or a container name (at most 63)."""
 DNS_SUBDOMAIN: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")

@@ -154,8 +154,11 @@ def _overview(report: Report) -> str:
 
 
 def _slack_text(text: str) -> str:
-    """Slack's mrkdwn: &, < and > escaped (a label cannot make a link or a mention)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Slack's mrkdwn: each line's control and format characters (a bidirectional override
+    that would make a name read backwards, a zero-width space hiding in one) as spaces, as on a
+    Teams card (`comment_text`); &, < and > escaped (a label cannot make a link or a mention)."""
+    lines = "\n".join(comment_text(line) for line in text.split("\n"))
+    return lines.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def slack_payload(report: Report, report_url: str | None) -> dict[str, Any]:

@@ -15,34 +15,46 @@ output's (`--format`, `--output`, `--configmap`), and the server's (`SERVER_SETT
 
 from __future__ import annotations
 
-import math
-import re
-import ssl
 import time
 from dataclasses import dataclass, field, fields
-from datetime import datetime
 from typing import TYPE_CHECKING, Final
-from urllib.parse import urlsplit
 
-from exporter import documents, logs
+from exporter import logs
 from exporter.catalog import Catalog, CatalogError, builtin_catalog, load_catalog
 from exporter.documents import quote, size_text
 from exporter.durations import format_duration
 from exporter.rightsize.confidence import LEVELS
-from exporter.rightsize.configmap import ConfigMapTarget, parse_target
+from exporter.rightsize.connection import (
+    CA_FILE_LIMIT,
+    PASSWORD_ENV,
+    SECRET_FILE_LIMIT,
+    TOKEN_ENV,
+    connection,
+)
 from exporter.rightsize.formatters import DIRECTORIES, FORMATTERS
 from exporter.rightsize.hardware import PriceFileError, load_price_file
-from exporter.rightsize.history import DEVICE_LABELS
-from exporter.rightsize.notify import Webhook, parse_webhook
 from exporter.rightsize.prometheus import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Connection,
-    shown_url,
-    url_credentials,
 )
-from exporter.rightsize.selection import Requirement, Selection, parse_namespaces, parse_selector
-from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, listed
+from exporter.rightsize.selection import Selection
+from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings
 from exporter.rightsize.strategy import STRATEGIES
+from exporter.rightsize.values import (
+    MAX_CLOCK_SKEW_SECONDS,
+    parse_cluster_label,
+    parse_configmap,
+    parse_end,
+    parse_headers,
+    parse_namespace_list,
+    parse_output,
+    parse_report_url,
+    parse_selector_text,
+    parse_url,
+    parse_username,
+    parse_webhooks,
+    size_between,
+)
 from exporter.settings import (
     PATH_QUOTE_LIMIT,
     CommandParser,
@@ -57,37 +69,23 @@ from exporter.settings import (
     parse_bool,
     parse_file,
     parse_path,
-    text,
 )
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
+
+    from exporter.rightsize.configmap import ConfigMapTarget
+    from exporter.rightsize.notify import Webhook
+    from exporter.rightsize.selection import Requirement
 
 PROG: Final = "gpuscope rightsize"
 ENV_PREFIX: Final = "GPUSCOPE_RIGHTSIZE_"
-TOKEN_ENV: Final = "GPUSCOPE_PROMETHEUS_BEARER_TOKEN"  # noqa: S105 - a variable name, not a secret
-PASSWORD_ENV: Final = "GPUSCOPE_PROMETHEUS_PASSWORD"  # noqa: S105 - a variable name, not a secret
-MAX_CLOCK_SKEW_SECONDS: Final = 300.0
-"""How far past this machine's clock `--end` may lie (another machine's clock may run ahead)."""
-SECRET_FILE_LIMIT: Final = 64 * 1024
-"""A bearer token (a JWT: a few KiB) or a password file."""
-CA_FILE_LIMIT: Final = 4 * 1024 * 1024
-"""CA certificates: a whole system bundle is about 220 KiB."""
-MAX_SELECTOR_LENGTH: Final = 4096
-_HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-"""An HTTP field name (RFC 9110's token)."""
-MAX_HEADER_VALUE: Final = 8192
-"""Longest `--prometheus.header` value: servers refuse longer header lines (8 KiB is nginx's
-and Go's usual limit)."""
-_SIZE: Final = re.compile(r"(\d{1,13})\s*(B|KiB|MiB|GiB)?")
-_LABEL: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 DEFAULT_PORT: Final = 9456
 """The report server's port: the daemon's (9455) and one."""
 SOURCES: Final = ("gpuscope", "dcgm-exporter", "auto")
 """`--source`: whose series the history is read from."""
-_SIZE_UNITS: Final = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,144 +176,6 @@ class ServeConfig:
     web_config_file: Path | None
     max_requests: int
     refresh: float
-
-
-# -- value parsers ------------------------------------------------------------------------------
-
-
-def parse_url(value: object) -> str:
-    """An http(s) URL; userinfo in it (`http://alice:pw@host`) is a secret, never quoted."""
-    url = text(value).strip()
-    try:
-        parts = urlsplit(url) if url.isprintable() and " " not in url else None
-        # `port` raises ValueError for a port that is not a number.
-        valid = (
-            parts is not None
-            and parts.scheme in {"http", "https"}
-            and bool(parts.hostname)
-            and (parts.port or 0) >= 0
-        )
-    except ValueError:
-        valid = False
-    if not valid:
-        raise ValueError(f"{quote(shown_url(url))} is not an http:// or https:// URL")
-    return url
-
-
-def parse_end(value: object) -> float:
-    """A moment, RFC 3339 or unix seconds, from the epoch up to `MAX_CLOCK_SKEW_SECONDS` ahead."""
-    if isinstance(value, datetime):  # a YAML timestamp
-        spelled, seconds = value.isoformat(), _timestamp(value, value.isoformat())
-    else:
-        spelled = text(value).strip()
-        try:
-            seconds = float(spelled)
-        except ValueError:
-            seconds = _timestamp(_rfc3339(spelled), spelled)
-    if not math.isfinite(seconds):
-        raise ValueError(f"{quote(spelled)} is not a moment in time")
-    if seconds < 0:
-        raise ValueError(f"{quote(spelled)} is before 1970")
-    if seconds > time.time() + MAX_CLOCK_SKEW_SECONDS:
-        raise ValueError(
-            f"{quote(spelled)} is in the future (more than "
-            f"{format_duration(MAX_CLOCK_SKEW_SECONDS)} ahead of this machine's clock)"
-        )
-    return seconds
-
-
-def _rfc3339(spelled: str) -> datetime:
-    try:
-        return datetime.fromisoformat(spelled)
-    except ValueError:
-        raise ValueError(f"{quote(spelled)} is neither RFC 3339 nor unix seconds") from None
-
-
-def _timestamp(moment: datetime, spelled: str) -> float:
-    if moment.tzinfo is None:
-        raise ValueError(f"{quote(spelled)} needs a time zone (e.g. Z)")
-    return moment.timestamp()
-
-
-def parse_namespace_list(values: object) -> tuple[str, ...]:
-    return parse_namespaces([text(value) for value in listed(values)])
-
-
-def parse_selector_text(value: object) -> tuple[Requirement, ...]:
-    spelled = text(value)
-    if len(spelled) > MAX_SELECTOR_LENGTH:
-        raise ValueError(f"longer than {MAX_SELECTOR_LENGTH} characters")
-    return parse_selector(spelled) if spelled.strip() else ()
-
-
-def parse_username(value: object) -> str:
-    user = text(value)
-    if not user or ":" in user or not user.isprintable():
-        raise ValueError(
-            f"{quote(user)} is not a basic-auth user (no colon, no control characters)"
-        )
-    return user
-
-
-def parse_headers(values: object) -> tuple[tuple[str, str], ...]:
-    """`Name: value` headers (a value may hold commas: `Accept: a, b`). A value may be a secret
-    (a tenant, a token), so an error names the header, never its value."""
-    headers: list[tuple[str, str]] = []
-    for number, value in enumerate(listed(values), 1):
-        name, colon, content = text(value).strip().partition(":")
-        if not colon or not _HEADER_NAME.fullmatch(name.strip()):
-            raise ValueError(f"header #{number} is not 'Name: value' (not shown: it may be secret)")
-        if not content.strip().isprintable() or len(content) > MAX_HEADER_VALUE:
-            raise ValueError(
-                f"the value of {quote(name.strip())} has control characters or is longer than "
-                f"{MAX_HEADER_VALUE} characters (not shown: it may be secret)"
-            )
-        headers.append((name.strip(), content.strip()))
-    return tuple(headers)
-
-
-def size_between(low: int, high: int) -> Callable[[object], int]:
-    """A size in bytes: `33554432`, `512KiB`, `32MiB`, `1GiB`."""
-
-    def parse(value: object) -> int:
-        spelled = text(value).strip()
-        match = _SIZE.fullmatch(spelled)
-        if match is None:
-            raise ValueError(f"{quote(spelled)} is not a size (e.g. 512KiB, 32MiB, 1GiB)")
-        size = int(match[1]) * _SIZE_UNITS[match[2] or "B"]
-        if not low <= size <= high:
-            raise ValueError(f"{size_text(size)} is outside {size_text(low)}..{size_text(high)}")
-        return size
-
-    return parse
-
-
-def parse_output(value: object) -> Path:
-    path = parse_path(value)
-    if not path.parent.is_dir():
-        raise ValueError(f"directory {quote(str(path.parent), PATH_QUOTE_LIMIT)} does not exist")
-    return path
-
-
-def parse_configmap(value: object) -> ConfigMapTarget:
-    return parse_target(text(value))
-
-
-def parse_cluster_label(value: object) -> str:
-    label = text(value).strip()
-    if not _LABEL.fullmatch(label) or label.startswith("__"):
-        raise ValueError(f"{quote(label)} is not a Prometheus label name")
-    if label in {*DEVICE_LABELS, "container", "model", "mig_profile", "resource"}:
-        raise ValueError(f"{quote(label)} is one of the daemon's own labels")
-    return label
-
-
-def parse_webhooks(values: object) -> tuple[Webhook, ...]:
-    return tuple(parse_webhook(text(value)) for value in listed(values) if text(value).strip())
-
-
-def parse_report_url(value: object) -> str:
-    return parse_url(value)
 
 
 # -- the table ----------------------------------------------------------------------------------
@@ -510,7 +370,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "max_response_size",
         size_between(1 << 20, 4 << 30),
         "Largest answer read from the PromQL API (1MiB to 4GiB): a longer one fails the query "
-        "as soon as it passes the limit. An answer costs about 6.5 times its size in memory.",
+        "as soon as it passes the limit. No answer is built whole: one at the limit costs the "
+        "job under 400 MiB whatever its shape; what the job keeps grows with the series asked "
+        "for.",
         "SIZE",
         group="connection",
         shown_default=size_text(DEFAULT_MAX_RESPONSE_BYTES).replace(" ", ""),
@@ -758,7 +620,7 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
             "--source gpuscope (use --namespace with dcgm-exporter's series)",
         )
     return RightsizeConfig(
-        connection=_connection(settings, environ),
+        connection=connection(settings, environ),
         selection=Selection(settings.namespaces, settings.selector),
         window=settings.window,
         step=settings.step,
@@ -785,8 +647,13 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
 
 
 def _check_output(settings: RightsizeSettings) -> None:
-    """A directory format needs a directory; a ConfigMap holds one text."""
+    """A directory format needs a directory; a ConfigMap holds one text; a text format writes
+    a regular file (a FIFO would hold the job for ever once the report is ready)."""
     if settings.output_format not in DIRECTORIES:
+        output = settings.output
+        if output is not None and output.exists() and not output.is_file():
+            shown = quote(str(output), PATH_QUOTE_LIMIT)
+            raise ConfigError("--output", f"{shown} is not a regular file")
         return
     if settings.output is None:
         raise ConfigError(
@@ -806,72 +673,3 @@ def _catalog(path: Path | None) -> Catalog:
         return load_catalog(path) if path is not None else builtin_catalog()
     except CatalogError as error:
         raise ConfigError("--catalog.file", str(error)) from None
-
-
-def _connection(settings: RightsizeSettings, environ: Mapping[str, str]) -> Connection:
-    token = _secret_variable(environ, TOKEN_ENV)
-    if settings.token_file is not None:
-        token = _secret_file("--prometheus.bearer-token-file", settings.token_file)
-    password = _secret_variable(environ, PASSWORD_ENV)
-    if settings.password_file is not None:
-        if settings.username is None:
-            raise ConfigError("--prometheus.password-file", "needs --prometheus.username")
-        password = _secret_file("--prometheus.password-file", settings.password_file)
-    if password and settings.username is None:
-        raise ConfigError(PASSWORD_ENV, "a password needs --prometheus.username")
-    if token and settings.username is not None:
-        raise ConfigError("--prometheus.username", "choose bearer token or basic auth, not both")
-    if url_credentials(settings.prometheus) is not None and (token or settings.username):
-        raise ConfigError(
-            "--prometheus",
-            "its URL carries credentials, and --prometheus.username or a bearer token is given "
-            "too: choose one",
-        )
-    return Connection(
-        url=settings.prometheus,
-        bearer_token=token or None,
-        username=settings.username,
-        password=password,
-        ca_certificates=_certificates(settings.ca_file) if settings.ca_file else None,
-        insecure_skip_verify=settings.insecure_skip_verify,
-        headers=dict(settings.headers),
-        timeout_seconds=settings.timeout,
-        connect_timeout_seconds=settings.connect_timeout,
-        read_timeout_seconds=settings.read_timeout,
-        concurrency=settings.concurrency,
-        max_response_bytes=settings.max_response_size,
-    )
-
-
-def _secret_variable(environ: Mapping[str, str], name: str) -> str | None:
-    value = environ.get(name)
-    if value is not None and not value.isprintable():
-        raise ConfigError(name, "has control characters")  # never quoted: a secret
-    return value
-
-
-def _secret_file(flag: str, path: Path) -> str:
-    """A token or password: the file's text without surrounding whitespace, never quoted."""
-    try:
-        secret = documents.read_bounded(path, SECRET_FILE_LIMIT).decode("utf-8").strip()
-    except documents.Invalid as problem:
-        raise ConfigError(flag, f"{path}: {problem}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(flag, f"{path}: not UTF-8 text") from None
-    if not secret.isprintable():
-        raise ConfigError(flag, f"{path}: has control characters")
-    return secret
-
-
-def _certificates(path: Path) -> str:
-    """The PEM text of the CA certificates in the file, checked by loading them."""
-    flag = "--prometheus.ca-file"
-    try:
-        pem = documents.decode(documents.read_bounded(path, CA_FILE_LIMIT))
-        ssl.create_default_context().load_verify_locations(cadata=pem)
-    except documents.Invalid as problem:
-        raise ConfigError(flag, f"{path}: {problem}") from None
-    except (ssl.SSLError, ValueError) as error:
-        reason = getattr(error, "reason", None) or "unreadable"
-        raise ConfigError(flag, f"{path}: no PEM certificates in it ({reason})") from None
-    return pem

@@ -21,12 +21,11 @@ complete line for the user; after a redirect it names where the request was sent
 The server is not trusted to answer sanely (its series can be forged through a PodMonitor with
 `honorLabels` or remote write):
 
-- the answer's vector is read element by element (`_read_answer`): an element the caller did not
-  ask for (`keep`, e.g. a pod outside the batch asked about) is dropped as it is read, so an
-  answer holding every series costs no more than the ones asked for; nesting is bounded; a
-  malformed element, or one whose value is NaN, infinite or outside the signal's `Bounds`, is
-  dropped with one warning per query naming the first such series — one bad series never fails
-  a query;
+- the answer is read by `answer.py`, a value at a time and never built whole: elements the
+  caller did not ask for (`keep`) and labels the query does not group by are dropped as read;
+  warnings and errors are read only as far as they are shown; a malformed element, or one whose
+  value is NaN, infinite or outside the signal's `Bounds`, is dropped with one warning per query
+  naming the first such series — one bad series never fails a query;
 - credentials in the URL's userinfo (`http://alice:pw@prometheus:9090`) authenticate, and every
   place that shows the URL shows `shown_url`'s form (`http://<secret>@prometheus:9090`);
 - a redirect is followed only within the URL's origin (scheme, host and port): the credentials
@@ -39,26 +38,51 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import math
 import os
-import re
 import socket
 import ssl
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import TYPE_CHECKING, Final
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 import aiohttp
 from yarl import URL
 
-from exporter.documents import quote, size_text
+from exporter.documents import size_text
+from exporter.rightsize.answer import (
+    ANY_FINITE,
+    Bounds,
+    Sample,
+    Vector,
+    answer_labels,
+    cut,
+    read_answer,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Coroutine, Mapping, Sequence
     from types import TracebackType
+
+__all__ = [
+    "ANY_FINITE",
+    "BACKOFF_SECONDS",
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Bounds",
+    "Connection",
+    "PrometheusClient",
+    "PrometheusError",
+    "PrometheusQueryError",
+    "PrometheusUnauthorized",
+    "PrometheusUnreachable",
+    "Sample",
+    "after_authority",
+    "shown_url",
+    "url_credentials",
+]
+"""`Sample` and `Bounds` are the answer reader's (`answer.py`), named here too: the callers of a
+query know this module only."""
 
 log = logging.getLogger("exporter.rightsize.prometheus")
 
@@ -71,17 +95,12 @@ MAX_RETRY_AFTER_SECONDS: Final = 30.0
 DEFAULT_MAX_RESPONSE_BYTES: Final = 32 * 1024 * 1024
 """The largest answer read by default. The job's answers hold one element (about 275 bytes) per
 device a pod held: 32 MiB is some 120,000 of them, a hundred times what 1,000 workloads need.
-Parsed, an answer takes about 6.5 times its size: one at the limit still fits the CronJob's
-512 MiB, and a server answering without end costs at most `concurrency` times the limit."""
+No answer is built whole (`answer.py`): one at the limit, whatever its shape, costs the job at
+most about 400 MiB in all, within the CronJob's 512 MiB; a server answering without end costs at
+most `concurrency` times the limit."""
 READ_CHUNK_BYTES: Final = 256 * 1024
-MAX_NESTING: Final = 64
-"""How deep a part of an answer the client does not read element by element (`warnings`,
-`stats`, ...) may nest; a vector element nests three levels."""
-MAX_WARNINGS: Final = 10
-"""Warnings of one answer logged; the rest are counted."""
 REDACTED: Final = "<secret>"
 """What a URL's userinfo is shown as."""
-SERIES_QUOTE_LIMIT: Final = 120
 MAX_WARNED: Final = 10_000
 """Series remembered as warned about (beyond them, a series may be named again)."""
 
@@ -102,43 +121,26 @@ class PrometheusQueryError(PrometheusError):
     """The server answered but refused the query or did not speak the PromQL API."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One element of an instant vector: its labels and its value."""
-
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class Bounds:
-    """The values a signal can take; any other is a forged or broken series."""
-
-    low: float
-    high: float
-    what: str
-    """What the value is, for the warning (`a ratio`, `bytes`)."""
-
-    def admits(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
-
-ANY_FINITE: Final = Bounds(-math.inf, math.inf, "a finite number")
-
-
 def shown_url(url: str) -> str:
     """The URL as logs, errors, reports and notifications show it: userinfo (`alice:pw@`) as
-    `<secret>@`, the rest as given. The one place a `--prometheus` URL is made fit to show."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        parts = None
-    if parts is None or "@" not in parts.netloc:
-        if parts is None and "@" in url:
-            return f"{REDACTED}@{url.rpartition('@')[2]}"
+    `<secret>@`, the rest as given. The one place a `--prometheus` URL is made fit to show.
+
+    Whatever it is given: everything between the scheme and the last `@` is hidden, so a
+    password holding an unencoded `/`, `?` or `#` (which ends the authority early) is hidden
+    too; a URL with an `@` past its host shows less than it could, never a secret."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    if "@" not in rest:
         return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{REDACTED}@{host}"))
+    return f"{scheme}{separator}{REDACTED}@{rest.rpartition('@')[2]}"
+
+
+def after_authority(url: str) -> str:
+    """What follows a URL's authority: its path, query and fragment."""
+    rest = url.partition("://")[2]
+    ends = [at for at in map(rest.find, "/?#") if at >= 0]
+    return rest[min(ends) :] if ends else ""
 
 
 def _without_userinfo(parts: SplitResult) -> str:
@@ -281,12 +283,15 @@ class PrometheusClient:
 
         `name` says which signal this is, for log lines and error messages. Elements whose
         labels `keep` refuses are dropped as they are read (no warning: a server may answer
-        more than asked); elements that are malformed or whose value is NaN, infinite or
+        more than asked), and of those kept, the labels `promql` does not group by
+        (`answer_labels`); elements that are malformed or whose value is NaN, infinite or
         outside `bounds` are dropped with one warning naming the first, once per `signal`
         (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
         async with self._semaphore:
-            vector = await self._with_retries(promql, at, name, _Vector(keep, bounds))
+            vector = await self._with_retries(
+                promql, at, name, Vector(keep, bounds, answer_labels(promql))
+            )
         warned = (signal or name, vector.first_bad)
         first_time = vector.bad > 0 and warned not in self._warned
         if first_time and len(self._warned) < MAX_WARNED:
@@ -294,7 +299,7 @@ class PrometheusClient:
         vector.report(name, warn=first_time)
         return vector.samples
 
-    async def _with_retries(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
+    async def _with_retries(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
         attempts = len(self._backoff) + 1
         for attempt in range(1, attempts + 1):
             try:
@@ -315,7 +320,7 @@ class PrometheusClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _attempt(self, promql: str, at: float, name: str, vector: _Vector) -> _Vector:
+    async def _attempt(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
         if self._session is None:
             raise RuntimeError("PrometheusClient used outside `async with`")
         self.queries_sent += 1
@@ -437,6 +442,14 @@ class PrometheusClient:
                             "query to a URL that cannot be read"
                         ) from None
                     redirects.append(shown_url(str(target)))
+                    if target.user is not None or target.password is not None:
+                        # Credentials come from --prometheus alone, never from an answer (and
+                        # aiohttp refuses userinfo beside an Authorization header anyway).
+                        raise PrometheusQueryError(
+                            f"Prometheus at {self.connection.shown} redirected the {name} query "
+                            f"to a URL carrying credentials, {shown_url(str(target))}: refused; "
+                            "credentials are taken from --prometheus and its flags only"
+                        )
                     if elsewhere:
                         raise PrometheusQueryError(
                             f"Prometheus at {self.connection.shown} redirected the {name} query "
@@ -495,118 +508,17 @@ class _Transient(Exception):
         self.retry_after = retry_after
 
 
-class _Vector:
-    """The samples of one answer as they are read: those asked for and sane kept, the others
-    counted (and the first bad one kept, to name it)."""
-
-    def __init__(self, keep: Callable[[Mapping[str, str]], bool] | None, bounds: Bounds) -> None:
-        self.keep = keep
-        self.bounds = bounds
-        self.samples: list[Sample] = []
-        self.foreign = 0
-        """Elements not asked for."""
-        self.bad = 0
-        self.first_bad = ""
-        self.why_bad = ""
-
-    def fresh(self) -> _Vector:
-        """An empty one for another attempt at the same query."""
-        return _Vector(self.keep, self.bounds)
-
-    def add(self, element: object) -> None:
-        labels, value = _element(element)
-        if labels is None:
-            self.refuse(element, "a malformed vector element")
-            return
-        if self.keep is not None and not self.keep(labels):
-            self.foreign += 1
-            return
-        if value is None:
-            self.refuse(labels, "its value is not a number")
-        elif not math.isfinite(value):
-            self.refuse(labels, f"value {value} is not a finite number")
-        elif not self.bounds.admits(value):
-            self.refuse(
-                labels,
-                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
-                f"({self.bounds.what})",
-            )
-        else:
-            self.samples.append(Sample(labels, value))
-
-    def refuse(self, series: object, why: str) -> None:
-        self.bad += 1
-        if self.bad == 1:
-            self.first_bad = series_text(series)
-            self.why_bad = why
-
-    def report(self, name: str, *, warn: bool) -> None:
-        """One warning for the query's dropped series, naming the first (if `warn`); a debug
-        line for the series it did not ask about."""
-        if warn and self.bad:
-            log.warning(
-                "prometheus series dropped",
-                extra={
-                    "query": name,
-                    "series": self.first_bad,
-                    "reason": self.why_bad,
-                    "dropped": self.bad,
-                },
-            )
-        if self.foreign:
-            # Matchers on namespace and pod apart also match other pairs of the two.
-            log.debug(
-                "prometheus series not asked for dropped",
-                extra={"query": name, "dropped": self.foreign},
-            )
-
-
-def series_text(series: object) -> str:
-    """A series' labels (or a malformed element) as a log line may quote them: cut, control
-    and bidirectional characters escaped (`repr`)."""
-    if isinstance(series, dict):
-        labels = ", ".join(f"{key}={value}" for key, value in list(series.items())[:12])
-        return quote("{" + labels + "}", SERIES_QUOTE_LIMIT)
-    return quote(series if isinstance(series, str) else json.dumps(series), SERIES_QUOTE_LIMIT)
-
-
-def _element(element: object) -> tuple[dict[str, str] | None, float | None]:
-    """A vector element's labels and value (None labels: malformed)."""
-    if not isinstance(element, dict):
-        return None, None
-    labels, pair = element.get("metric"), element.get("value")
-    if (
-        not isinstance(labels, dict)
-        or not all(map(isinstance, labels.values(), repeat(str)))
-        or not isinstance(pair, list)
-        or len(pair) != 2
-        or not isinstance(pair[1], str)
-    ):
-        return None, None
-    try:
-        value = float(pair[1])
-    except ValueError:
-        return labels, None
-    return labels, value
-
-
 def _answer(
-    url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: _Vector
-) -> _Vector:
-    try:
-        document = _read_answer(body, vector)
-    except _Nested:
-        raise PrometheusQueryError(
-            f"Prometheus at {url} answered the {name} query with JSON nested more than "
-            f"{MAX_NESTING} levels deep"
-        ) from None
+    url: str, name: str, status: int, body: bytearray, *, retry_after: str, vector: Vector
+) -> Vector:
+    answer = read_answer(body, vector)
     if status in {401, 403}:
         raise PrometheusUnauthorized(
             f"Prometheus at {url} refused the request (HTTP {status}): check the bearer token or "
             "basic-auth credentials (--prometheus.bearer-token-file, --prometheus.username)"
         )
     if status in RETRIED_STATUSES:
-        detail = _error_text(document) or _cut(body[:200].decode("utf-8", "replace"))
+        detail = (answer and answer.error_text()) or cut(body[:200].decode("utf-8", "replace"))
         raise _Transient(
             f"HTTP {status}",
             lambda n: PrometheusQueryError(
@@ -620,229 +532,24 @@ def _answer(
             f"no PromQL API at {url} (HTTP 404 for /api/v1/query): give the base URL "
             "(e.g. http://prometheus:9090, http://thanos-query:10902, https://mimir/prometheus)"
         )
-    if document is None or "status" not in document:
+    if answer is None or answer.status is None:
         raise PrometheusQueryError(
             f"{url} answered HTTP {status} to the {name} query with something that is not a "
             "PromQL API response"
         )
-    if document["status"] != "success":
+    if answer.status != "success":
         raise PrometheusQueryError(
             f"Prometheus at {url} refused the {name} query (HTTP {status}): "
-            f"{_error_text(document) or 'no reason given'}"
+            f"{answer.error_text() or 'no reason given'}"
         )
-    warnings = document.get("warnings")
-    if isinstance(warnings, list):
-        for warning in warnings[:MAX_WARNINGS]:
-            log.warning("prometheus warning", extra={"query": name, "warning": _cut(warning)})
-        if len(warnings) > MAX_WARNINGS:
-            log.warning(
-                "prometheus warnings not shown",
-                extra={"query": name, "count": len(warnings) - MAX_WARNINGS},
-            )
-    kind = document.get("resultType")
-    if kind != "vector":
-        shown = _cut(kind) if isinstance(kind, str) else "no vector"
+    for warning in answer.warnings:
+        log.warning("prometheus warning", extra={"query": name, "warning": warning})
+    if answer.more_warnings:
+        log.warning("prometheus warnings not shown", extra={"query": name})
+    if answer.result_type != "vector":
+        shown = answer.result_type or "no vector"
         raise PrometheusQueryError(f"the {name} query returned {shown}, expected an instant vector")
     return vector
-
-
-def _cut(value: object) -> str:
-    """A server's text for one log line or error: one line, at most 200 characters."""
-    text = value if isinstance(value, str) else json.dumps(value)
-    flat = " ".join(text.split())
-    return flat if len(flat) <= 200 else flat[:199] + "…"
-
-
-# -- reading an answer ---------------------------------------------------------------------------
-
-
-class _Nested(Exception):
-    """A part of the answer nests past `MAX_NESTING` (or the interpreter's recursion limit)."""
-
-
-class _NotJson(Exception):
-    """The answer is not the JSON object it should be."""
-
-
-_SPACE: Final = re.compile(r"[ \t\n\r]*")
-_WHITE_SPACE: Final = frozenset(" \t\n\r")
-_DECODER: Final = json.JSONDecoder()
-_SCALAR_START: Final = frozenset('"-0123456789tfn')
-_READ_KEYS: Final = frozenset({"status", "errorType", "error", "warnings"})
-"""The top-level keys read besides `data`; the others (`stats`, `infos`, ...) are stepped over."""
-
-
-class _Reader:
-    """JSON text read a value at a time: objects and arrays are walked here, so that an
-    element can be handled (and dropped) as soon as it is read; only scalars and single vector
-    elements are handed to the C decoder, so no nesting is ever decoded past the bound."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.at = 0
-
-    def peek(self) -> str:
-        """The next character that is not white space ("" at the end)."""
-        char = self.text[self.at : self.at + 1]
-        if char in _WHITE_SPACE:  # rare: Prometheus answers compact JSON
-            self.at = _SPACE.match(self.text, self.at).end()  # type: ignore[union-attr] # matches ""
-            char = self.text[self.at : self.at + 1]
-        return char
-
-    def expect(self, char: str) -> None:
-        if self.peek() != char:
-            raise _NotJson
-        self.at += 1
-
-    def decoded(self) -> object:
-        """The next value through the C decoder (a scalar, or one vector element)."""
-        self.peek()
-        try:
-            value, self.at = _DECODER.raw_decode(self.text, self.at)
-        except RecursionError:
-            raise _Nested from None
-        except ValueError:
-            raise _NotJson from None
-        return value
-
-    def members(self) -> Iterator[str]:
-        """An object's keys; the caller reads each value before asking for the next key."""
-        self.expect("{")
-        if self.peek() == "}":
-            self.at += 1
-            return
-        while True:
-            key = self.decoded()
-            if not isinstance(key, str):
-                raise _NotJson
-            self.expect(":")
-            yield key
-            if self.peek() == ",":
-                self.at += 1
-                continue
-            self.expect("}")
-            return
-
-    def items(self) -> Iterator[None]:
-        """An array's elements; the caller reads each before asking for the next."""
-        self.expect("[")
-        if self.peek() == "]":
-            self.at += 1
-            return
-        while True:
-            yield None
-            if self.peek() == ",":
-                self.at += 1
-                continue
-            self.expect("]")
-            return
-
-    def value(self, depth: int = 0) -> object:
-        """Any value, nested at most `MAX_NESTING - depth` levels, without recursion past it."""
-        char = self.peek()
-        if char in _SCALAR_START:
-            return self.decoded()
-        if depth >= MAX_NESTING:
-            raise _Nested
-        if char == "{":
-            found: dict[str, object] = {}
-            for key in self.members():
-                found[key] = self.value(depth + 1)
-            return found
-        if char == "[":
-            return [self.value(depth + 1) for _ in self.items()]
-        raise _NotJson
-
-    def skip(self) -> None:
-        """Step over the next value, however deep, building nothing: iterative, so that a
-        value nested a million levels deep costs its bytes and no stack."""
-        depth = 0
-        while True:
-            char = self.peek()
-            if char in _SCALAR_START:
-                try:
-                    _, self.at = _DECODER.raw_decode(self.text, self.at)
-                except ValueError:
-                    raise _NotJson from None
-            elif char in "[{":
-                depth += 1
-                self.at += 1
-            elif char in "]}" and depth > 0:
-                depth -= 1
-                self.at += 1
-            elif char in ",:" and depth > 0:
-                self.at += 1
-                continue
-            else:
-                raise _NotJson
-            if depth == 0:
-                return
-
-    def element(self) -> tuple[object, bool]:
-        """The next array element, and whether it was decoded: one nested past the
-        interpreter's recursion limit is stepped over instead (None, False)."""
-        start = self.at
-        try:
-            return self.decoded(), True
-        except _Nested:
-            self.at = start
-            self.skip()
-            return None, False
-
-    def end(self) -> None:
-        if self.peek():
-            raise _NotJson
-
-
-def _read_answer(body: bytearray, vector: _Vector) -> dict[str, object] | None:
-    """The answer's top-level object, its `data.result` vector read into `vector` element by
-    element (the object then holds `resultType` beside the top level's keys); None when the
-    body is not a JSON object."""
-    try:
-        reader = _Reader(body.decode("utf-8"))
-    except UnicodeDecodeError:
-        return None
-    try:
-        document: dict[str, object] = {}
-        for key in reader.members():
-            if key == "data" and reader.peek() == "{":
-                _read_data(reader, document, vector)
-            elif key in _READ_KEYS:
-                document[key] = reader.value(1)
-            else:
-                reader.skip()
-        reader.end()
-    except _NotJson:
-        return None
-    return document
-
-
-def _read_data(reader: _Reader, document: dict[str, object], vector: _Vector) -> None:
-    """`data`: its `resultType` into `document`, a vector's elements into `vector`."""
-    for part in reader.members():
-        if part == "resultType":
-            document["resultType"] = reader.value(2)
-        elif (
-            part == "result"
-            and reader.peek() == "["
-            and document.get("resultType", "vector") == "vector"
-        ):
-            for _ in reader.items():
-                element, decoded = reader.element()
-                if decoded:
-                    vector.add(element)
-                else:
-                    vector.refuse("(an element)", "nested too deeply")
-        else:
-            reader.skip()
-
-
-def _error_text(document: dict[str, object] | None) -> str:
-    if document is not None and document.get("error"):
-        kind = document.get("errorType")
-        error = _cut(document["error"])
-        return f"{_cut(kind)}: {error}" if kind else error
-    return ""
 
 
 def _retry_after_seconds(header: str) -> float:

@@ -1,0 +1,115 @@
+"""Hostile answer shapes within `--prometheus.max-response-size`: none of them is built whole,
+so none costs more than a few times its size (the job's CronJob has 512 MiB)."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import TYPE_CHECKING
+
+import pytest
+from aiohttp import web
+
+from exporter.rightsize.prometheus import (
+    Connection,
+    PrometheusClient,
+    PrometheusQueryError,
+    Sample,
+)
+from tests.rightsize_run import serving
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+pytestmark = pytest.mark.timeout(120)
+
+SIZE = 3 * 2**20
+"""A tenth of the default limit: enough for a blow-up to show, small enough for a test."""
+EMPTY_VECTOR = '"data":{"resultType":"vector","result":[]}'
+HEAD = '{"status":"success","data":{"resultType":"vector","result":['
+SHAPES = {
+    "an error of many empty arrays": (
+        '{"status":"error","error":[' + ",".join(["[]"] * (SIZE // 3)) + "]}"
+    ),
+    "many warnings that are objects": (
+        '{"status":"success","warnings":['
+        + ",".join(["{}"] * (SIZE // 3))
+        + "],"
+        + EMPTY_VECTOR
+        + "}"
+    ),
+    "an element carrying a long array": (
+        HEAD
+        + '{"metric":{"pod":"a"},"value":[1,"1"],"pad":['
+        + ",".join(["{}"] * (SIZE // 3))
+        + "]}]}}"
+    ),
+    "an error type of many empty objects": (
+        '{"status":"error","errorType":[' + ",".join(["{}"] * (SIZE // 3)) + '],"error":"x"}'
+    ),
+}
+
+
+def answering(body: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    data = body.encode()
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=data, content_type="application/json")
+
+    return handle
+
+
+async def query(url: str, promql: str = "max by (pod) (up)") -> list[Sample]:
+    async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
+        return await client.query(promql, at=1700000000, name="busy_mean")
+
+
+async def peak_bytes(url: str) -> tuple[int, list[Sample] | str]:
+    """The most memory Python allocated while the query ran, and its samples (or error)."""
+    tracemalloc.start()
+    try:
+        try:
+            found: list[Sample] | str = await query(url)
+        except PrometheusQueryError as error:
+            found = str(error)
+        return tracemalloc.get_traced_memory()[1], found
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+async def test_a_hostile_shape_costs_a_few_times_its_size(shape: str) -> None:
+    body = SHAPES[shape]
+    with serving(answering(body)) as url:
+        peak, found = await peak_bytes(url)
+    # The body, its growth while read, and its text: about 4 times; built whole, 20 times.
+    assert peak < 8 * len(body), f"{peak / 2**20:.0f} MiB for {len(body) / 2**20:.0f} MiB"
+    if isinstance(found, str):
+        assert "\n" not in found
+        assert len(found) < 600
+
+
+async def test_an_errors_text_is_read_only_as_far_as_shown() -> None:
+    body = '{"status":"error","errorType":"bad_data","error":"' + "é" * SIZE + '"}'
+    with serving(answering(body)) as url, pytest.raises(PrometheusQueryError) as caught:
+        await query(url)
+    assert str(caught.value).endswith("(HTTP 200): bad_data: " + "é" * 199 + "…")
+
+
+async def test_only_the_labels_a_query_groups_by_are_kept() -> None:
+    """A forged series' other labels (300 of them, say) are dropped as read; a label named in
+    a string literal of the query (a pod name, say) is not one it groups by."""
+    other = ",".join(f'"l{n}":"{n}"' for n in range(300))
+    body = HEAD + f'{{"metric":{{"pod":"a",{other}}},"value":[1,"0.5"]}}' + "]}}"
+    with serving(answering(body)) as url:
+        grouped = await query(url, 'max by (pod) (up{pod=~"by (l7)"})')
+        trivial = await query(url, "vector(1)")
+    assert grouped == [Sample({"pod": "a"}, 0.5)]
+    assert trivial == [Sample({}, 0.5)]
+
+
+async def test_a_label_value_longer_than_any_name_drops_its_series() -> None:
+    body = HEAD + '{"metric":{"pod":"' + "p" * SIZE + '"},"value":[1,"1"]},'
+    body += '{"metric":{"pod":"b"},"value":[1,"2"]}]}}'
+    with serving(answering(body)) as url:
+        assert await query(url) == [Sample({"pod": "b"}, 2.0)]
