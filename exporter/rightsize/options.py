@@ -40,6 +40,7 @@ from exporter.rightsize.prometheus import (
     shown_url,
     url_credentials,
 )
+from exporter.rightsize.replay.policies import parse_policies
 from exporter.rightsize.selection import Requirement, Selection, parse_namespaces, parse_selector
 from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings, listed
 from exporter.rightsize.strategy import STRATEGIES
@@ -125,6 +126,7 @@ class RightsizeSettings(StrategySettings):
     notify: tuple[Webhook, ...] = ()
     notify_timeout: float = 10.0
     report_url: str | None = None
+    simulate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +163,8 @@ class RightsizeConfig:
     notify_timeout: float = 10.0
     report_url: str | None = None
     fixed_end: bool = False
+    simulate: tuple[str, ...] = ()
+    """Sharing policies to replay over the window (`exporter/rightsize/replay/`)."""
     """`--end` was given: every run (each of the server's refreshes) reports the same window."""
 
 
@@ -518,6 +522,17 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         group="strategy",
     ),
     Setting(
+        "simulate",
+        "simulate",
+        parse_policies,
+        "Replay these sharing policies over every step of the window: current, exclusive, mig, "
+        "timeslice, binpack (comma-separated): the GPUs, utilization, contention and cost each "
+        "would have had, and its placement.",
+        "POLICIES",
+        repeated=True,
+        group="strategy",
+    ),
+    Setting(
         "prices",
         "prices_file",
         parse_file,
@@ -758,6 +773,7 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
         notify_timeout=settings.notify_timeout,
         report_url=settings.report_url,
         fixed_end=settings.end is not None,
+        simulate=settings.simulate,
     )
 
 
