@@ -49,6 +49,7 @@ from exporter.rightsize.strategy import (
 if TYPE_CHECKING:
     from exporter.catalog import GpuModel
     from exporter.rightsize.history import Autoscaler, DeviceHistory, History, WorkloadHistory
+    from exporter.rightsize.replay.engine import PolicyResult
     from exporter.rightsize.settings import StrategySettings
 
 log = logging.getLogger("exporter.rightsize.report")
@@ -241,6 +242,8 @@ class Report:
     min_confidence: str = LOW
     left_out: int = 0
     """Recommendations below `min_confidence`, not in the rows."""
+    simulation: tuple[PolicyResult, ...] = ()
+    """Each policy `--simulate` asked for, replayed over the window (`replay/`)."""
 
     @property
     def classification_counts(self) -> dict[str, int]:

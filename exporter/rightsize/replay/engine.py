@@ -1,0 +1,495 @@
+"""Each sharing policy replayed over every step of the window, for the report's workloads.
+
+A workload's demand at a step is its busy time over the step (`steps.py`), in GPUs of its
+current model (a MIG instance's busy ratio times its compute share), scaled by the ratio of peak
+figures (`Hardware.scale`, the strategy's) when a policy moves it to another model. A workload
+holding several devices at the end of the window (replicas, or GPUs per pod) is that many
+*shards*, each with an even part of its demand and the memory peak of one of its devices: its
+replicas share the load, and each holds its own memory. Its memory need is the peak
+`gpu_pod_memory_used_bytes` of its devices over the window.
+
+- `current`: the GPUs held at each step (a MIG instance counts as its share of a GPU, a
+  time-sliced GPU once), the busy time on them, the steps a time-sliced GPU was asked for more
+  than all of it (`steps.py`).
+- `exclusive`: one whole GPU per shard, the smallest (cheapest) model whose one GPU covers its
+  demand at the report's percentile and its memory peak.
+- `mig`: the cheapest MIG instance whose compute share covers the demand at the percentile and
+  whose memory holds the peak, instances packed per GPU by the catalog's layouts
+  (`placement.pack_instances`); a shard no instance fits is exclusive.
+- `timeslice`: serving shards (Deployments, StatefulSets) share GPUs of their current model,
+  summed demand within `--saturation` at every step and summed memory peaks within the GPU;
+  the others are exclusive.
+- `binpack`: every shard, on the one model (per cluster) that needs the fewest GPUs under the
+  same constraints; then the placement of any other policy that needs fewer still.
+
+A fixed placement uses the same GPUs at every step; its figures are recomputed from the vectors
+(`evaluate`), never taken from the search. GPUs of different clusters are never shared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from exporter.rightsize.hardware import HOURS_PER_MONTH, Option
+from exporter.rightsize.replay.placement import EPSILON, Item, pack, pack_instances, shareable
+from exporter.rightsize.replay.policies import (
+    BINPACK,
+    CURRENT,
+    EXCLUSIVE,
+    MIG,
+    SERVING_KINDS,
+    TIMESLICE,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from exporter.catalog import GpuModel, MigProfile
+    from exporter.rightsize.hardware import Hardware
+    from exporter.rightsize.settings import StrategySettings
+
+UNPRICED: Final = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One workload row of the report, as the replay needs it."""
+
+    cluster: str
+    namespace: str
+    kind: str
+    name: str
+    current: Option
+    busy: tuple[float, ...]
+    """Per step: its devices' busy ratios summed (each of its own device: 1 is all of it)."""
+    memory_bytes: float
+    """Peak memory of one of its devices over the window."""
+    devices: int = 1
+    """Devices it holds at the end of the window: its shards."""
+    roofline_side: str | None = None
+    shared_uuid: str | None = None
+    """The time-sliced GPU it holds today, if any."""
+
+    @property
+    def demand(self) -> list[float]:
+        """One shard's demand per step, in GPUs of its current model."""
+        part = self.current.compute / self.devices
+        return [busy * part for busy in self.busy]
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentSteps:
+    """What the cluster held and contended, step by step (`steps.py`)."""
+
+    held: tuple[float, ...]
+    """GPUs held at each step (a MIG instance counted as its share)."""
+    held_by_model: dict[str, float]
+    """Catalog key -> GPU-steps held over the window (summed over the steps)."""
+    contended_steps: int
+    unpriced: bool = False
+    """Some GPU held is of a model without a price (or not in the catalog)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    cluster: str
+    namespace: str
+    kind: str
+    workload: str
+    gpu_model: str
+    mig_profile: str | None
+    group: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCount:
+    p50: float
+    p95: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    policy: str
+    gpus: GpuCount
+    utilization_mean: float
+    contention_share: float
+    memory_overcommit_steps: int
+    cost_usd_per_month: float | None
+    placements: tuple[Placement, ...]
+    models: tuple[tuple[str, float], ...] = ()
+    """GPU model names and their GPUs (at most), most first."""
+
+
+@dataclass(slots=True)
+class _Shard:
+    workload: Workload
+    demand: list[float]
+
+
+@dataclass(slots=True)
+class _Gpu:
+    """A simulated GPU and the shards on it (with their MIG profile, or None: time-sliced)."""
+
+    model: GpuModel
+    cluster: str
+    members: list[tuple[_Shard, MigProfile | None]]
+    group: str | None = None
+
+
+class _Context:
+    def __init__(self, hardware: Hardware, settings: StrategySettings, steps: int) -> None:
+        self.hardware = hardware
+        self.settings = settings
+        self.steps = steps
+        self.allowed = hardware.target_models(settings.models)
+
+    def price(self, model: GpuModel) -> float:
+        price = self.hardware.price(model)
+        return UNPRICED if price is None else price
+
+    def scale(self, shard: _Shard, model: GpuModel) -> float | None:
+        current = shard.workload.current.model
+        return self.hardware.scale(
+            current, model, self.settings.dtype, shard.workload.roofline_side
+        )
+
+    def models_for(self, shard: _Shard) -> list[GpuModel]:
+        """Its current model, then the models `--models` allows."""
+        current = shard.workload.current.model
+        return [current, *(m for m in self.allowed if m.key != current.key)]
+
+    def percentile(self, values: Sequence[float]) -> float:
+        return _nearest_rank(sorted(values), self.settings.percentile)
+
+
+def _nearest_rank(ordered: Sequence[float], quantile: float) -> float:
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+
+
+def replay(
+    workloads: Sequence[Workload],
+    current: CurrentSteps,
+    *,
+    hardware: Hardware,
+    settings: StrategySettings,
+    policies: Sequence[str],
+) -> tuple[PolicyResult, ...]:
+    """The requested policies' results, in the order asked."""
+    steps = len(current.held)
+    context = _Context(hardware, settings, steps)
+    shards = [
+        _Shard(workload, workload.demand) for workload in workloads for _ in range(workload.devices)
+    ]
+    placed: dict[str, list[_Gpu]] = {}
+
+    def placement(policy: str) -> list[_Gpu]:
+        if policy not in placed:
+            placed[policy] = PLACERS[policy](shards, context, placement)
+        return placed[policy]
+
+    results = []
+    for policy in policies:
+        if policy == CURRENT:
+            results.append(_current(workloads, current, context))
+        else:
+            results.append(evaluate(policy, placement(policy), context))
+    return tuple(results)
+
+
+def _current(
+    workloads: Sequence[Workload], current: CurrentSteps, context: _Context
+) -> PolicyResult:
+    held = current.held
+    steps = max(len(held), 1)
+    busy = sum(sum(w.busy) * w.current.compute for w in workloads)
+    gpu_steps = sum(held)
+    cost: float | None = None
+    if not current.unpriced:
+        cost = 0.0
+        for key, model_steps in current.held_by_model.items():
+            model = context.hardware.catalog.by_key(key)
+            price = context.hardware.price(model) if model is not None else None
+            if price is None:
+                cost = None
+                break
+            cost += model_steps / steps * price * HOURS_PER_MONTH
+    ordered = sorted(held)
+    models: dict[str, float] = defaultdict(float)
+    for key, model_steps in current.held_by_model.items():
+        model = context.hardware.catalog.by_key(key)
+        models[model.name if model else key] += model_steps / steps
+    return PolicyResult(
+        CURRENT,
+        GpuCount(_nearest_rank(ordered, 0.5), _nearest_rank(ordered, 0.95), max(held, default=0)),
+        utilization_mean=min(busy / gpu_steps, 1.0) if gpu_steps else 0.0,
+        contention_share=current.contended_steps / steps,
+        memory_overcommit_steps=0,
+        cost_usd_per_month=cost,
+        placements=tuple(
+            Placement(
+                w.cluster,
+                w.namespace,
+                w.kind,
+                w.name,
+                w.current.model.name,
+                w.current.mig_profile.profile if w.current.mig_profile else None,
+                w.shared_uuid,
+            )
+            for w in workloads
+        ),
+        models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
+    )
+
+
+def _exclusive_model(shard: _Shard, context: _Context) -> tuple[GpuModel, list[float]]:
+    """The cheapest model one GPU of which covers the shard's demand at the percentile and its
+    memory peak (its current model if none does), and its demand there."""
+    best: tuple[tuple[float, int, str], GpuModel, list[float]] | None = None
+    for model in context.models_for(shard):
+        scale = context.scale(shard, model)
+        if scale is None or shard.workload.memory_bytes > model.nvml_memory_bytes:
+            continue
+        demand = [value * scale for value in shard.demand]
+        if context.percentile(demand) > 1 + EPSILON:
+            continue
+        rank = (context.price(model), model.nvml_memory_bytes, model.key)
+        if best is None or rank < best[0]:
+            best = (rank, model, demand)
+    if best is None:
+        return shard.workload.current.model, list(shard.demand)
+    return best[1], best[2]
+
+
+def _exclusive(
+    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
+) -> list[_Gpu]:
+    gpus = []
+    for shard in shards:
+        model, demand = _exclusive_model(shard, context)
+        gpus.append(_Gpu(model, shard.workload.cluster, [(_Shard(shard.workload, demand), None)]))
+    return gpus
+
+
+def _mig(
+    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
+) -> list[_Gpu]:
+    """The cheapest fitting instance per shard, packed per cluster and model."""
+    chosen: dict[tuple[str, str], list[tuple[_Shard, MigProfile]]] = defaultdict(list)
+    models: dict[str, GpuModel] = {}
+    rest = []
+    for shard in shards:
+        best: tuple[tuple[float, int, str, str], GpuModel, MigProfile, list[float]] | None = None
+        for model in context.models_for(shard):
+            scale = context.scale(shard, model)
+            if scale is None or not model.mig_profiles:
+                continue
+            demand = [value * scale for value in shard.demand]
+            need = context.percentile(demand)
+            for profile in model.mig_profiles:
+                option = Option(model, profile)
+                if need > option.compute + EPSILON or shard.workload.memory_bytes > (
+                    option.memory_bytes
+                ):
+                    continue
+                rank = (
+                    context.price(model) * option.share,
+                    profile.compute_slices,
+                    model.key,
+                    profile.profile,
+                )
+                if best is None or rank < best[0]:
+                    best = (rank, model, profile, demand)
+        if best is None:
+            rest.append(shard)
+            continue
+        _, model, profile, demand = best
+        models[model.key] = model
+        chosen[(shard.workload.cluster, model.key)].append(
+            (_Shard(shard.workload, demand), profile)
+        )
+    gpus = _exclusive(rest, context, None)
+    for (cluster, key), members in sorted(chosen.items()):
+        for number, indexes in enumerate(pack_instances([p for _, p in members]), start=1):
+            gpus.append(
+                _Gpu(
+                    models[key],
+                    cluster,
+                    [members[i] for i in indexes],
+                    _group_name(cluster, key, number, "mig"),
+                )
+            )
+    return gpus
+
+
+def _timeslice(
+    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
+) -> list[_Gpu]:
+    serving: dict[tuple[str, str], list[_Shard]] = defaultdict(list)
+    rest = []
+    for shard in shards:
+        model = shard.workload.current.model
+        item = Item(shard.demand, shard.workload.memory_bytes)
+        if (
+            shard.workload.kind in SERVING_KINDS
+            and shard.workload.current.mig_profile is None
+            and shareable(
+                item, capacity=context.settings.saturation, memory=model.nvml_memory_bytes
+            )
+        ):
+            serving[(shard.workload.cluster, model.key)].append(shard)
+        else:
+            rest.append(shard)
+    gpus = _exclusive(rest, context, None)
+    for (cluster, _), members in sorted(serving.items()):
+        gpus += _shared(members, members[0].workload.current.model, cluster, context)
+    return gpus
+
+
+def _shared(members: list[_Shard], model: GpuModel, cluster: str, context: _Context) -> list[_Gpu]:
+    """Shards (their demand already in GPUs of `model`) packed onto time-sliced GPUs."""
+    items = [Item(shard.demand, shard.workload.memory_bytes) for shard in members]
+    groups = pack(items, capacity=context.settings.saturation, memory=model.nvml_memory_bytes)
+    gpus = []
+    for number, indexes in enumerate(groups, start=1):
+        group = _group_name(cluster, model.key, number, "shared") if len(indexes) > 1 else None
+        gpus.append(_Gpu(model, cluster, [(members[i], None) for i in indexes], group))
+    return gpus
+
+
+def _binpack(
+    shards: list[_Shard], context: _Context, placement: Callable[[str], list[_Gpu]]
+) -> list[_Gpu]:
+    """Per cluster, the model whose GPUs hold the most of its shards with the fewest GPUs
+    (branch and bound on a lower bound, so most models are never packed); then whichever
+    policy's placement needs the fewest GPUs of all."""
+    clusters: dict[str, list[_Shard]] = defaultdict(list)
+    for shard in shards:
+        clusters[shard.workload.cluster].append(shard)
+    own: list[_Gpu] = []
+    for cluster, members in sorted(clusters.items()):
+        own += _binpack_cluster(cluster, members, context)
+    candidates = [own, *(placement(policy) for policy in (EXCLUSIVE, MIG, TIMESLICE))]
+    return min(candidates, key=lambda gpus: (len(gpus), _cost(gpus, context)))
+
+
+def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> list[_Gpu]:
+    saturation = context.settings.saturation
+    models = {m.key: m for shard in members for m in context.models_for(shard)}
+    bounds = []
+    for model in models.values():
+        scaled = [context.scale(shard, model) for shard in members]
+        if any(scale is None for scale in scaled):
+            continue
+        work = sum(sum(s.demand) * (scale or 0.0) for s, scale in zip(members, scaled, strict=True))
+        memory = sum(s.workload.memory_bytes for s in members)
+        bound = max(work / (saturation * max(context.steps, 1)), memory / model.nvml_memory_bytes)
+        bounds.append((math.ceil(bound - EPSILON), context.price(model), model.key, model))
+    best: list[_Gpu] | None = None
+    for bound, _, _, model in sorted(bounds, key=lambda entry: entry[:3]):
+        if best is not None and bound >= len(best):
+            break
+        fitting, rest = [], []
+        for shard in members:
+            scale = context.scale(shard, model) or 0.0
+            moved = _Shard(shard.workload, [value * scale for value in shard.demand])
+            item = Item(moved.demand, shard.workload.memory_bytes)
+            if shareable(item, capacity=saturation, memory=model.nvml_memory_bytes):
+                fitting.append(moved)
+            else:
+                rest.append(shard)
+        gpus = _exclusive(rest, context, None) + _shared(fitting, model, cluster, context)
+        if best is None or (len(gpus), _cost(gpus, context)) < (len(best), _cost(best, context)):
+            best = gpus
+    return best if best is not None else _exclusive(members, context, None)
+
+
+PLACERS: Final[
+    dict[str, Callable[[list[_Shard], _Context, Callable[[str], list[_Gpu]]], list[_Gpu]]]
+] = {
+    EXCLUSIVE: _exclusive,
+    MIG: _mig,
+    TIMESLICE: _timeslice,
+    BINPACK: _binpack,
+}
+
+
+def _group_name(cluster: str, key: str, number: int, kind: str) -> str:
+    name = f"{kind}-{key}-{number}"
+    return f"{cluster}/{name}" if cluster else name
+
+
+def _cost(gpus: Sequence[_Gpu], context: _Context) -> float:
+    return sum(context.price(gpu.model) for gpu in gpus)
+
+
+def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResult:
+    """A fixed placement's figures, recomputed from the demand vectors on each GPU."""
+    steps = context.steps
+    contended = [False] * steps
+    overcommitted = False
+    busy = 0.0
+    for gpu in gpus:
+        mig = any(profile is not None for _, profile in gpu.members)
+        if mig:
+            for shard, profile in gpu.members:
+                option = Option(gpu.model, profile)
+                share = option.compute if profile is not None else 1.0
+                overcommitted |= shard.workload.memory_bytes > option.memory_bytes
+                for step, value in enumerate(shard.demand):
+                    if value > share + EPSILON:
+                        contended[step] = True
+                busy += sum(shard.demand)
+            continue
+        load = [0.0] * steps
+        for shard, _ in gpu.members:
+            for step, value in enumerate(shard.demand):
+                load[step] += value
+        busy += sum(load)
+        memory_peaks = sum(shard.workload.memory_bytes for shard, _ in gpu.members)
+        overcommitted |= memory_peaks > gpu.model.nvml_memory_bytes
+        for step, value in enumerate(load):
+            if value > 1 + EPSILON:
+                contended[step] = True
+    count = len(gpus)
+    cost: float | None = sum(context.price(gpu.model) for gpu in gpus) * HOURS_PER_MONTH
+    if cost == UNPRICED:
+        cost = None
+    models: dict[str, float] = defaultdict(float)
+    for gpu in gpus:
+        models[gpu.model.name] += 1
+    return PolicyResult(
+        policy,
+        GpuCount(count, count, count),
+        utilization_mean=busy / (count * steps) if count and steps else 0.0,
+        contention_share=sum(contended) / steps if steps else 0.0,
+        memory_overcommit_steps=steps if overcommitted else 0,
+        cost_usd_per_month=cost,
+        placements=tuple(_placements(gpus)),
+        models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
+    )
+
+
+def _placements(gpus: Sequence[_Gpu]) -> list[Placement]:
+    found = []
+    for gpu in gpus:
+        for shard, profile in gpu.members:
+            w = shard.workload
+            found.append(
+                Placement(
+                    w.cluster,
+                    w.namespace,
+                    w.kind,
+                    w.name,
+                    gpu.model.name,
+                    profile.profile if profile is not None else None,
+                    gpu.group,
+                )
+            )
+    found.sort(key=lambda p: (p.cluster, p.namespace, p.kind, p.workload, p.group or ""))
+    return found

@@ -1,0 +1,168 @@
+"""Asking the PromQL API for the replay's per-step history, through the report's client.
+
+The client asks instant queries only (`prometheus.py`), so each step of the report's grid is one
+term of a union: the same expression at `offset k*step`, tagged with the step's number
+(`label_replace(..., "replay_step", "k", "", "")`), several steps per query. A query holds as
+many steps as keep it under `MAX_QUERY_BYTES` and its answer under `MAX_ELEMENTS` elements; the
+queries run under the client's concurrency, its retries, limits and checks.
+
+Three expressions, each aggregated inside Prometheus:
+
+- `demand`: `rate(gpu_pod_busy_seconds_total[<step>])` summed per workload and GPU
+  configuration, as the report's workload rows are grouped (a bare pod is its own workload);
+- `held`: the GPUs held, counted per model and MIG profile (a time-sliced GPU once);
+- `contended`: whether some time-sliced GPU was asked for more than all of its time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from exporter.rightsize.prometheus import Bounds
+
+if TYPE_CHECKING:
+    from exporter.rightsize.prometheus import PrometheusClient, Sample
+    from exporter.rightsize.selection import Selection
+
+STEP_LABEL: Final = "replay_step"
+MAX_QUERY_BYTES: Final = 12 * 1024
+"""VictoriaMetrics refuses queries over 16 KiB by default (`-search.maxQueryLen`)."""
+MAX_ELEMENTS: Final = 20_000
+"""Elements of one answer: about 275 bytes each, some 5.5 MB, well under the answer limit."""
+MAX_BUSY_GPUS: Final = 1e6
+"""A workload busy on a million GPUs at once is no measurement."""
+
+Key = tuple[str, str, str, str, str, str]
+"""(cluster, namespace, kind, workload, model, mig_profile), as `WorkloadHistory.configuration`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepHistory:
+    """The window's steps, oldest first."""
+
+    steps: int
+    busy: dict[Key, list[float]]
+    """Per workload configuration: its devices' busy ratios summed, per step (0 without data)."""
+    held: list[dict[tuple[str, str], float]]
+    """Per step: devices held per (model, MIG profile)."""
+    contended: list[bool]
+
+
+def _terms(expression: str, steps: int, step: float) -> list[str]:
+    return [
+        f"label_replace({expression.replace('OFFSET', f'{round(k * step)}s')}, "
+        f'"{STEP_LABEL}", "{k}", "", "")'
+        for k in range(steps)
+    ]
+
+
+def _queries(terms: list[str], per_query: int) -> list[tuple[int, str]]:
+    """The terms joined with `or` into queries of at most `per_query` terms and
+    `MAX_QUERY_BYTES`; each with the number of its first term."""
+    queries: list[tuple[int, str]] = []
+    first, batch, size = 0, list[str](), 0
+    for index, term in enumerate(terms):
+        if batch and (len(batch) >= per_query or size + len(term) + 4 > MAX_QUERY_BYTES):
+            queries.append((first, " or ".join(batch)))
+            first, batch, size = index, [], 0
+        batch.append(term)
+        size += len(term) + 4
+    if batch:
+        queries.append((first, " or ".join(batch)))
+    return queries
+
+
+async def fetch_steps(
+    client: PrometheusClient,
+    *,
+    selection: Selection,
+    end: float,
+    window: float,
+    step: float,
+    cluster_label: str | None,
+    configurations: int,
+) -> StepHistory:
+    """Every step of the window (`window // step` of them, the last ending at `end`):
+    each workload's busy GPUs, the GPUs held, whether a time-sliced GPU was contended.
+    `configurations` (the report's workload rows) sizes the demand queries' answers."""
+    steps = max(int(window // step), 1)
+    s = f"{round(step)}s"
+    k = f"{cluster_label}, " if cluster_label else ""
+    m = selection.matchers()
+    f = selection.pod_filter(f"{round(window)}s", cluster_label=cluster_label)
+    named = ", ".join(part for part in (m, 'workload!=""') if part)
+    bare = ", ".join(part for part in (m, 'workload=""') if part)
+    demand = (
+        f"sum by ({k}namespace, workload_kind, workload, model, mig_profile) "
+        f"(rate(gpu_pod_busy_seconds_total{{{named}}}[{s}] offset OFFSET){f}) or "
+        f"sum by ({k}namespace, pod, model, mig_profile) "
+        f"(rate(gpu_pod_busy_seconds_total{{{bare}}}[{s}] offset OFFSET){f})"
+    )
+    held = (
+        f"count by ({k}model, mig_profile) (group by ({k}uuid, model, mig_profile) "
+        f"(gpu_allocation_info{{{m}}} offset OFFSET{f}))"
+    )
+    contended = (
+        f"count(sum by ({k}uuid) (rate(gpu_pod_busy_seconds_total[{s}] offset OFFSET)) > 1 "
+        f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}} offset OFFSET) == 1))"
+    )
+    bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
+
+    async def ask(expression: str, name: str, per_step: int) -> list[list[Sample]]:
+        """Each step's answer, oldest step first."""
+        per_query = max(1, MAX_ELEMENTS // max(per_step, 1))
+        queries = _queries(_terms(expression, steps, step), per_query)
+        answers = await asyncio.gather(
+            *(
+                client.query(promql, at=end, name=f"replay {name}", bounds=bounds)
+                for _, promql in queries
+            )
+        )
+        by_step: list[list[Sample]] = [[] for _ in range(steps)]
+        for sample in (sample for answer in answers for sample in answer):
+            number = sample.labels.get(STEP_LABEL, "")
+            if number.isdigit() and int(number) < steps:
+                # Offset k is the k-th step back from the end.
+                by_step[steps - 1 - int(number)].append(sample)
+        return by_step
+
+    demand_steps, held_steps, contended_steps = await asyncio.gather(
+        ask(demand, "demand", configurations),
+        ask(held, "held", 16),
+        ask(contended, "contended", 1),
+    )
+    busy: dict[Key, list[float]] = defaultdict(lambda: [0.0] * steps)
+    for index, samples in enumerate(demand_steps):
+        for sample in samples:
+            labels = sample.labels
+            cluster = labels.get(cluster_label, "") if cluster_label else ""
+            if labels.get("workload"):
+                kind, name = labels.get("workload_kind", ""), labels.get("workload", "")
+            else:
+                kind, name = "Pod", labels.get("pod", "")
+            key = (
+                cluster,
+                labels.get("namespace", ""),
+                kind or "Pod",
+                name,
+                labels.get("model", ""),
+                labels.get("mig_profile", ""),
+            )
+            busy[key][index] += sample.value
+    held_by_step: list[dict[tuple[str, str], float]] = []
+    for samples in held_steps:
+        counts: dict[tuple[str, str], float] = defaultdict(float)
+        for sample in samples:
+            counts[(sample.labels.get("model", ""), sample.labels.get("mig_profile", ""))] += (
+                sample.value
+            )
+        held_by_step.append(dict(counts))
+    return StepHistory(
+        steps,
+        dict(busy),
+        held_by_step,
+        [any(sample.value > 0 for sample in samples) for samples in contended_steps],
+    )
