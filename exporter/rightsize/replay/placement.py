@@ -1,8 +1,9 @@
 """Pure placement search: per-step demand vectors onto as few GPUs as hold them at every step.
 
 `pack` is first-fit decreasing on the vectors (largest peak first, then largest total, then
-memory; the input order breaks ties, so the answer is deterministic), then an improvement pass
-that tries to empty the least loaded GPUs into the others. A GPU holds a set of items when their
+memory; the input order breaks ties, so the answer is deterministic), then improvement by
+iterated first fit (Culberson's iterated greedy, as for graph colouring): first fit again over
+the GPUs' items taken GPU by GPU, fullest GPUs first, which can free GPUs and never adds one. A GPU holds a set of items when their
 summed demand stays within `capacity` at every step and their summed memory peaks within
 `memory`: the check is exact, step by step; scalar bounds (summed totals, summed peaks) only
 decide quickly what the full check would. An item that cannot share at all (its own peak over
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 
 EPSILON: Final = 1e-9
 """Sums of floats that are equal on paper may differ in the last bit."""
-IMPROVEMENT_ATTEMPTS: Final = 64
-"""How many of the least loaded GPUs the improvement pass tries to empty: each attempt costs a
-first-fit of its items over every other GPU."""
+IMPROVEMENT_ROUNDS: Final = 3
+"""Rounds of iterated first fit after the first: each is one more first-fit pass, and stops
+the search as soon as it saves no GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +91,28 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
         range(len(items)),
         key=lambda i: (-items[i].peak, -items[i].total, -items[i].memory, i),
     )
+    alone = [[i] for i in order if not shareable(items[i], capacity=capacity, memory=memory)]
+    single = {i for [i] in alone}
+    best = _first_fit([i for i in order if i not in single], items, capacity, memory, steps)
+    for _ in range(IMPROVEMENT_ROUNDS):
+        # Iterated first fit: the GPUs' items again, a GPU's together, the fullest GPUs first.
+        # Each GPU's items fit one GPU, so first fit in this order never needs more GPUs.
+        ranked = sorted(best, key=lambda gpu: (-gpu.total, gpu.members[0]))
+        again = _first_fit(
+            [i for gpu in ranked for i in gpu.members], items, capacity, memory, steps
+        )
+        if len(again) >= len(best):
+            break
+        best = again
+    return [gpu.members for gpu in best] + alone
+
+
+def _first_fit(
+    order: Sequence[int], items: Sequence[Item], capacity: float, memory: float, steps: int
+) -> list[_Bin]:
     gpus: list[_Bin] = []
-    alone: list[list[int]] = []
     for index in order:
         item = items[index]
-        if not shareable(item, capacity=capacity, memory=memory):
-            alone.append([index])
-            continue
         for gpu in gpus:
             if _fits(gpu, item, capacity, memory, steps):
                 _put(gpu, index, item)
@@ -105,41 +121,7 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
             gpu = _Bin([0.0] * steps, 0.0, 0.0, 0.0, [])
             _put(gpu, index, item)
             gpus.append(gpu)
-    _improve(gpus, items, capacity=capacity, memory=memory, steps=steps)
-    return [gpu.members for gpu in gpus] + alone
-
-
-def _improve(
-    gpus: list[_Bin], items: Sequence[Item], *, capacity: float, memory: float, steps: int
-) -> None:
-    """Try to empty the least loaded GPUs, one at a time, into the others (first fit); a GPU
-    whose items do not all find room elsewhere is left as it was."""
-    candidates = sorted(range(len(gpus)), key=lambda g: (gpus[g].total, g))
-    emptied: set[int] = set()
-    for source in candidates[:IMPROVEMENT_ATTEMPTS]:
-        others = [g for g in range(len(gpus)) if g != source and g not in emptied]
-        trial = {
-            g: _Bin(gpus[g].load, gpus[g].memory, gpus[g].peak, gpus[g].total, []) for g in others
-        }
-        moved: dict[int, list[int]] = {}
-        for index in sorted(gpus[source].members, key=lambda i: (-items[i].peak, i)):
-            target = next(
-                (g for g in others if _fits(trial[g], items[index], capacity, memory, steps)),
-                None,
-            )
-            if target is None:
-                break
-            _put(trial[target], index, items[index])
-            moved.setdefault(target, []).append(index)
-        else:
-            for target, indexes in moved.items():
-                gpu = trial[target]
-                gpus[target].load, gpus[target].memory = gpu.load, gpu.memory
-                gpus[target].peak, gpus[target].total = gpu.peak, gpu.total
-                gpus[target].members.extend(indexes)
-            gpus[source].members = []
-            emptied.add(source)
-    gpus[:] = [gpu for g, gpu in enumerate(gpus) if g not in emptied]
+    return gpus
 
 
 @dataclass(slots=True)
