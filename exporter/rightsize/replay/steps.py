@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from exporter.rightsize.selection import Selection
 
 STEP_LABEL: Final = "replay_step"
+OFFSET: Final = "<offset>"
+"""Where a step's `offset` goes in an expression."""
 MAX_QUERY_BYTES: Final = 12 * 1024
 """VictoriaMetrics refuses queries over 16 KiB by default (`-search.maxQueryLen`)."""
 MAX_ELEMENTS: Final = 20_000
@@ -52,11 +54,12 @@ class StepHistory:
 
 
 def _terms(expression: str, steps: int, step: float) -> list[str]:
-    return [
-        f"label_replace({expression.replace('OFFSET', f'{round(k * step)}s')}, "
-        f'"{STEP_LABEL}", "{k}", "", "")'
-        for k in range(steps)
-    ]
+    """The expression at each step back from the end (`offset 0s` is refused: none there)."""
+    terms = []
+    for k in range(steps):
+        at = expression.replace(OFFSET, f" offset {round(k * step)}s" if k else "")
+        terms.append(f'label_replace({at}, "{STEP_LABEL}", "{k}", "", "")')
+    return terms
 
 
 def _queries(terms: list[str], per_query: int) -> list[tuple[int, str]]:
@@ -97,17 +100,17 @@ async def fetch_steps(
     bare = ", ".join(part for part in (m, 'workload=""') if part)
     demand = (
         f"sum by ({k}namespace, workload_kind, workload, model, mig_profile) "
-        f"(rate(gpu_pod_busy_seconds_total{{{named}}}[{s}] offset OFFSET){f}) or "
+        f"(rate(gpu_pod_busy_seconds_total{{{named}}}[{s}]{OFFSET}){f}) or "
         f"sum by ({k}namespace, pod, model, mig_profile) "
-        f"(rate(gpu_pod_busy_seconds_total{{{bare}}}[{s}] offset OFFSET){f})"
+        f"(rate(gpu_pod_busy_seconds_total{{{bare}}}[{s}]{OFFSET}){f})"
     )
     held = (
         f"count by ({k}model, mig_profile) (group by ({k}uuid, model, mig_profile) "
-        f"(gpu_allocation_info{{{m}}} offset OFFSET{f}))"
+        f"(gpu_allocation_info{{{m}}}{OFFSET}{f}))"
     )
     contended = (
-        f"count(sum by ({k}uuid) (rate(gpu_pod_busy_seconds_total[{s}] offset OFFSET)) > 1 "
-        f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}} offset OFFSET) == 1))"
+        f"count(sum by ({k}uuid) (rate(gpu_pod_busy_seconds_total[{s}]{OFFSET})) > 1 "
+        f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}}{OFFSET}) == 1))"
     )
     bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
 
