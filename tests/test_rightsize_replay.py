@@ -216,10 +216,10 @@ def test_a_reported_placement_is_checked_not_trusted() -> None:
     context = engine._Context(hardware, StrategySettings(), len(context_workloads[0].busy))
     a100 = context_workloads[0].current.model
     gpu = engine._Gpu(
-        a100, "", [(engine._Shard(w, w.demand), None) for w in context_workloads], "g"
+        a100, "", [(engine._Shard(w, w.demand, 0.0), None) for w in context_workloads], "g"
     )
     result = evaluate("timeslice", [gpu], context)
     assert result.contention_share == pytest.approx(1 / 6)
     heavy = [replace(w, memory_bytes=30 * GIB) for w in context_workloads]
-    gpu = engine._Gpu(a100, "", [(engine._Shard(w, w.demand), None) for w in heavy], "g")
+    gpu = engine._Gpu(a100, "", [(engine._Shard(w, w.demand, 0.0), None) for w in heavy], "g")
     assert evaluate("timeslice", [gpu], context).memory_overcommit_steps == 2 * PERIOD

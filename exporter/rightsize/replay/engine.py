@@ -29,8 +29,10 @@ A fixed placement uses the same GPUs at every step; its figures are recomputed f
 from __future__ import annotations
 
 import math
+from array import array
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import add
 from typing import TYPE_CHECKING, Final
 
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Option
@@ -63,7 +65,7 @@ class Workload:
     kind: str
     name: str
     current: Option
-    busy: tuple[float, ...]
+    busy: Sequence[float]
     """Per step: its devices' busy ratios summed (each of its own device: 1 is all of it)."""
     memory_bytes: float
     """Peak memory of one of its devices over the window."""
@@ -74,10 +76,10 @@ class Workload:
     """The time-sliced GPU it holds today, if any."""
 
     @property
-    def demand(self) -> list[float]:
+    def demand(self) -> array[float]:
         """One shard's demand per step, in GPUs of its current model."""
         part = self.current.compute / self.devices
-        return [busy * part for busy in self.busy]
+        return array("d", (busy * part for busy in self.busy))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +129,17 @@ class PolicyResult:
 @dataclass(slots=True)
 class _Shard:
     workload: Workload
-    demand: list[float]
+    demand: Sequence[float]
+    need: float
+    """Its demand at the report's percentile."""
+
+    def on(self, scale: float) -> _Shard:
+        """The same shard with its demand in GPUs of a model `scale` times smaller."""
+        if scale == 1.0:
+            return self
+        return _Shard(
+            self.workload, array("d", (v * scale for v in self.demand)), self.need * scale
+        )
 
 
 @dataclass(slots=True)
@@ -183,9 +195,11 @@ def replay(
     """The requested policies' results, in the order asked."""
     steps = len(current.held)
     context = _Context(hardware, settings, steps)
-    shards = [
-        _Shard(workload, workload.demand) for workload in workloads for _ in range(workload.devices)
-    ]
+    shards = []
+    for workload in workloads:
+        demand = workload.demand
+        shard = _Shard(workload, demand, context.percentile(demand))
+        shards += [shard] * workload.devices
     placed: dict[str, list[_Gpu]] = {}
 
     def placement(policy: str) -> list[_Gpu]:
@@ -247,23 +261,22 @@ def _current(
     )
 
 
-def _exclusive_model(shard: _Shard, context: _Context) -> tuple[GpuModel, list[float]]:
+def _exclusive_model(shard: _Shard, context: _Context) -> tuple[GpuModel, _Shard]:
     """The cheapest model one GPU of which covers the shard's demand at the percentile and its
-    memory peak (its current model if none does), and its demand there."""
-    best: tuple[tuple[float, int, str], GpuModel, list[float]] | None = None
+    memory peak (its current model if none does), and the shard's demand there."""
+    best: tuple[tuple[float, int, str], GpuModel, float] | None = None
     for model in context.models_for(shard):
         scale = context.scale(shard, model)
         if scale is None or shard.workload.memory_bytes > model.nvml_memory_bytes:
             continue
-        demand = [value * scale for value in shard.demand]
-        if context.percentile(demand) > 1 + EPSILON:
+        if shard.need * scale > 1 + EPSILON:
             continue
         rank = (context.price(model), model.nvml_memory_bytes, model.key)
         if best is None or rank < best[0]:
-            best = (rank, model, demand)
+            best = (rank, model, scale)
     if best is None:
-        return shard.workload.current.model, list(shard.demand)
-    return best[1], best[2]
+        return shard.workload.current.model, shard
+    return best[1], shard.on(best[2])
 
 
 def _exclusive(
@@ -271,8 +284,8 @@ def _exclusive(
 ) -> list[_Gpu]:
     gpus = []
     for shard in shards:
-        model, demand = _exclusive_model(shard, context)
-        gpus.append(_Gpu(model, shard.workload.cluster, [(_Shard(shard.workload, demand), None)]))
+        model, moved = _exclusive_model(shard, context)
+        gpus.append(_Gpu(model, shard.workload.cluster, [(moved, None)]))
     return gpus
 
 
@@ -284,13 +297,12 @@ def _mig(
     models: dict[str, GpuModel] = {}
     rest = []
     for shard in shards:
-        best: tuple[tuple[float, int, str, str], GpuModel, MigProfile, list[float]] | None = None
+        best: tuple[tuple[float, int, str, str], GpuModel, MigProfile, float] | None = None
         for model in context.models_for(shard):
             scale = context.scale(shard, model)
             if scale is None or not model.mig_profiles:
                 continue
-            demand = [value * scale for value in shard.demand]
-            need = context.percentile(demand)
+            need = shard.need * scale
             for profile in model.mig_profiles:
                 option = Option(model, profile)
                 if need > option.compute + EPSILON or shard.workload.memory_bytes > (
@@ -304,15 +316,13 @@ def _mig(
                     profile.profile,
                 )
                 if best is None or rank < best[0]:
-                    best = (rank, model, profile, demand)
+                    best = (rank, model, profile, scale)
         if best is None:
             rest.append(shard)
             continue
-        _, model, profile, demand = best
+        _, model, profile, scale = best
         models[model.key] = model
-        chosen[(shard.workload.cluster, model.key)].append(
-            (_Shard(shard.workload, demand), profile)
-        )
+        chosen[(shard.workload.cluster, model.key)].append((shard.on(scale), profile))
     gpus = _exclusive(rest, context, None)
     for (cluster, key), members in sorted(chosen.items()):
         for number, indexes in enumerate(pack_instances([p for _, p in members]), start=1):
@@ -381,12 +391,13 @@ def _binpack(
 def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> list[_Gpu]:
     saturation = context.settings.saturation
     models = {m.key: m for shard in members for m in context.models_for(shard)}
+    totals = [sum(shard.demand) for shard in members]
     bounds = []
     for model in models.values():
         scaled = [context.scale(shard, model) for shard in members]
         if any(scale is None for scale in scaled):
             continue
-        work = sum(sum(s.demand) * (scale or 0.0) for s, scale in zip(members, scaled, strict=True))
+        work = sum(t * (scale or 0.0) for t, scale in zip(totals, scaled, strict=True))
         memory = sum(s.workload.memory_bytes for s in members)
         bound = max(work / (saturation * max(context.steps, 1)), memory / model.nvml_memory_bytes)
         bounds.append((math.ceil(bound - EPSILON), context.price(model), model.key, model))
@@ -397,7 +408,7 @@ def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> 
         fitting, rest = [], []
         for shard in members:
             scale = context.scale(shard, model) or 0.0
-            moved = _Shard(shard.workload, [value * scale for value in shard.demand])
+            moved = shard.on(scale)
             item = Item(moved.demand, shard.workload.memory_bytes)
             if shareable(item, capacity=saturation, memory=model.nvml_memory_bytes):
                 fitting.append(moved)
@@ -431,31 +442,28 @@ def _cost(gpus: Sequence[_Gpu], context: _Context) -> float:
 def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResult:
     """A fixed placement's figures, recomputed from the demand vectors on each GPU."""
     steps = context.steps
-    contended = [False] * steps
+    limit = 1 + EPSILON
+    contended: set[int] = set()
     overcommitted = False
     busy = 0.0
     for gpu in gpus:
-        mig = any(profile is not None for _, profile in gpu.members)
-        if mig:
+        if any(profile is not None for _, profile in gpu.members):
             for shard, profile in gpu.members:
                 option = Option(gpu.model, profile)
-                share = option.compute if profile is not None else 1.0
                 overcommitted |= shard.workload.memory_bytes > option.memory_bytes
-                for step, value in enumerate(shard.demand):
-                    if value > share + EPSILON:
-                        contended[step] = True
+                share = option.compute + EPSILON
+                if max(shard.demand, default=0.0) > share:
+                    contended.update(k for k, value in enumerate(shard.demand) if value > share)
                 busy += sum(shard.demand)
             continue
-        load = [0.0] * steps
+        load = array("d", bytes(8 * steps))
         for shard, _ in gpu.members:
-            for step, value in enumerate(shard.demand):
-                load[step] += value
+            load = array("d", map(add, load, shard.demand))
         busy += sum(load)
         memory_peaks = sum(shard.workload.memory_bytes for shard, _ in gpu.members)
         overcommitted |= memory_peaks > gpu.model.nvml_memory_bytes
-        for step, value in enumerate(load):
-            if value > 1 + EPSILON:
-                contended[step] = True
+        if max(load, default=0.0) > limit:
+            contended.update(k for k, value in enumerate(load) if value > limit)
     count = len(gpus)
     cost: float | None = sum(context.price(gpu.model) for gpu in gpus) * HOURS_PER_MONTH
     if cost == UNPRICED:
@@ -467,7 +475,7 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
         policy,
         GpuCount(count, count, count),
         utilization_mean=busy / (count * steps) if count and steps else 0.0,
-        contention_share=sum(contended) / steps if steps else 0.0,
+        contention_share=len(contended) / steps if steps else 0.0,
         memory_overcommit_steps=steps if overcommitted else 0,
         cost_usd_per_month=cost,
         placements=tuple(_placements(gpus)),
