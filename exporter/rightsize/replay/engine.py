@@ -132,14 +132,17 @@ class _Shard:
     demand: Sequence[float]
     need: float
     """Its demand at the report's percentile."""
+    scaled: dict[float, _Shard] = field(default_factory=dict)
+    """`on`'s answers: several policies move a shard to the same model."""
 
     def on(self, scale: float) -> _Shard:
         """The same shard with its demand in GPUs of a model `scale` times smaller."""
         if scale == 1.0:
             return self
-        return _Shard(
-            self.workload, array("d", (v * scale for v in self.demand)), self.need * scale
-        )
+        if scale not in self.scaled:
+            demand = array("d", (v * scale for v in self.demand))
+            self.scaled[scale] = _Shard(self.workload, demand, self.need * scale)
+        return self.scaled[scale]
 
 
 @dataclass(slots=True)
