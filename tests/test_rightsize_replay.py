@@ -3,6 +3,7 @@ per-step demand vectors, and the policies over a workload set whose answers are 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -223,3 +224,22 @@ def test_a_reported_placement_is_checked_not_trusted() -> None:
     heavy = [replace(w, memory_bytes=30 * GIB) for w in context_workloads]
     gpu = engine._Gpu(a100, "", [(engine._Shard(w, w.demand, 0.0), None) for w in heavy], "g")
     assert evaluate("timeslice", [gpu], context).memory_overcommit_steps == 2 * PERIOD
+
+
+def test_a_refused_replay_query_costs_the_replay_not_the_report() -> None:
+    async def answer(request: web.Request) -> web.Response:
+        query = str((await request.post()).get("query"))
+        if "replay_step" in query:
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "query too long"},
+                status=400,
+            )
+        return web.json_response(EMPTY)
+
+    with serving(answer) as url:
+        result = rightsize("--prometheus", url, "--simulate=current", "--format=json", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "policy replay unavailable" in result.stderr
+    document = json.loads(result.stdout)
+    assert document["missing_signals"] == ["replay"]
+    assert document["simulation"] == []

@@ -65,6 +65,8 @@ async def produce(config: RightsizeConfig) -> Report:
     if steps is not None:
         simulation = simulate(report, steps, hardware=hardware, policies=config.simulate)
         report = replace(report, simulation=simulation)
+    elif config.simulate:
+        report = replace(report, missing_signals=(*report.missing_signals, "replay"))
     log.info(
         "report ready",
         extra={

@@ -12,20 +12,25 @@ Three expressions, each aggregated inside Prometheus:
   configuration, as the report's workload rows are grouped (a bare pod is its own workload);
 - `held`: the GPUs held, counted per model and MIG profile (a time-sliced GPU once);
 - `contended`: whether some time-sliced GPU was asked for more than all of its time.
+
+A query the server refuses (too long for it, too many samples) costs the replay, not the report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from exporter.rightsize.prometheus import Bounds
+from exporter.rightsize.prometheus import Bounds, PrometheusQueryError
 
 if TYPE_CHECKING:
     from exporter.rightsize.prometheus import PrometheusClient, Sample
     from exporter.rightsize.selection import Selection
+
+log = logging.getLogger("exporter.rightsize.replay")
 
 STEP_LABEL: Final = "replay_step"
 OFFSET: Final = "<offset>"
@@ -79,6 +84,33 @@ def _queries(terms: list[str], per_query: int) -> list[tuple[int, str]]:
 
 
 async def fetch_steps(
+    client: PrometheusClient,
+    *,
+    selection: Selection,
+    end: float,
+    window: float,
+    step: float,
+    cluster_label: str | None,
+    configurations: int,
+) -> StepHistory | None:
+    """`_fetch_steps`, or None when the server refuses a replay query: the report goes out
+    without the replay (it names `replay` among the signals it could not read)."""
+    try:
+        return await _fetch_steps(
+            client,
+            selection=selection,
+            end=end,
+            window=window,
+            step=step,
+            cluster_label=cluster_label,
+            configurations=configurations,
+        )
+    except PrometheusQueryError as error:
+        log.warning("policy replay unavailable", extra={"error": str(error)})
+        return None
+
+
+async def _fetch_steps(
     client: PrometheusClient,
     *,
     selection: Selection,
