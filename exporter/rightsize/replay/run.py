@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
 from exporter.rightsize.hardware import Option
@@ -28,7 +29,10 @@ def simulate(
         history_row = row.history
         demand = row.recommendation.demand
         shared = next((d.uuid for d in row.devices if d.shared), None)
-        busy = history.busy.get(history_row.configuration, [0.0] * history.steps)
+        busy = history.busy.get(history_row.configuration)
+        if busy is None:
+            # No busy series in the window: it held its GPUs idle at every step.
+            busy = array("d", bytes(8 * history.steps))
         workloads.append(
             Workload(
                 cluster=history_row.cluster,
@@ -36,7 +40,7 @@ def simulate(
                 kind=history_row.kind,
                 name=history_row.name,
                 current=current,
-                busy=tuple(busy),
+                busy=busy,
                 memory_bytes=row.memory_peak_bytes or 0.0,
                 devices=max(1, row.replicas * row.gpus_per_replica),
                 roofline_side=demand.roofline_side if demand else None,

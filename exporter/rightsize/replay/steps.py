@@ -20,14 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from exporter.rightsize.prometheus import Bounds, PrometheusQueryError
 
 if TYPE_CHECKING:
-    from exporter.rightsize.prometheus import PrometheusClient, Sample
+    from collections.abc import Callable, Coroutine, Mapping
+
+    from exporter.rightsize.prometheus import PrometheusClient
+
+    Fold: TypeAlias = Callable[[int, Mapping[str, str], float], None]
+    """Folds one element of a step's answer (the step's index, oldest first) into the history."""
     from exporter.rightsize.selection import Selection
 
 log = logging.getLogger("exporter.rightsize.replay")
@@ -51,7 +56,7 @@ class StepHistory:
     """The window's steps, oldest first."""
 
     steps: int
-    busy: dict[Key, list[float]]
+    busy: dict[Key, array[float]]
     """Per workload configuration: its devices' busy ratios summed, per step (0 without data)."""
     held: list[dict[tuple[str, str], float]]
     """Per step: devices held per (model, MIG profile)."""
@@ -145,59 +150,69 @@ async def _fetch_steps(
         f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}}{OFFSET}) == 1))"
     )
     bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
+    busy: dict[Key, array[float]] = {}
+    held_by_step: list[dict[tuple[str, str], float]] = [{} for _ in range(steps)]
+    contended_by_step = [False] * steps
 
-    async def ask(expression: str, name: str, per_step: int) -> list[list[Sample]]:
-        """Each step's answer, oldest step first."""
-        per_query = max(1, MAX_ELEMENTS // max(per_step, 1))
-        queries = _queries(_terms(expression, steps, step), per_query)
-        answers = await asyncio.gather(
-            *(
-                client.query(promql, at=end, name=f"replay {name}", bounds=bounds)
-                for _, promql in queries
-            )
+    def add_demand(index: int, labels: Mapping[str, str], value: float) -> None:
+        if labels.get("workload"):
+            kind, name = labels.get("workload_kind", "") or "Pod", labels.get("workload", "")
+        else:
+            kind, name = "Pod", labels.get("pod", "")
+        key = (
+            labels.get(cluster_label, "") if cluster_label else "",
+            labels.get("namespace", ""),
+            kind,
+            name,
+            labels.get("model", ""),
+            labels.get("mig_profile", ""),
         )
-        by_step: list[list[Sample]] = [[] for _ in range(steps)]
-        for sample in (sample for answer in answers for sample in answer):
-            number = sample.labels.get(STEP_LABEL, "")
-            if number.isdigit() and int(number) < steps:
-                # Offset k is the k-th step back from the end.
-                by_step[steps - 1 - int(number)].append(sample)
-        return by_step
+        if key not in busy:
+            busy[key] = array("d", bytes(8 * steps))
+        busy[key][index] += value
 
-    demand_steps, held_steps, contended_steps = await asyncio.gather(
-        ask(demand, "demand", configurations),
-        ask(held, "held", 16),
-        ask(contended, "contended", 1),
+    def add_held(index: int, labels: Mapping[str, str], value: float) -> None:
+        counts = held_by_step[index]
+        configuration = (labels.get("model", ""), labels.get("mig_profile", ""))
+        counts[configuration] = counts.get(configuration, 0.0) + value
+
+    def add_contended(index: int, _labels: Mapping[str, str], value: float) -> None:
+        contended_by_step[index] |= value > 0
+
+    async def ask(expression: str, name: str, per_step: int, fold: Fold) -> None:
+        """Every step's answer, each query's folded in as it arrives (and then dropped)."""
+        per_query = max(1, MAX_ELEMENTS // max(per_step, 1))
+
+        async def one(promql: str) -> None:
+            answer = await client.query(promql, at=end, name=f"replay {name}", bounds=bounds)
+            for sample in answer:
+                number = sample.labels.get(STEP_LABEL, "")
+                if number.isdigit() and int(number) < steps:
+                    # Offset k is the k-th step back from the end.
+                    fold(steps - 1 - int(number), sample.labels, sample.value)
+
+        await _all(
+            [one(promql) for _, promql in _queries(_terms(expression, steps, step), per_query)]
+        )
+
+    await _all(
+        [
+            ask(demand, "demand", configurations, add_demand),
+            ask(held, "held", 16, add_held),
+            ask(contended, "contended", 1, add_contended),
+        ]
     )
-    busy: dict[Key, list[float]] = defaultdict(lambda: [0.0] * steps)
-    for index, samples in enumerate(demand_steps):
-        for sample in samples:
-            labels = sample.labels
-            cluster = labels.get(cluster_label, "") if cluster_label else ""
-            if labels.get("workload"):
-                kind, name = labels.get("workload_kind", ""), labels.get("workload", "")
-            else:
-                kind, name = "Pod", labels.get("pod", "")
-            key = (
-                cluster,
-                labels.get("namespace", ""),
-                kind or "Pod",
-                name,
-                labels.get("model", ""),
-                labels.get("mig_profile", ""),
-            )
-            busy[key][index] += sample.value
-    held_by_step: list[dict[tuple[str, str], float]] = []
-    for samples in held_steps:
-        counts: dict[tuple[str, str], float] = defaultdict(float)
-        for sample in samples:
-            counts[(sample.labels.get("model", ""), sample.labels.get("mig_profile", ""))] += (
-                sample.value
-            )
-        held_by_step.append(dict(counts))
-    return StepHistory(
-        steps,
-        dict(busy),
-        held_by_step,
-        [any(sample.value > 0 for sample in samples) for samples in contended_steps],
-    )
+    return StepHistory(steps, busy, held_by_step, contended_by_step)
+
+
+async def _all(coroutines: list[Coroutine[Any, Any, None]]) -> None:
+    """Run them together; the first failure cancels the others (none left asking a server the
+    report no longer waits for) and is raised."""
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
