@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from operator import add
 from typing import TYPE_CHECKING, Final
 
@@ -76,9 +76,11 @@ class Workload:
     """The time-sliced GPU it holds today, if any."""
 
     @property
-    def demand(self) -> array[float]:
+    def demand(self) -> Sequence[float]:
         """One shard's demand per step, in GPUs of its current model."""
         part = self.current.compute / self.devices
+        if part == 1.0:
+            return self.busy
         return array("d", (busy * part for busy in self.busy))
 
 
@@ -132,17 +134,14 @@ class _Shard:
     demand: Sequence[float]
     need: float
     """Its demand at the report's percentile."""
-    scaled: dict[float, _Shard] = field(default_factory=dict)
-    """`on`'s answers: several policies move a shard to the same model."""
 
     def on(self, scale: float) -> _Shard:
         """The same shard with its demand in GPUs of a model `scale` times smaller."""
         if scale == 1.0:
             return self
-        if scale not in self.scaled:
-            demand = array("d", (v * scale for v in self.demand))
-            self.scaled[scale] = _Shard(self.workload, demand, self.need * scale)
-        return self.scaled[scale]
+        return _Shard(
+            self.workload, array("d", (v * scale for v in self.demand)), self.need * scale
+        )
 
 
 @dataclass(slots=True)
@@ -203,20 +202,30 @@ def replay(
         demand = workload.demand
         shard = _Shard(workload, demand, context.percentile(demand))
         shards += [shard] * workload.devices
-    placed: dict[str, list[_Gpu]] = {}
+    done: dict[str, PolicyResult] = {}
 
-    def placement(policy: str) -> list[_Gpu]:
-        if policy not in placed:
-            placed[policy] = PLACERS[policy](shards, context, placement)
-        return placed[policy]
-
-    results = []
-    for policy in policies:
+    def result(policy: str) -> PolicyResult:
+        """Each policy placed, evaluated, and its placement dropped (only one policy's scaled
+        vectors are alive at a time)."""
+        if policy in done:
+            return done[policy]
         if policy == CURRENT:
-            results.append(_current(workloads, current, context))
+            done[policy] = _current(workloads, current, context)
+        elif policy == BINPACK:
+            own = evaluate(BINPACK, _binpack(shards, context), context)
+            others = [result(other) for other in (EXCLUSIVE, MIG, TIMESLICE)]
+            best = min([own, *others], key=lambda r: (r.gpus.max, _usd(r)))
+            done[policy] = own if best is own else replace(best, policy=BINPACK)
         else:
-            results.append(evaluate(policy, placement(policy), context))
-    return tuple(results)
+            done[policy] = evaluate(policy, PLACERS[policy](shards, context), context)
+        return done[policy]
+
+    return tuple(result(policy) for policy in policies)
+
+
+def _usd(result: PolicyResult) -> float:
+    cost = result.cost_usd_per_month
+    return UNPRICED if cost is None else cost
 
 
 def _current(
@@ -282,9 +291,7 @@ def _exclusive_model(shard: _Shard, context: _Context) -> tuple[GpuModel, _Shard
     return best[1], shard.on(best[2])
 
 
-def _exclusive(
-    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
-) -> list[_Gpu]:
+def _exclusive(shards: list[_Shard], context: _Context) -> list[_Gpu]:
     gpus = []
     for shard in shards:
         model, moved = _exclusive_model(shard, context)
@@ -292,9 +299,7 @@ def _exclusive(
     return gpus
 
 
-def _mig(
-    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
-) -> list[_Gpu]:
+def _mig(shards: list[_Shard], context: _Context) -> list[_Gpu]:
     """The cheapest fitting instance per shard, packed per cluster and model."""
     chosen: dict[tuple[str, str], list[tuple[_Shard, MigProfile]]] = defaultdict(list)
     models: dict[str, GpuModel] = {}
@@ -326,7 +331,7 @@ def _mig(
         _, model, profile, scale = best
         models[model.key] = model
         chosen[(shard.workload.cluster, model.key)].append((shard.on(scale), profile))
-    gpus = _exclusive(rest, context, None)
+    gpus = _exclusive(rest, context)
     for (cluster, key), members in sorted(chosen.items()):
         for number, indexes in enumerate(pack_instances([p for _, p in members]), start=1):
             gpus.append(
@@ -340,9 +345,7 @@ def _mig(
     return gpus
 
 
-def _timeslice(
-    shards: list[_Shard], context: _Context, _other: Callable[[str], list[_Gpu]] | None
-) -> list[_Gpu]:
+def _timeslice(shards: list[_Shard], context: _Context) -> list[_Gpu]:
     serving: dict[tuple[str, str], list[_Shard]] = defaultdict(list)
     rest = []
     for shard in shards:
@@ -358,7 +361,7 @@ def _timeslice(
             serving[(shard.workload.cluster, model.key)].append(shard)
         else:
             rest.append(shard)
-    gpus = _exclusive(rest, context, None)
+    gpus = _exclusive(rest, context)
     for (cluster, _), members in sorted(serving.items()):
         gpus += _shared(members, members[0].workload.current.model, cluster, context)
     return gpus
@@ -375,20 +378,16 @@ def _shared(members: list[_Shard], model: GpuModel, cluster: str, context: _Cont
     return gpus
 
 
-def _binpack(
-    shards: list[_Shard], context: _Context, placement: Callable[[str], list[_Gpu]]
-) -> list[_Gpu]:
-    """Per cluster, the model whose GPUs hold the most of its shards with the fewest GPUs
-    (branch and bound on a lower bound, so most models are never packed); then whichever
-    policy's placement needs the fewest GPUs of all."""
+def _binpack(shards: list[_Shard], context: _Context) -> list[_Gpu]:
+    """Per cluster, the model whose GPUs hold its shards with the fewest GPUs (branch and bound
+    on a lower bound, so most models are never packed)."""
     clusters: dict[str, list[_Shard]] = defaultdict(list)
     for shard in shards:
         clusters[shard.workload.cluster].append(shard)
     own: list[_Gpu] = []
     for cluster, members in sorted(clusters.items()):
         own += _binpack_cluster(cluster, members, context)
-    candidates = [own, *(placement(policy) for policy in (EXCLUSIVE, MIG, TIMESLICE))]
-    return min(candidates, key=lambda gpus: (len(gpus), _cost(gpus, context)))
+    return own
 
 
 def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> list[_Gpu]:
@@ -417,20 +416,18 @@ def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> 
                 fitting.append(moved)
             else:
                 rest.append(shard)
-        gpus = _exclusive(rest, context, None) + _shared(fitting, model, cluster, context)
+        gpus = _exclusive(rest, context) + _shared(fitting, model, cluster, context)
         if best is None or (len(gpus), _cost(gpus, context)) < (len(best), _cost(best, context)):
             best = gpus
-    return best if best is not None else _exclusive(members, context, None)
+    return best if best is not None else _exclusive(members, context)
 
 
-PLACERS: Final[
-    dict[str, Callable[[list[_Shard], _Context, Callable[[str], list[_Gpu]]], list[_Gpu]]]
-] = {
+PLACERS: Final[dict[str, Callable[[list[_Shard], _Context], list[_Gpu]]]] = {
     EXCLUSIVE: _exclusive,
     MIG: _mig,
     TIMESLICE: _timeslice,
-    BINPACK: _binpack,
 }
+"""How each policy places but `binpack`, which `replay` weighs against the others' results."""
 
 
 def _group_name(cluster: str, key: str, number: int, kind: str) -> str:
