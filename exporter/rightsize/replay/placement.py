@@ -3,7 +3,7 @@
 `pack` is first-fit decreasing on the vectors (largest peak first, then largest total, then
 memory; the input order breaks ties, so the answer is deterministic), then improvement by
 iterated first fit (Culberson's iterated greedy, as for graph colouring): first fit again over
-the GPUs' items taken GPU by GPU, fullest GPUs first, which can free GPUs and never adds one. A GPU holds a set of items when their
+the GPUs' items taken GPU by GPU, fullest GPUs first, kept when it frees GPUs. A GPU holds a set of items when their
 summed demand stays within `capacity` at every step and their summed memory peaks within
 `memory`: the check is exact, step by step; scalar bounds (summed totals, summed peaks) only
 decide quickly what the full check would. An item that cannot share at all (its own peak over
@@ -33,13 +33,12 @@ EPSILON: Final = 1e-9
 """Sums of floats that are equal on paper may differ in the last bit."""
 BLOCK: Final = 32
 """Steps per block of the quick check: a block's maxima rule most of its steps in or out."""
-SEARCH_WIDTH: Final = 256
-"""Open GPUs first fit tries before it opens another: bounds the search at n x 256 checks
-(10,000 workloads x 14 days at 10-minute steps within minutes), and costs GPUs only when more
-than 256 GPUs are open and none of the oldest 256 holds the item."""
-IMPROVEMENT_ROUNDS: Final = 3
-"""Rounds of iterated first fit after the first: each is one more first-fit pass, and stops
-the search as soon as it saves no GPU."""
+STRIKES: Final = 16
+"""Items in a row an open GPU may refuse before first fit stops trying it: a GPU refusing that
+many is as good as full, and trying it again for every item would make the search quadratic."""
+IMPROVEMENT_ROUNDS: Final = 1
+"""Rounds of iterated first fit after the first: each is one more first-fit pass (as long as
+the first), kept only if it saves a GPU."""
 
 
 def _block_maxima(values: Sequence[float]) -> list[float]:
@@ -76,6 +75,8 @@ class _Bin:
     members: list[int]
     blocks: list[float] = field(default_factory=list)
     """The highest load in each block of `BLOCK` steps."""
+    strikes: int = 0
+    """Items refused in a row."""
 
 
 def _fits(gpu: _Bin, item: Item, capacity: float, memory: float, steps: int) -> bool:
@@ -124,7 +125,8 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
     best = _first_fit([i for i in order if i not in single], items, capacity, memory, steps)
     for _ in range(IMPROVEMENT_ROUNDS):
         # Iterated first fit: the GPUs' items again, a GPU's together, the fullest GPUs first.
-        # Each GPU's items fit one GPU, so first fit in this order never needs more GPUs.
+        # Each GPU's items fit one GPU, so an unbounded first fit in this order never needs more
+        # GPUs; the bounded one might, and is then not kept.
         ranked = sorted(best, key=lambda gpu: (-gpu.total, gpu.members[0]))
         again = _first_fit(
             [i for gpu in ranked for i in gpu.members], items, capacity, memory, steps
@@ -138,9 +140,10 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
 def _first_fit(
     order: Sequence[int], items: Sequence[Item], capacity: float, memory: float, steps: int
 ) -> list[_Bin]:
-    """First fit over the open GPUs, the oldest first, at most `SEARCH_WIDTH` of them. A GPU
-    closes once it cannot hold the smallest item still to come (by memory, or by total demand
-    over the window), so a large set is not searched through its full GPUs again and again."""
+    """First fit over the open GPUs, the oldest first. A GPU closes once it cannot hold the
+    smallest item still to come (by memory, or by total demand over the window), or after it
+    refused `STRIKES` items in a row, so a large set is not searched through its full GPUs
+    again and again."""
     gpus: list[_Bin] = []
     open_gpus: list[_Bin] = []
     smallest_memory = [0.0] * (len(order) + 1)
@@ -154,15 +157,22 @@ def _first_fit(
     for position, index in enumerate(order):
         item = items[index]
         chosen = None
-        for gpu in open_gpus[:SEARCH_WIDTH]:
+        refused = []
+        for gpu in open_gpus:
             if _fits(gpu, item, capacity, memory, steps):
                 chosen = gpu
                 break
+            gpu.strikes += 1
+            if gpu.strikes >= STRIKES:
+                refused.append(gpu)
+        for gpu in refused:
+            open_gpus.remove(gpu)
         if chosen is None:
             chosen = _Bin(array("d", bytes(8 * steps)), 0.0, 0.0, [])
             gpus.append(chosen)
             open_gpus.append(chosen)
         _put(chosen, index, item)
+        chosen.strikes = 0
         if (
             chosen.memory + smallest_memory[position + 1] > memory + EPSILON * max(memory, 1.0)
             or chosen.total + smallest_total[position + 1] > room
