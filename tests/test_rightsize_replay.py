@@ -17,8 +17,10 @@ from exporter.rightsize.replay import engine, placement
 from exporter.rightsize.replay.engine import CurrentSteps, Workload, evaluate, replay
 from exporter.rightsize.replay.placement import Item, pack, pack_instances
 from exporter.rightsize.replay.policies import POLICIES, parse_policies
+from exporter.rightsize.server import exposition, recommendation_metrics
 from exporter.rightsize.settings import StrategySettings
 from exporter.settings import ConfigError
+from tests.rightsize_data import sample_report
 from tests.rightsize_run import rightsize, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -243,3 +245,14 @@ def test_a_refused_replay_query_costs_the_replay_not_the_report() -> None:
     document = json.loads(result.stdout)
     assert document["missing_signals"] == ["replay"]
     assert document["simulation"] == []
+
+
+def test_the_report_server_exports_gpus_and_utilization_per_policy() -> None:
+    results = _replay(_workloads([staggered(service) for service in range(8)]), held=8)
+    report = replace(sample_report(), simulation=(results["current"], results["timeslice"]))
+    text = exposition(recommendation_metrics(report)).decode()
+    assert 'gpuscope_simulation_gpus{policy="current"} 8.0' in text
+    assert 'gpuscope_simulation_gpus{policy="timeslice"} 3.0' in text
+    assert 'gpuscope_simulation_utilization_ratio{policy="timeslice"} 0.48' in text
+    plain = exposition(recommendation_metrics(sample_report())).decode()
+    assert "gpuscope_simulation" not in plain

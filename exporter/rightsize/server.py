@@ -50,6 +50,7 @@ from exporter.rightsize.notify import SERVICES, notify
 from exporter.rightsize.options import PROG, ServeConfig, load_serve
 from exporter.rightsize.produce import produce
 from exporter.rightsize.prometheus import PrometheusError
+from exporter.rightsize.replay.metrics import SIMULATION_FAMILIES, simulation_metrics
 from exporter.rightsize.strategy import IDLE, UNDERUSED
 from exporter.series import Family
 from exporter.settings import ConfigError
@@ -217,7 +218,7 @@ SERVER_FAMILIES: Final = (
 def metrics_table() -> str:
     """The rightsizing guide's table of the series `gpuscope rightsize serve` exports."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES):
+    for family in (*RECOMMENDATION_FAMILIES, *SIMULATION_FAMILIES, *SERVER_FAMILIES):
         labels = ", ".join(f"`{label}`" for label in family.labels)
         if family.labels_doc:
             labels += f"; {family.labels_doc}"
@@ -282,6 +283,7 @@ def recommendation_metrics(report: Report) -> Iterator[Metric]:
             add(REPORT_RECOMMENDED_GPUS, [cluster, change.model], change.gpus_after)
     add(REPORT_END, [], report.end)
     yield from metrics.values()
+    yield from simulation_metrics(report.simulation)
 
 
 class _Collect:
