@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter.rightsize.replay.metrics import SIMULATION_FAMILIES, simulation_metrics
 from exporter.rightsize.strategy import IDLE, UNDERUSED
 from exporter.series import Family
 
@@ -160,7 +161,7 @@ SERVER_FAMILIES: Final = (
 def metrics_table() -> str:
     """The rightsizing guide's table of the series `gpuscope rightsize serve` exports."""
     rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES):
+    for family in (*RECOMMENDATION_FAMILIES, *SIMULATION_FAMILIES, *SERVER_FAMILIES):
         labels = ", ".join(f"`{label}`" for label in family.labels)
         if family.labels_doc:
             labels += f"; {family.labels_doc}"
@@ -225,6 +226,7 @@ def recommendation_metrics(report: Report) -> Iterator[Metric]:
             add(REPORT_RECOMMENDED_GPUS, [cluster, change.model], change.gpus_after)
     add(REPORT_END, [], report.end)
     yield from metrics.values()
+    yield from simulation_metrics(report.simulation)
 
 
 class Collect:

@@ -37,6 +37,7 @@ from exporter.rightsize.prometheus import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Connection,
 )
+from exporter.rightsize.replay.policies import parse_policies
 from exporter.rightsize.selection import Selection
 from exporter.rightsize.settings import STRATEGY_SETTINGS, StrategySettings
 from exporter.rightsize.strategy import STRATEGIES
@@ -126,6 +127,7 @@ class RightsizeSettings(StrategySettings):
     notify_timeout: float = 10.0
     report_url: str | None = None
     source: str = "gpuscope"
+    simulate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,8 @@ class RightsizeConfig:
     """`--end` was given: every run (each of the server's refreshes) reports the same window."""
     source: str = "gpuscope"
     """Whose series the history is read from (`--source`)."""
+    simulate: tuple[str, ...] = ()
+    """Sharing policies to replay over the window (`exporter/rightsize/replay/`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +397,17 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Leave out recommendations less trusted than this: low (none left out), medium, high "
         "(see Confidence and terms).",
         "LEVEL",
+        group="strategy",
+    ),
+    Setting(
+        "simulate",
+        "simulate",
+        parse_policies,
+        "Replay these sharing policies over every step of the window: current, exclusive, mig, "
+        "timeslice, binpack (comma-separated): the GPUs, utilization, contention and cost each "
+        "would have had, and its placement.",
+        "POLICIES",
+        repeated=True,
         group="strategy",
     ),
     Setting(
@@ -643,6 +658,7 @@ def configure(settings: RightsizeSettings, environ: Mapping[str, str]) -> Rights
         report_url=settings.report_url,
         fixed_end=settings.end is not None,
         source=settings.source,
+        simulate=settings.simulate,
     )
 
 

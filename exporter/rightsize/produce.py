@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exporter.rightsize.fetch import fetch
 from exporter.rightsize.hardware import Hardware
 from exporter.rightsize.prometheus import PrometheusClient
+from exporter.rightsize.replay.run import simulate
+from exporter.rightsize.replay.steps import fetch_steps
 from exporter.rightsize.report import build_report
 from exporter.rightsize.strategy import STRATEGIES
 
@@ -34,6 +37,17 @@ async def produce(config: RightsizeConfig) -> Report:
             cluster_label=config.cluster_label,
             source=config.source,
         )
+        steps = None
+        if config.simulate:
+            steps = await fetch_steps(
+                client,
+                selection=config.selection,
+                end=config.end,
+                window=config.window,
+                step=config.step,
+                cluster_label=config.cluster_label,
+                configurations=len(history.workloads),
+            )
         queries = client.queries_sent
     hardware = Hardware.build(
         config.catalog,
@@ -49,6 +63,11 @@ async def produce(config: RightsizeConfig) -> Report:
         source=config.connection.shown,
         min_confidence=config.min_confidence,
     )
+    if steps is not None:
+        simulation = simulate(report, steps, hardware=hardware, policies=config.simulate)
+        report = replace(report, simulation=simulation)
+    elif config.simulate:
+        report = replace(report, missing_signals=(*report.missing_signals, "replay"))
     log.info(
         "report ready",
         extra={

@@ -52,6 +52,7 @@ from exporter.rightsize.strategy import (
 if TYPE_CHECKING:
     from exporter.catalog import GpuModel
     from exporter.rightsize.history import Autoscaler, DeviceHistory, History, WorkloadHistory
+    from exporter.rightsize.replay.engine import PolicyResult
     from exporter.rightsize.settings import StrategySettings
 
 log = logging.getLogger("exporter.rightsize.report")
@@ -259,6 +260,8 @@ class Report:
     """Recommendations below `min_confidence`, not in the rows."""
     history_source: str = "gpuscope"
     """Whose series the history was read from (`--source`): `gpuscope` or `dcgm-exporter`."""
+    simulation: tuple[PolicyResult, ...] = ()
+    """Each policy `--simulate` asked for, replayed over the window (`replay/`)."""
 
     @property
     def classification_counts(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Final
 
 from exporter.rightsize.formatters import common
 from exporter.rightsize.formatters.common import Format, Output
+from exporter.rightsize.replay.summary import COLUMNS, policy_rows, sentence
 from exporter.rightsize.report import money_text
 
 if TYPE_CHECKING:
@@ -115,6 +116,20 @@ def format_markdown(report: Report, _output: Output) -> str:
         f"{common.percent(change.utilization_before)} | {common.percent(change.utilization_after)} |"
         for change in consolidation.models
     )
+    if report.simulation:
+        lines += [
+            "",
+            "## Policy replay",
+            "",
+            sentence(report.simulation, saturation=report.settings.saturation),
+            "",
+            "| " + " | ".join(COLUMNS) + " |",
+            "|---" * len(COLUMNS) + "|",
+        ]
+        lines.extend(
+            "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+            for cells in policy_rows(report.simulation)
+        )
     lines += ["", common.footer(report), ""]
     return "\n".join(lines)
 

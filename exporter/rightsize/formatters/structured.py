@@ -11,6 +11,7 @@ import yaml
 
 from exporter.durations import format_duration
 from exporter.rightsize.formatters.common import TOKENS_NOTE, Format, Output, timestamp
+from exporter.rightsize.replay.summary import simulation_document
 from exporter.rightsize.settings import settings_text
 
 if TYPE_CHECKING:
@@ -235,6 +236,7 @@ def report_document(report: Report) -> dict[str, Any]:
             for roofline in report.rooflines
         ],
         "missing_signals": list(report.missing_signals),
+        "simulation": simulation_document(report.simulation),
     }
 
 

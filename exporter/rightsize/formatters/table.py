@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Final
 
 from exporter.rightsize.formatters import common
 from exporter.rightsize.formatters.common import Format, Output
+from exporter.rightsize.replay.summary import COLUMNS, policy_rows, sentence
 from exporter.rightsize.report import money_text
 
 if TYPE_CHECKING:
@@ -73,6 +74,14 @@ def format_table(report: Report, output: Output) -> str:
     if report.missing_signals:
         # Words from the history, not markup: a bracket in them is text.
         console.print(f"Missing signals: {'; '.join(report.missing_signals)}.", markup=False)
+    if report.simulation:
+        replayed = Table(title="Policy replay", header_style="bold")
+        for number, column in enumerate(COLUMNS):
+            replayed.add_column(column, justify="left" if number == 0 else "right")
+        for cells in policy_rows(report.simulation):
+            replayed.add_row(*cells)
+        console.print(replayed)
+        console.print(sentence(report.simulation, saturation=report.settings.saturation))
     return buffer.getvalue()
 
 

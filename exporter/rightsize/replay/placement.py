@@ -1,0 +1,219 @@
+"""Pure placement search: per-step demand vectors onto as few GPUs as hold them at every step.
+
+`pack` is first-fit decreasing on the vectors (largest peak first, then largest total, then
+memory; the input order breaks ties, so the answer is deterministic), then improvement by
+iterated first fit (Culberson's iterated greedy, as for graph colouring): first fit again over
+the GPUs' items taken GPU by GPU, fullest GPUs first, kept when it frees GPUs. A GPU holds a set of items when their
+summed demand stays within `capacity` at every step and their summed memory peaks within
+`memory`: the check is exact, step by step; scalar bounds (summed totals, summed peaks) only
+decide quickly what the full check would. An item that cannot share at all (its own peak over
+`capacity`, or its memory over `memory`) gets a GPU of its own.
+
+`pack_instances` places MIG instances on GPUs by the layouts a GPU allows, as the catalog
+describes them (`consolidation.py` counts the same way): at most 7 compute and 8 memory slices,
+and no more instances of a profile than the model allows.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass, field
+from operator import add
+from typing import TYPE_CHECKING, Final
+
+from exporter.rightsize.hardware import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from exporter.catalog import MigProfile
+
+EPSILON: Final = 1e-9
+"""Sums of floats that are equal on paper may differ in the last bit."""
+BLOCK: Final = 32
+"""Steps per block of the quick check: a block's maxima rule most of its steps in or out."""
+STRIKES: Final = 16
+"""Items in a row an open GPU may refuse before first fit stops trying it: a GPU refusing that
+many is as good as full, and trying it again for every item would make the search quadratic."""
+IMPROVEMENT_ROUNDS: Final = 1
+"""Rounds of iterated first fit after the first: each is one more first-fit pass (as long as
+the first), kept only if it saves a GPU."""
+
+
+def _block_maxima(values: Sequence[float]) -> list[float]:
+    return [
+        max(values[start : start + BLOCK], default=0.0) for start in range(0, len(values), BLOCK)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """What one workload (or one of its replicas' devices) needs from a GPU."""
+
+    demand: Sequence[float]
+    """Per step of the window, in GPUs of the model packed onto."""
+    memory: float
+    """Peak bytes over the window."""
+    peak: float = field(init=False)
+    total: float = field(init=False)
+    blocks: list[float] = field(init=False)
+    """The highest demand in each block of `BLOCK` steps."""
+
+    def __post_init__(self) -> None:
+        blocks = _block_maxima(self.demand)
+        object.__setattr__(self, "blocks", blocks)
+        object.__setattr__(self, "peak", max(blocks, default=0.0))
+        object.__setattr__(self, "total", sum(self.demand))
+
+
+@dataclass(slots=True)
+class _Bin:
+    load: array[float]
+    memory: float
+    total: float
+    members: list[int]
+    blocks: list[float] = field(default_factory=list)
+    """The highest load in each block of `BLOCK` steps."""
+    strikes: int = 0
+    """Items refused in a row."""
+
+
+def _fits(gpu: _Bin, item: Item, capacity: float, memory: float, steps: int) -> bool:
+    """Whether the item fits beside what the GPU holds: memory, then the steps, block by block:
+    a block whose two maxima add up within capacity fits at every step of it; only the others
+    are checked step by step."""
+    if gpu.memory + item.memory > memory + EPSILON * max(memory, 1.0):
+        return False
+    if gpu.total + item.total > capacity * steps + EPSILON * steps:
+        return False
+    limit = capacity + EPSILON
+    load, demand = gpu.load, item.demand
+    for number, (held, wanted) in enumerate(zip(gpu.blocks, item.blocks, strict=True)):
+        if held + wanted <= limit:
+            continue
+        start = number * BLOCK
+        highest: float = max(map(add, load[start : start + BLOCK], demand[start : start + BLOCK]))
+        if highest > limit:
+            return False
+    return True
+
+
+def _put(gpu: _Bin, index: int, item: Item) -> None:
+    gpu.load = array("d", map(add, gpu.load, item.demand))
+    gpu.memory += item.memory
+    gpu.blocks = _block_maxima(gpu.load)
+    gpu.total += item.total
+    gpu.members.append(index)
+
+
+def shareable(item: Item, *, capacity: float, memory: float) -> bool:
+    """Whether the item fits a GPU at all under the constraints (else it needs one alone)."""
+    return item.peak <= capacity + EPSILON and item.memory <= memory + EPSILON * max(memory, 1.0)
+
+
+def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[int]]:
+    """The items' indexes grouped by GPU: every group's summed demand within `capacity` at every
+    step and summed memory within `memory`, except an item that cannot share, alone."""
+    steps = max((len(item.demand) for item in items), default=0)
+    order = sorted(
+        range(len(items)),
+        key=lambda i: (-items[i].peak, -items[i].total, -items[i].memory, i),
+    )
+    alone = [[i] for i in order if not shareable(items[i], capacity=capacity, memory=memory)]
+    single = {i for [i] in alone}
+    best = _first_fit([i for i in order if i not in single], items, capacity, memory, steps)
+    for _ in range(IMPROVEMENT_ROUNDS):
+        # Iterated first fit: the GPUs' items again, a GPU's together, the fullest GPUs first.
+        # Each GPU's items fit one GPU, so an unbounded first fit in this order never needs more
+        # GPUs; the bounded one might, and is then not kept.
+        ranked = sorted(best, key=lambda gpu: (-gpu.total, gpu.members[0]))
+        again = _first_fit(
+            [i for gpu in ranked for i in gpu.members], items, capacity, memory, steps
+        )
+        if len(again) >= len(best):
+            break
+        best = again
+    return [gpu.members for gpu in best] + alone
+
+
+def _first_fit(
+    order: Sequence[int], items: Sequence[Item], capacity: float, memory: float, steps: int
+) -> list[_Bin]:
+    """First fit over the open GPUs, the oldest first. A GPU closes once it cannot hold the
+    smallest item still to come (by memory, or by total demand over the window), or after it
+    refused `STRIKES` items in a row, so a large set is not searched through its full GPUs
+    again and again."""
+    gpus: list[_Bin] = []
+    open_gpus: list[_Bin] = []
+    smallest_memory = [0.0] * (len(order) + 1)
+    smallest_total = [0.0] * (len(order) + 1)
+    smallest_memory[-1] = smallest_total[-1] = math.inf
+    for position in range(len(order) - 1, -1, -1):
+        item = items[order[position]]
+        smallest_memory[position] = min(smallest_memory[position + 1], item.memory)
+        smallest_total[position] = min(smallest_total[position + 1], item.total)
+    room = capacity * steps + EPSILON * steps
+    for position, index in enumerate(order):
+        item = items[index]
+        chosen = None
+        refused = []
+        for gpu in open_gpus:
+            if _fits(gpu, item, capacity, memory, steps):
+                chosen = gpu
+                break
+            gpu.strikes += 1
+            if gpu.strikes >= STRIKES:
+                refused.append(gpu)
+        for gpu in refused:
+            open_gpus.remove(gpu)
+        if chosen is None:
+            chosen = _Bin(array("d", bytes(8 * steps)), 0.0, 0.0, [])
+            gpus.append(chosen)
+            open_gpus.append(chosen)
+        _put(chosen, index, item)
+        chosen.strikes = 0
+        if (
+            chosen.memory + smallest_memory[position + 1] > memory + EPSILON * max(memory, 1.0)
+            or chosen.total + smallest_total[position + 1] > room
+        ):
+            open_gpus.remove(chosen)
+    return gpus
+
+
+@dataclass(slots=True)
+class _MigGpu:
+    compute_slices: int = 0
+    memory_slices: int = 0
+    instances: dict[str, int] = field(default_factory=dict)
+    members: list[int] = field(default_factory=list)
+
+    def fits(self, profile: MigProfile) -> bool:
+        return (
+            self.compute_slices + profile.compute_slices <= MIG_COMPUTE_SLICES
+            and self.memory_slices + profile.memory_slices <= MIG_MEMORY_SLICES
+            and self.instances.get(profile.profile, 0) < profile.max_instances
+        )
+
+    def add(self, index: int, profile: MigProfile) -> None:
+        self.compute_slices += profile.compute_slices
+        self.memory_slices += profile.memory_slices
+        self.instances[profile.profile] = self.instances.get(profile.profile, 0) + 1
+        self.members.append(index)
+
+
+def pack_instances(profiles: Sequence[MigProfile]) -> list[list[int]]:
+    """MIG instances of one model, by index, grouped by GPU (first-fit decreasing on slices)."""
+    order = sorted(
+        range(len(profiles)),
+        key=lambda i: (-profiles[i].compute_slices, -profiles[i].memory_slices, i),
+    )
+    gpus: list[_MigGpu] = []
+    for index in order:
+        profile = profiles[index]
+        gpu = next((gpu for gpu in gpus if gpu.fits(profile)), None)
+        if gpu is None:
+            gpu = _MigGpu()
+            gpus.append(gpu)
+        gpu.add(index, profile)
+    return [gpu.members for gpu in gpus]
