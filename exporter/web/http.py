@@ -192,7 +192,8 @@ class RequestReader:
     )
 
     def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        """llhttp, which holds this reader's callbacks; None once closed."""
         self._buffer = bytearray()
         """The buffer being parsed: the head's own checks read it."""
         self._fed = 0
@@ -213,6 +214,13 @@ class RequestReader:
         self._chunked_read = 0
         self._trailers = 0
         self._complete = False
+
+    def close(self) -> None:
+        """Let go of llhttp and of the buffer: llhttp holds this reader's callbacks, and the
+        reference cycle would otherwise keep both (the connection's buffer with them) until the
+        cycle collector runs, which in a mostly idle daemon may be minutes away."""
+        self._parser = None
+        self._buffer = bytearray()
 
     def head(self, buffer: bytearray) -> Request | None:
         """The request whose head `buffer` starts with, taken off it once the head is whole; None
@@ -284,11 +292,13 @@ class RequestReader:
 
     def _parse(self, buffer: bytearray, start: int, stop: int) -> None:
         """Hand llhttp the buffer's bytes from `start` to `stop`: a view, never a copy."""
+        parser = self._parser
+        assert parser is not None, "a closed reader is not used again"
         self._buffer = buffer
         self._stop = stop
         try:
             with memoryview(buffer) as whole, whole[start:stop] as piece:
-                self._parser.feed_data(piece)
+                parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             # llhttp stops after a request asking to switch protocols (Upgrade, CONNECT). This
             # server never switches (RFC 9110 7.8 lets it ignore Upgrade): the request is
@@ -299,7 +309,7 @@ class RequestReader:
                 raise  # a bug in a callback, not the client's mistake
             raise self._refusal from None
         except httptools.HttpParserError as error:
-            if self._parser.get_http_version() not in _NOT_READ_OR_SERVED:
+            if parser.get_http_version() not in _NOT_READ_OR_SERVED:
                 raise BadRequest("not HTTP/1.x", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED) from None
             raise BadRequest(f"llhttp: {error}") from None
 
@@ -340,6 +350,7 @@ class RequestReader:
     def _checked_request(self) -> Request:
         """The request whose head llhttp parsed, with what llhttp leaves to the server checked."""
         parser = self._parser
+        assert parser is not None  # called by llhttp itself
         start = 0
         while self._buffer.startswith(b"\r\n", start):  # blank lines trickled in before it
             start += 2

@@ -19,7 +19,11 @@ So, here:
 - **TLS over memory BIOs** (`SSLContext.wrap_bio`), begun when the client's first bytes arrive:
   a silent connection to the TLS port is a socket and a few small objects (no `SSLObject` at all),
   and it counts against the connection cap and is evicted like any idle connection; the
-  handshake has its deadline (`handshake_since`, which the listener's sweep checks). OpenSSL
+  handshake has its deadline (`handshake_since`, which the listener's sweep checks). A handshake
+  under way holds about 48 KiB of OpenSSL's state (key share, transcript, buffers), so at most
+  `MAX_HANDSHAKES` are under way at once (`Handshakes`): past it, the one begun longest ago is
+  closed for the new one, and a crowd of clients that send a ClientHello and never finish costs
+  a few MiB, not 48 KiB per connection up to the cap. OpenSSL
   never touches the socket, so a TLS call can only ever want more bytes to read, never to
   write: what it produced is flushed after each call, and the state machine stays small.
   OpenSSL's own record buffers are released while a connection is idle (CPython sets
@@ -31,6 +35,9 @@ So, here:
   connection whose client stopped reading holds a reference, not a buffer. TLS encrypts one
   record at a time, only once the kernel took the last one: a stalled TLS connection holds one
   record of ciphertext at most.
+- **No reference cycle.** A closed stream lets go of its protocol once it told it (the protocol
+  points back at the stream), so a closed connection's buffers are freed at once, not at the
+  cycle collector's next full pass.
 - **A client that leaves is no error.** A reset, a broken pipe, a shutdown on a socket already
   gone: the connection is closed and the protocol told, with nothing above debug level.
 - **Accepting backs off** (`Acceptor`) when the process or the system is out of descriptors or
@@ -49,7 +56,7 @@ import logging
 import math
 import socket
 import ssl
-from collections import deque
+from collections import OrderedDict, deque
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
@@ -62,6 +69,9 @@ READ_SIZE: Final = 16 * 1024
 """Bytes read from a socket (or decrypted) at a time, into the shared buffer."""
 TLS_RECORD: Final = 16 * 1024
 """Plaintext encrypted at a time: TLS's largest record."""
+MAX_HANDSHAKES: Final = 256
+"""TLS handshakes under way at once on a listener (about 48 KiB each): a real client's handshake
+takes a round trip or two, so this many are only ever under way in a flood."""
 SEND_VECTORS: Final = 64
 """Buffers handed to one sendmsg() call at most."""
 BACKLOG: Final = 1024
@@ -102,6 +112,35 @@ class Receiver(Protocol):
     def resume_writing(self) -> None: ...
 
 
+_CLOSED: Final = cast("Receiver", asyncio.Protocol())
+"""What a closed `Stream` tells instead of its protocol: asyncio's base protocol does nothing."""
+
+
+class Handshakes:
+    """The TLS handshakes under way on a listener's streams, at most `limit`: one more closes
+    the one begun longest ago (a real client's finishes within a round trip or two, so the oldest
+    is the likeliest to be a client that never will). Event loop only."""
+
+    def __init__(self, limit: int = MAX_HANDSHAKES) -> None:
+        self.limit = limit
+        self._under_way: OrderedDict[Stream, None] = OrderedDict()
+        self.evicted = 0
+        """Handshakes closed to make room for a new one."""
+
+    def __len__(self) -> int:
+        return len(self._under_way)
+
+    def begin(self, stream: Stream) -> None:
+        while len(self._under_way) >= self.limit and self._under_way:
+            oldest = next(iter(self._under_way))
+            self.evicted += 1
+            oldest.abort()  # which ends its handshake here
+        self._under_way[stream] = None
+
+    def end(self, stream: Stream) -> None:
+        self._under_way.pop(stream, None)
+
+
 class _Tls:
     """One connection's TLS state, made from its first bytes."""
 
@@ -116,7 +155,8 @@ class _Tls:
 
 class Stream(asyncio.Transport):
     """One accepted connection as an asyncio transport for `protocol`, over a non-blocking socket,
-    plain or TLS (`tls`: the listener's context).
+    plain or TLS (`tls`: the listener's context; `handshakes`: the listener's handshakes under
+    way, which this one's joins).
 
     `data_received` is given a view of the shared `Scratch`, valid until it returns: a protocol
     copies what it keeps. `write` keeps a reference to the bytes it is given (pass immutable ones)
@@ -124,7 +164,7 @@ class Stream(asyncio.Transport):
     `resume_writing` once all of it went out. `write_eof` half-closes once what was written went
     out (after TLS's close_notify), and from then on what the client sends is read and dropped.
     `close` and `abort` both end the connection at once; `connection_lost` follows on the next
-    pass of the loop."""
+    pass of the loop, after which the stream no longer holds the protocol."""
 
     __slots__ = (
         "_closed",
@@ -132,6 +172,7 @@ class Stream(asyncio.Transport):
         "_eof_asked",
         "_eof_sent",
         "_fd",
+        "_handshakes",
         "_loop",
         "_paused_protocol",
         "_peer",
@@ -154,6 +195,7 @@ class Stream(asyncio.Transport):
         *,
         scratch: Scratch,
         tls: ssl.SSLContext | None = None,
+        handshakes: Handshakes | None = None,
     ) -> None:
         super().__init__()
         self._loop = asyncio.get_running_loop()
@@ -162,6 +204,7 @@ class Stream(asyncio.Transport):
         self._protocol = protocol
         self._scratch = scratch
         self._context = tls
+        self._handshakes = handshakes if handshakes is not None else Handshakes()
         self._tls: _Tls | None = None
         self.handshake_since: float | None = self._loop.time() if tls is not None else None
         """When the TLS handshake began (the connection was accepted); None once it is done, and
@@ -299,6 +342,7 @@ class Stream(asyncio.Transport):
             return
         tls = self._tls
         if tls is None:
+            self._handshakes.begin(self)
             try:
                 tls = self._tls = _Tls(self._context)
             except ssl.SSLError as error:  # OpenSSL out of memory, say: this connection only
@@ -326,6 +370,7 @@ class Stream(asyncio.Transport):
             return
         tls.handshaken = True
         self.handshake_since = None
+        self._handshakes.end(self)
         self._flush_tls(tls)
 
     def _decrypt(self) -> None:
@@ -357,7 +402,7 @@ class Stream(asyncio.Transport):
         if self._closed:
             return
         if self._eof_sent or not self._protocol.eof_received():
-            self._end(None)
+            self.close()  # over TLS, the client's close_notify answered with ours
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -481,8 +526,10 @@ class Stream(asyncio.Transport):
         self._waiting.clear()
         self._plaintext.clear()
         self._tls = None
+        self._handshakes.end(self)
         self._sock.close()
-        self._loop.call_soon(self._protocol.connection_lost, error)
+        protocol, self._protocol = self._protocol, _CLOSED  # it points back at this stream
+        self._loop.call_soon(protocol.connection_lost, error)
 
 
 def _after(views: list[memoryview], sent: int) -> list[memoryview]:
