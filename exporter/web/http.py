@@ -48,6 +48,9 @@ MAX_HEAD: Final = MAX_LINE * 8
 lines are split."""
 MAX_BODY: Final = 64 * 1024
 """A request body larger than this gets 413; a smaller one is read and dropped."""
+FIELD_BYTES: Final = 130
+"""What a parsed header field costs besides its name and value: two bytes objects' headers, a
+tuple and its place in the list (CPython, 64-bit)."""
 METHODS: Final = ("GET", "HEAD")
 """What every endpoint answers; another method on a known path gets 405."""
 
@@ -189,6 +192,7 @@ class RequestReader:
         "_stop",
         "_trailers",
         "_url",
+        "parsed",
     )
 
     def __init__(self) -> None:
@@ -214,6 +218,9 @@ class RequestReader:
         self._chunked_read = 0
         self._trailers = 0
         self._complete = False
+        self.parsed = 0
+        """Bytes the head being read holds as parsed fields: until it is whole, its bytes are
+        held twice, in the buffer and here."""
 
     def close(self) -> None:
         """Let go of llhttp and of the buffer: llhttp holds this reader's callbacks, and the
@@ -318,13 +325,16 @@ class RequestReader:
     def on_message_begin(self) -> None:
         self._url = b""
         self._fields = []
+        self.parsed = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url  # in pieces when the request line arrives in pieces
+        self.parsed += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._request is None:
             self._fields.append((name, value))
+            self.parsed += len(name) + len(value) + FIELD_BYTES
             return
         # A trailer field after a chunked body: checked by llhttp, counted, dropped.
         self._trailers += 1

@@ -411,12 +411,12 @@ class _Connection(asyncio.Protocol):
 
     def let_go(self) -> None:
         """The connection is closed: free its buffer and parser now, and stop counting them."""
-        self._buffer.clear()
-        self._account()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
         self._request = None
+        self._buffer.clear()
+        self._account()
         if self._transport is not None:
             self._connections.head_ended(self._transport)
             self._connections.unstalled(self._transport)
@@ -424,9 +424,12 @@ class _Connection(asyncio.Protocol):
     # -- requests -------------------------------------------------------------------------------
 
     def _account(self) -> None:
-        """Count the buffer's bytes in `Connections.buffered` (which may close connections, this
-        one included, to stay under its budget)."""
+        """Count the buffer's bytes, and those of the head being read as parsed so far, in
+        `Connections.buffered` (which may close connections, this one included, to stay under
+        its budget)."""
         held = len(self._buffer)
+        if self._reader is not None and self.header_since is not None:
+            held += self._reader.parsed
         if held != self._held:
             change, self._held = held - self._held, held
             self._connections.hold(change)
@@ -462,6 +465,7 @@ class _Connection(asyncio.Protocol):
                 if request is None:
                     if not buffer:  # blank lines only, which come before a request: idle still
                         self._head_ends()
+                        reader.close()
                         self._reader = None
                     return
                 if expects_continue(request):
