@@ -34,19 +34,19 @@ so that the answer is not lost to a reset. A client that resets or leaves is no 
 
 Requests on one connection are answered in order, one at a time: once a request is whole, the
 socket is not read past what is already buffered until it is answered (pipelined requests wait in
-the kernel), so a connection holds at most one read of requests, as bytes: the parser is handed no byte past the
-request being read. A response is written by reference — the handler's bytes, never a copy — so a
-client that stops reading holds a reference until the write deadline (TLS: one record of
-ciphertext besides). A handler's exception is logged and answered 500; the connection and the
-server go on.
+the kernel), so a connection holds at most one read of requests, as bytes: the parser is handed
+no byte past the request being read. A response is written by reference — the handler's bytes,
+never a copy — so a client that stops reading holds a reference until the write deadline (TLS:
+one record of ciphertext besides). A handler's exception is logged and answered 500; the
+connection and the server go on.
 
 Memory: a connection costs a socket and a few small objects until it sends, and its parser (an
 llhttp state, about 1 KiB) only while it has a request to read: made at its first byte, dropped
-once it is idle. A closed connection lets go of its buffer and parser at once, and its transport of
-it (no reference cycle), so a flood's memory is freed when its connections close, not at the
-cycle collector's next full pass. After a flood of connections closed (`TRIM_AFTER` fewer than at the peak), the
-sweep hands the freed pages back to the system (`exporter.malloc.trim`), which glibc would
-otherwise keep.
+once it is idle. A closed connection lets go of its buffer and parser at once, and its transport
+of it (no reference cycle), so a flood's memory is freed as its connections close, not at the
+cycle collector's next full pass. After a flood of connections closed (`TRIM_AFTER` fewer than
+at the peak), the sweep hands the freed pages back to the system (`exporter.malloc.trim`), which
+glibc would otherwise keep.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class Connections:
         self._open: OrderedDict[Stream, _Connection] = OrderedDict()
         self._lingering: OrderedDict[Stream, _Connection] = OrderedDict()
         """Half-closed after their last answer, dropping what the client still sends."""
+        self._answering_now: set[Stream] = set()
+        """Those of `_open` with a request being answered: past the cap, room is looked for
+        among the others only while there are others (4,096 stalled readers, say, are not
+        walked for each new connection)."""
         self._heads: OrderedDict[Stream, None] = OrderedDict()
         """Connections reading a request's head or body, the one begun longest ago first."""
         self._stalled: OrderedDict[Stream, float] = OrderedDict()
@@ -161,7 +165,11 @@ class Connections:
             )
             self._logged_at, self._unlogged = now, 0
 
+    def request_began(self, transport: Stream) -> None:
+        self._answering_now.add(transport)
+
     def request_finished(self, transport: Stream) -> None:
+        self._answering_now.discard(transport)
         if transport in self._open:
             self._open.move_to_end(transport)  # the last to make room for a new connection
         self._check_quiet()
@@ -220,7 +228,9 @@ class Connections:
             self._lingering.pop(victim)
             self._evicted += 1
             return True
-        victim = next((t for t, c in self._open.items() if not c.in_request), None)
+        victim = None
+        if len(self._answering_now) < len(self._open):
+            victim = next((t for t, c in self._open.items() if not c.in_request), None)
         if victim is None:
             victim = self._longest_stalled()
             if victim is None:
@@ -267,6 +277,7 @@ class Connections:
         """Close now: its descriptor is freed at once, so it stops counting at once, and its
         buffer with it."""
         self._open.pop(transport).let_go()
+        self._answering_now.discard(transport)
         transport.close()
 
     def _release(self, transport: Stream) -> None:
@@ -278,6 +289,7 @@ class Connections:
     def _remove(self, transport: Stream) -> None:
         self._open.pop(transport, None)
         self._lingering.pop(transport, None)
+        self._answering_now.discard(transport)
         self._heads.pop(transport, None)
         self._stalled.pop(transport, None)
         self._check_quiet()
@@ -296,6 +308,7 @@ class Connections:
             transport.abort()
         self._open.clear()
         self._lingering.clear()
+        self._answering_now.clear()
 
     def fit_open_files(self) -> None:
         """Raise the open-file limit to what `limit` connections need if the hard limit allows;
@@ -349,7 +362,7 @@ class _Connection(asyncio.Protocol):
         self._transport: Stream | None = None
         self._buffer = bytearray()
         self._held = 0
-        """The buffer's bytes as counted in `Connections.buffered`."""
+        """What `Connections.buffered` counts of this connection (`_account`)."""
         self._reader: RequestReader | None = None
         """The requests' parser, while the connection has one to read."""
         self._request: Request | None = None
@@ -497,6 +510,7 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         self.in_request = True
+        self._connections.request_began(transport)
         self._head_ends()
         # The next request waits until this one is answered: read no more of them meanwhile.
         if not self._paused_reading:
