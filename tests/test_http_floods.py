@@ -291,3 +291,32 @@ async def test_a_connection_being_answered_holds_at_most_one_read(  # type: igno
     assert max(held) <= READ_SIZE, held
     for sock in socks:
         sock.close()
+
+
+async def test_a_new_connection_among_stalled_readers_is_not_the_next_to_go(listen) -> None:  # type: ignore[no-untyped-def]
+    """Past the cap, the connection that has waited longest goes: a probe that just came (not
+    read yet, so not being answered) outlasts the stalled readers when more of them arrive."""
+    connections = Connections(limit=12)
+    connections.stalled_seconds = 0.2
+    _, port = await listen(connections)
+    requests = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 50
+    socks = [await asyncio.to_thread(_stall, port, None, requests) for _ in range(12)]
+    await eventually_async(
+        lambda: (
+            len(connections) == 12
+            and all(c.in_request and c._paused_writing for c in connections._open.values())
+        ),
+        20,
+        "every answer waiting on its reader",
+    )
+    await asyncio.sleep(0.3)  # past the grace
+    probe = await asyncio.to_thread(_connect, port, None)
+    await eventually_async(lambda: connections.evicted == 1, 10, "room made for the probe")
+    socks += [await asyncio.to_thread(_stall, port, None, requests) for _ in range(3)]
+    await eventually_async(lambda: connections.evicted == 4, 10, "room made for each")
+    probe.settimeout(10)
+    probe.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    answer = await asyncio.to_thread(probe.recv, 4096)
+    assert answer.startswith(b"HTTP/1.1 200 OK")
+    for sock in [probe, *socks]:
+        sock.close()

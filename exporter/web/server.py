@@ -219,22 +219,25 @@ class Connections:
         return True
 
     def make_room(self) -> bool:
-        """Close a lingering connection, else the open one answered longest ago that has no
-        request being answered, else the one whose answer has waited longest for its reader (at
-        least `stalled_seconds`); whether there was one."""
+        """Close a lingering connection, else whichever has waited longer: the open one answered
+        longest ago that has no request being answered (idle, in its handshake, or trickling a
+        head), or the one whose answer has waited longest for its reader (at least
+        `stalled_seconds`). So a connection that just came — the kubelet's probe among stalled
+        readers — is not the first to go. Whether there was one."""
         victim = next(iter(self._lingering), None)
         if victim is not None:
             victim.abort()
             self._lingering.pop(victim)
             self._evicted += 1
             return True
-        victim = None
+        idle = None
         if len(self._answering_now) < len(self._open):
-            victim = next((t for t, c in self._open.items() if not c.in_request), None)
+            idle = next(((t, c) for t, c in self._open.items() if not c.in_request), None)
+        victim = self._longest_stalled()
+        if idle is not None and (victim is None or idle[1].idle_since <= self._stalled[victim]):
+            victim = idle[0]
         if victim is None:
-            victim = self._longest_stalled()
-            if victim is None:
-                return False
+            return False
         self._evicted += 1
         self._close(victim)
         return True
