@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import socket
 import ssl
 from typing import TYPE_CHECKING
@@ -320,3 +321,37 @@ async def test_a_new_connection_among_stalled_readers_is_not_the_next_to_go(list
     assert answer.startswith(b"HTTP/1.1 200 OK")
     for sock in [probe, *socks]:
         sock.close()
+
+
+async def test_the_budget_held_by_answers_not_evictable_yet_closes_each_head_once(  # type: ignore[no-untyped-def]
+    listen, caplog
+) -> None:
+    """Over the budget with stalled answers inside their grace (not evictable yet), a head that
+    comes is closed, once, and nothing else: no error, and the stalled answers go on until
+    their clients leave."""
+    connections = Connections()
+    connections.max_buffered = 1000
+    connections.stalled_seconds = 60.0
+    _, port = await listen(connections)
+    requests = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 600
+    with caplog.at_level(logging.DEBUG):
+        socks = [await asyncio.to_thread(_stall, port, None, requests) for _ in range(2)]
+        await eventually_async(
+            lambda: len(connections) == 2 and connections.buffered > 1000,
+            20,
+            "the pipelined requests held",
+        )
+        heads = []
+        for _ in range(3):
+            sock = await asyncio.to_thread(_connect, port, None)
+            sock.sendall(HEAD)
+            heads.append(sock)
+        await eventually_async(lambda: connections.evicted == 3, 10, "each head closed")
+        assert len(connections) == 2
+        for sock in [*socks, *heads]:
+            sock.close()
+        await eventually_async(lambda: len(connections) == 0, 10, "every connection closed")
+        await asyncio.sleep(0.1)
+        gc.collect()  # a pending task dropped would say so now
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert connections.buffered == 0

@@ -279,9 +279,17 @@ class Connections:
     def _close(self, transport: Stream) -> None:
         """Close now: its descriptor is freed at once, so it stops counting at once, and its
         buffer with it."""
-        self._open.pop(transport).let_go()
-        self._answering_now.discard(transport)
+        connection = self._open.pop(transport)
+        self._forget(transport)
+        connection.let_go()
         transport.close()
+
+    def _forget(self, transport: Stream) -> None:
+        """No longer a candidate for room or budget (before its bytes are uncounted, which may
+        look for one)."""
+        self._answering_now.discard(transport)
+        self._heads.pop(transport, None)
+        self._stalled.pop(transport, None)
 
     def _release(self, transport: Stream) -> None:
         """A connection lingering after its last answer: the first to make room."""
@@ -292,9 +300,7 @@ class Connections:
     def _remove(self, transport: Stream) -> None:
         self._open.pop(transport, None)
         self._lingering.pop(transport, None)
-        self._answering_now.discard(transport)
-        self._heads.pop(transport, None)
-        self._stalled.pop(transport, None)
+        self._forget(transport)
         self._check_quiet()
 
     def _answering(self) -> int:
@@ -408,11 +414,11 @@ class _Connection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - asyncio's signature
+        self._wake_writer()  # first: a response waiting to be written ends with the connection
         if self._transport is not None:
             self._connections._remove(self._transport)
         self.let_go()
         self._transport = None  # the transport points at this connection: no cycle
-        self._wake_writer()
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -426,16 +432,14 @@ class _Connection(asyncio.Protocol):
         self._wake_writer()
 
     def let_go(self) -> None:
-        """The connection is closed: free its buffer and parser now, and stop counting them."""
+        """The connection is closed (and no longer a candidate for room or budget): free its
+        buffer and parser now, and stop counting them."""
         if self._reader is not None:
             self._reader.close()
             self._reader = None
         self._request = None
         self._buffer.clear()
         self._account()
-        if self._transport is not None:
-            self._connections.head_ended(self._transport)
-            self._connections.unstalled(self._transport)
 
     # -- requests -------------------------------------------------------------------------------
 
