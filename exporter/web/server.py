@@ -114,6 +114,8 @@ class Connections:
         self.handshakes = Handshakes()
         self.buffered = 0
         """Bytes of requests not answered yet the connections hold."""
+        self._shedding = False
+        """`hold` is closing connections to get back under `max_buffered`."""
         self._open: OrderedDict[Stream, _Connection] = OrderedDict()
         self._lingering: OrderedDict[Stream, _Connection] = OrderedDict()
         """Half-closed after their last answer, dropping what the client still sends."""
@@ -255,14 +257,20 @@ class Connections:
         `max_buffered`, close the connection whose head began longest ago, else the one whose
         answer has waited longest for its reader, until back under it (or none is left)."""
         self.buffered += change
-        while self.buffered > self.max_buffered:
-            victim = next(iter(self._heads), None)
-            if victim is None:
-                victim = self._longest_stalled()
-            if victim is None:
-                return
-            self._evicted += 1
-            self._close(victim)
+        if self._shedding:
+            return  # a connection closed below, uncounting its bytes: the loop below goes on
+        self._shedding = True
+        try:
+            while self.buffered > self.max_buffered:
+                victim = next(iter(self._heads), None)
+                if victim is None:
+                    victim = self._longest_stalled()
+                if victim is None:
+                    return
+                self._evicted += 1
+                self._close(victim)
+        finally:
+            self._shedding = False
 
     def head_began(self, transport: Stream) -> None:
         self._heads[transport] = None
