@@ -23,11 +23,10 @@ So, here:
   under way holds about 48 KiB of OpenSSL's state (key share, transcript, buffers), so at most
   `MAX_HANDSHAKES` are under way at once (`Handshakes`): past it, the one begun longest ago is
   closed for the new one, and a crowd of clients that send a ClientHello and never finish costs
-  a few MiB, not 48 KiB per connection up to the cap. OpenSSL
-  never touches the socket, so a TLS call can only ever want more bytes to read, never to
-  write: what it produced is flushed after each call, and the state machine stays small.
-  OpenSSL's own record buffers are released while a connection is idle (CPython sets
-  `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking `SSLSocket` on the descriptor,
+  a few MiB, not 48 KiB per connection up to the cap. OpenSSL never touches the socket, so a TLS
+  call can only ever want more bytes to read, never to write: what it produced is flushed after
+  each call, and the state machine stays small. OpenSSL's own record buffers are released while a
+  connection is idle (CPython sets `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking `SSLSocket` on the descriptor,
   saves one copy per record but lets a read want a write and a write want a read, with data
   pending inside OpenSSL whenever reading pauses.)
 - **Writes by reference.** `write()` keeps a view of the bytes it was given (never a copy: the
@@ -132,9 +131,9 @@ class Handshakes:
 
     def begin(self, stream: Stream) -> None:
         while len(self._under_way) >= self.limit and self._under_way:
-            oldest = next(iter(self._under_way))
+            oldest, _ = self._under_way.popitem(last=False)
             self.evicted += 1
-            oldest.abort()  # which ends its handshake here
+            oldest.abort()
         self._under_way[stream] = None
 
     def end(self, stream: Stream) -> None:
