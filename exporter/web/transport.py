@@ -26,9 +26,9 @@ So, here:
   a few MiB, not 48 KiB per connection up to the cap. OpenSSL never touches the socket, so a TLS
   call can only ever want more bytes to read, never to write: what it produced is flushed after
   each call, and the state machine stays small. OpenSSL's own record buffers are released while a
-  connection is idle (CPython sets `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking `SSLSocket` on the descriptor,
-  saves one copy per record but lets a read want a write and a write want a read, with data
-  pending inside OpenSSL whenever reading pauses.)
+  connection is idle (CPython sets `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking
+  `SSLSocket` on the descriptor, saves one copy per record but lets a read want a write and a
+  write want a read, with data pending inside OpenSSL whenever reading pauses.)
 - **Writes by reference.** `write()` keeps a view of the bytes it was given (never a copy: the
   responses are immutable `bytes`, a rendered exposition shared by every scraper), so a
   connection whose client stopped reading holds a reference, not a buffer. TLS encrypts one
