@@ -164,10 +164,9 @@ async def test_unfinished_heads_are_held_within_a_budget_oldest_closed_first(lis
         sock.sendall(HEAD)
         socks.append(sock)
         # Each head counted before the next (held, or freed by closing an older one).
+        sent = (number + 1) * len(HEAD)
         await eventually_async(
-            lambda n=number: (
-                _held(connections) + connections.evicted * len(HEAD) == (n + 1) * len(HEAD)
-            ),
+            lambda: _held(connections) + connections.evicted * len(HEAD) == sent,  # noqa: B023
             10,
             "the head buffered",
         )
@@ -355,3 +354,35 @@ async def test_the_budget_held_by_answers_not_evictable_yet_closes_each_head_onc
         gc.collect()  # a pending task dropped would say so now
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert connections.buffered == 0
+
+
+class _Holding:
+    """A connection as the budget sees one: `size` bytes held, uncounted when it is let go."""
+
+    def __init__(self, connections: Connections, size: int) -> None:
+        self.connections = connections
+        self.size = size
+        connections.hold(size)
+
+    def let_go(self) -> None:
+        self.connections.hold(-self.size)
+        self.size = 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_budget_closes_thousands_of_connections_in_one_pass() -> None:
+    """A budget overrun that takes thousands of connections to undo closes them one after the
+    other: each closed connection uncounting its bytes does not start another pass (which
+    recursed, one level per connection, to Python's recursion limit)."""
+    connections = Connections()
+    held = [_Holding(connections, 10) for _ in range(3000)]
+    for holding in held:
+        connections._open[holding] = holding  # type: ignore[index,assignment]
+        connections.head_began(holding)  # type: ignore[arg-type]
+    connections.max_buffered = 10
+    connections.hold(0)
+    assert connections.evicted == 2999
+    assert connections.buffered == 10
+    assert [holding.size for holding in held] == [0] * 2999 + [10], "the oldest closed"
