@@ -65,7 +65,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_SIZE: Final = 16 * 1024
-"""Bytes read from a socket (or decrypted) at a time, into the shared buffer."""
+"""Bytes read from a socket at a time, into the shared buffer."""
+PLAIN_SIZE: Final = 4 * 1024
+"""Bytes decrypted at a time: what a record holds past them stays in OpenSSL's read buffer (which
+holds the record anyway), so a connection that pauses reading once a request is whole has copied
+at most this much of the requests pipelined after it."""
 TLS_RECORD: Final = 16 * 1024
 """Plaintext encrypted at a time: TLS's largest record."""
 MAX_HANDSHAKES: Final = 256
@@ -380,7 +384,7 @@ class Stream(asyncio.Transport):
         plain = self._scratch.plain
         while self._want_reading and not self._closed and not self._eof_sent:
             try:
-                count = cast("int", tls.session.read(READ_SIZE, plain))  # into `plain`: a count
+                count = cast("int", tls.session.read(PLAIN_SIZE, plain))  # into `plain`: a count
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLError as error:
