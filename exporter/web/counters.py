@@ -30,9 +30,11 @@ CONNECTIONS_MAX: Final = Family(
 CONNECTIONS_CLOSED: Final = Family(
     "gpuscope_http_connections_closed",
     "Connections the listener closed: header_timeout (a request header, or a TLS handshake, not "
-    "done within 10 s), evicted (idle the longest when a new one came past the cap, or a "
-    "descriptor was wanted), refused (past the cap, every connection had a request being "
-    "answered).",
+    "done within 10 s), evicted (to make room: idle the longest, else the answer waiting longest "
+    "on a client that does not read, when a new one came past the cap or a descriptor was "
+    "wanted; the oldest TLS handshake past those under way at most; the oldest unfinished "
+    "request past the bytes held at most), refused (past the cap, every connection had a "
+    "request being answered).",
     kind="counter",
     labels=("reason",),
     gpu=False,

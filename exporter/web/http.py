@@ -48,6 +48,9 @@ MAX_HEAD: Final = MAX_LINE * 8
 lines are split."""
 MAX_BODY: Final = 64 * 1024
 """A request body larger than this gets 413; a smaller one is read and dropped."""
+FIELD_BYTES: Final = 130
+"""What a parsed header field costs besides its name and value: two bytes objects' headers, a
+tuple and its place in the list (CPython, 64-bit)."""
 METHODS: Final = ("GET", "HEAD")
 """What every endpoint answers; another method on a known path gets 405."""
 
@@ -189,10 +192,12 @@ class RequestReader:
         "_stop",
         "_trailers",
         "_url",
+        "parsed",
     )
 
     def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        """llhttp, which holds this reader's callbacks; None once closed."""
         self._buffer = bytearray()
         """The buffer being parsed: the head's own checks read it."""
         self._fed = 0
@@ -213,6 +218,16 @@ class RequestReader:
         self._chunked_read = 0
         self._trailers = 0
         self._complete = False
+        self.parsed = 0
+        """Bytes the head being read holds as parsed fields: until it is whole, its bytes are
+        held twice, in the buffer and here."""
+
+    def close(self) -> None:
+        """Let go of llhttp and of the buffer: llhttp holds this reader's callbacks, and the
+        reference cycle would otherwise keep both (the connection's buffer with them) until the
+        cycle collector runs, which in a mostly idle daemon may be minutes away."""
+        self._parser = None
+        self._buffer = bytearray()
 
     def head(self, buffer: bytearray) -> Request | None:
         """The request whose head `buffer` starts with, taken off it once the head is whole; None
@@ -284,11 +299,13 @@ class RequestReader:
 
     def _parse(self, buffer: bytearray, start: int, stop: int) -> None:
         """Hand llhttp the buffer's bytes from `start` to `stop`: a view, never a copy."""
+        parser = self._parser
+        assert parser is not None, "a closed reader is not used again"
         self._buffer = buffer
         self._stop = stop
         try:
             with memoryview(buffer) as whole, whole[start:stop] as piece:
-                self._parser.feed_data(piece)
+                parser.feed_data(piece)
         except httptools.HttpParserUpgrade:
             # llhttp stops after a request asking to switch protocols (Upgrade, CONNECT). This
             # server never switches (RFC 9110 7.8 lets it ignore Upgrade): the request is
@@ -299,7 +316,7 @@ class RequestReader:
                 raise  # a bug in a callback, not the client's mistake
             raise self._refusal from None
         except httptools.HttpParserError as error:
-            if self._parser.get_http_version() not in _NOT_READ_OR_SERVED:
+            if parser.get_http_version() not in _NOT_READ_OR_SERVED:
                 raise BadRequest("not HTTP/1.x", HTTPStatus.HTTP_VERSION_NOT_SUPPORTED) from None
             raise BadRequest(f"llhttp: {error}") from None
 
@@ -308,13 +325,16 @@ class RequestReader:
     def on_message_begin(self) -> None:
         self._url = b""
         self._fields = []
+        self.parsed = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url  # in pieces when the request line arrives in pieces
+        self.parsed += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._request is None:
             self._fields.append((name, value))
+            self.parsed += len(name) + len(value) + FIELD_BYTES
             return
         # A trailer field after a chunked body: checked by llhttp, counted, dropped.
         self._trailers += 1
@@ -340,6 +360,7 @@ class RequestReader:
     def _checked_request(self) -> Request:
         """The request whose head llhttp parsed, with what llhttp leaves to the server checked."""
         parser = self._parser
+        assert parser is not None  # called by llhttp itself
         start = 0
         while self._buffer.startswith(b"\r\n", start):  # blank lines trickled in before it
             start += 2

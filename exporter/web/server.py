@@ -13,10 +13,18 @@ At most `MAX_CONNECTIONS` are open at once (fewer if the open-file limit cannot 
 them), TLS handshakes under way and connections lingering after their last answer included. A
 new connection past the cap is not refused: a lingering connection, else the open connection that
 has gone longest without a request being answered on it — idle, in its handshake, or trickling a
-header — is closed to make room. So a crowd of idle connections can never shut out the kubelet's
-probes or Prometheus; only a connection whose request is being answered (or whose answer is
-being written) is never closed for room. The same eviction frees a descriptor when accepting
-fails for want of one (`EMFILE`).
+header — else the one whose answer has waited longest, at least `STALLED_SECONDS`, for a client
+that does not read it, is closed to make room. So neither a crowd of idle connections nor one of
+clients that ask and never read can shut out the kubelet's probes or Prometheus; only a request
+being answered, or an answer being taken, is never closed for room. The same eviction frees a
+descriptor when accepting fails for want of one (`EMFILE`). At most `MAX_HANDSHAKES` TLS
+handshakes are under way at once (`exporter.web.transport.Handshakes`): one more closes the
+oldest.
+
+The bytes connections hold of requests not answered yet — a head trickling in, pipelined requests
+waiting — are at most `MAX_BUFFERED` together: past it, the connection whose head began longest
+ago is closed (else the one whose answer has waited longest for its reader), so a crowd trickling
+heads of up to 32 KiB each costs a few MiB, not 32 KiB per connection up to the cap.
 
 A request refused as malformed is the client's mistake, not the server's error: it is counted,
 and logged at debug level at most once per `BAD_REQUEST_LOG_SECONDS`, by the kind of mistake
@@ -24,19 +32,21 @@ only — never its bytes, which may hold an `Authorization` header. The connecti
 after the answer, reading (and dropping) what the client still sends for up to `LINGER_SECONDS`
 so that the answer is not lost to a reset. A client that resets or leaves is no error at all.
 
-Requests on one connection are answered in order, one at a time: while one is answered, the
-socket is not read past what is already buffered (pipelined requests wait in the kernel), so a
-connection holds at most one read of requests, as bytes: the parser is handed no byte past the
-request being read. A response is written by reference — the handler's bytes, never a copy — so a
-client that stops reading holds a reference until the write deadline (TLS: one record of
-ciphertext besides). A handler's exception is logged and answered 500; the connection and the
-server go on.
+Requests on one connection are answered in order, one at a time: once a request is whole, the
+socket is not read past what is already buffered until it is answered (pipelined requests wait in
+the kernel), so a connection holds at most one read of requests, as bytes: the parser is handed
+no byte past the request being read. A response is written by reference — the handler's bytes,
+never a copy — so a client that stops reading holds a reference until the write deadline (TLS:
+one record of ciphertext besides). A handler's exception is logged and answered 500; the
+connection and the server go on.
 
 Memory: a connection costs a socket and a few small objects until it sends, and its parser (an
 llhttp state, about 1 KiB) only while it has a request to read: made at its first byte, dropped
-once it is idle. After a flood of connections closed (`TRIM_AFTER` fewer than at the peak), the
-sweep hands the freed pages back to the system (`exporter.malloc.trim`), which glibc would
-otherwise keep.
+once it is idle. A closed connection lets go of its buffer and parser at once, and its transport
+of it (no reference cycle), so a flood's memory is freed as its connections close, not at the
+cycle collector's next full pass. After a flood of connections closed (`TRIM_AFTER` fewer than
+at the peak), the sweep hands the freed pages back to the system (`exporter.malloc.trim`), which
+glibc would otherwise keep.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ from exporter.web.http import (
     encode_head,
     expects_continue,
 )
-from exporter.web.transport import Acceptor, Scratch, Stream, bind
+from exporter.web.transport import Acceptor, Handshakes, Scratch, Stream, bind
 
 if TYPE_CHECKING:
     import socket
@@ -76,6 +86,11 @@ TLS_HANDSHAKE_SECONDS: Final = 10.0
 WRITE_SECONDS: Final = 30.0
 LINGER_SECONDS: Final = 2.0
 MAX_CONNECTIONS: Final = 4096
+MAX_BUFFERED: Final = 8 * 2**20
+"""Bytes of requests not answered yet the connections hold together (a real head is under 1 KiB)."""
+STALLED_SECONDS: Final = 2.0
+"""How long an answer waits for a client that does not read it before its connection may be
+closed to make room (a reader that keeps up never waits this long)."""
 SPARE_FILES: Final = 256
 """Open files kept for everything but client connections (files, the API server, NVML)."""
 BAD_REQUEST_LOG_SECONDS: Final = 60.0
@@ -94,17 +109,33 @@ class Connections:
         self.handshake_seconds = TLS_HANDSHAKE_SECONDS
         self.idle_seconds = IDLE_SECONDS
         self.limit = limit
+        self.max_buffered = MAX_BUFFERED
+        self.stalled_seconds = STALLED_SECONDS
+        self.handshakes = Handshakes()
+        self.buffered = 0
+        """Bytes of requests not answered yet the connections hold."""
+        self._shedding = False
+        """`hold` is closing connections to get back under `max_buffered`."""
         self._open: OrderedDict[Stream, _Connection] = OrderedDict()
         self._lingering: OrderedDict[Stream, _Connection] = OrderedDict()
         """Half-closed after their last answer, dropping what the client still sends."""
+        self._answering_now: set[Stream] = set()
+        """Those of `_open` with a request being answered: past the cap, room is looked for
+        among the others only while there are others (4,096 stalled readers, say, are not
+        walked for each new connection)."""
+        self._heads: OrderedDict[Stream, None] = OrderedDict()
+        """Connections reading a request's head or body, the one begun longest ago first."""
+        self._stalled: OrderedDict[Stream, float] = OrderedDict()
+        """Connections whose answer waits for the client to read, since when, longest first."""
         self.stopping = False
         """The listener is stopping: every response closes its connection."""
         self._quiet = asyncio.Event()
         """Set, while stopping, once no request is being answered."""
         self.closed_slow = 0
         """Connections closed for taking too long to send a request (or finish a handshake)."""
-        self.evicted = 0
-        """Connections closed to make room for a new one when `limit` were open."""
+        self._evicted = 0
+        """Connections closed to make room for a new one, or to bring `buffered` back under
+        `max_buffered`."""
         self.refused = 0
         """Connections closed on arrival: `limit` were open, each with a request being answered."""
         self.bad_requests = 0
@@ -116,6 +147,12 @@ class Connections:
 
     def __len__(self) -> int:
         return len(self._open) + len(self._lingering)
+
+    @property
+    def evicted(self) -> int:
+        """Connections closed to make room: for a new one past `limit`, a handshake past
+        `handshakes.limit`, or bytes past `max_buffered`."""
+        return self._evicted + self.handshakes.evicted
 
     def bad_request(self, kind: str) -> None:
         """Count a malformed request; log the count at debug level at most once per
@@ -130,7 +167,11 @@ class Connections:
             )
             self._logged_at, self._unlogged = now, 0
 
+    def request_began(self, transport: Stream) -> None:
+        self._answering_now.add(transport)
+
     def request_finished(self, transport: Stream) -> None:
+        self._answering_now.discard(transport)
         if transport in self._open:
             self._open.move_to_end(transport)  # the last to make room for a new connection
         self._check_quiet()
@@ -180,25 +221,83 @@ class Connections:
         return True
 
     def make_room(self) -> bool:
-        """Close a lingering connection, else the open one answered longest ago that has no
-        request being answered; whether there was one."""
+        """Close a lingering connection, else whichever has waited longer: the open one answered
+        longest ago that has no request being answered (idle, in its handshake, or trickling a
+        head), or the one whose answer has waited longest for its reader (at least
+        `stalled_seconds`). So a connection that just came — the kubelet's probe among stalled
+        readers — is not the first to go. Whether there was one."""
         victim = next(iter(self._lingering), None)
         if victim is not None:
             victim.abort()
             self._lingering.pop(victim)
-            self.evicted += 1
+            self._evicted += 1
             return True
-        victim = next((t for t, c in self._open.items() if not c.in_request), None)
+        idle = None
+        if len(self._answering_now) < len(self._open):
+            idle = next(((t, c) for t, c in self._open.items() if not c.in_request), None)
+        victim = self._longest_stalled()
+        if idle is not None and (victim is None or idle[1].idle_since <= self._stalled[victim]):
+            victim = idle[0]
         if victim is None:
             return False
-        self.evicted += 1
+        self._evicted += 1
         self._close(victim)
         return True
 
+    def _longest_stalled(self) -> Stream | None:
+        """The connection whose answer has waited longest for its reader, if that is at least
+        `stalled_seconds`."""
+        first = next(iter(self._stalled.items()), None)
+        if first is None or first[1] > asyncio.get_running_loop().time() - self.stalled_seconds:
+            return None
+        return first[0]
+
+    def hold(self, change: int) -> None:
+        """A connection holds `change` more bytes of requests not answered yet; past
+        `max_buffered`, close the connection whose head began longest ago, else the one whose
+        answer has waited longest for its reader, until back under it (or none is left)."""
+        self.buffered += change
+        if self._shedding:
+            return  # a connection closed below, uncounting its bytes: the loop below goes on
+        self._shedding = True
+        try:
+            while self.buffered > self.max_buffered:
+                victim = next(iter(self._heads), None)
+                if victim is None:
+                    victim = self._longest_stalled()
+                if victim is None:
+                    return
+                self._evicted += 1
+                self._close(victim)
+        finally:
+            self._shedding = False
+
+    def head_began(self, transport: Stream) -> None:
+        self._heads[transport] = None
+
+    def head_ended(self, transport: Stream) -> None:
+        self._heads.pop(transport, None)
+
+    def stalled(self, transport: Stream) -> None:
+        self._stalled[transport] = asyncio.get_running_loop().time()
+
+    def unstalled(self, transport: Stream) -> None:
+        self._stalled.pop(transport, None)
+
     def _close(self, transport: Stream) -> None:
-        """Close now: its descriptor is freed at once, so it stops counting at once."""
-        del self._open[transport]
+        """Close now: its descriptor is freed at once, so it stops counting at once, and its
+        buffer with it."""
+        connection = self._open.pop(transport)
+        self._forget(transport)
+        connection.let_go()
         transport.close()
+
+    def _forget(self, transport: Stream) -> None:
+        """No longer a candidate for room or budget (before its bytes are uncounted, which may
+        look for one)."""
+        self._answering_now.discard(transport)
+        self._heads.pop(transport, None)
+        self._stalled.pop(transport, None)
 
     def _release(self, transport: Stream) -> None:
         """A connection lingering after its last answer: the first to make room."""
@@ -209,6 +308,7 @@ class Connections:
     def _remove(self, transport: Stream) -> None:
         self._open.pop(transport, None)
         self._lingering.pop(transport, None)
+        self._forget(transport)
         self._check_quiet()
 
     def _answering(self) -> int:
@@ -225,6 +325,7 @@ class Connections:
             transport.abort()
         self._open.clear()
         self._lingering.clear()
+        self._answering_now.clear()
 
     def fit_open_files(self) -> None:
         """Raise the open-file limit to what `limit` connections need if the hard limit allows;
@@ -255,8 +356,8 @@ class _Connection(asyncio.Protocol):
         "_buffer",
         "_close_after",
         "_connections",
-        "_eof",
         "_handler",
+        "_held",
         "_loop",
         "_paused_reading",
         "_paused_writing",
@@ -277,6 +378,8 @@ class _Connection(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self._transport: Stream | None = None
         self._buffer = bytearray()
+        self._held = 0
+        """What `Connections.buffered` counts of this connection (`_account`)."""
         self._reader: RequestReader | None = None
         """The requests' parser, while the connection has one to read."""
         self._request: Request | None = None
@@ -286,7 +389,6 @@ class _Connection(asyncio.Protocol):
         self._paused_writing = False
         self._paused_reading = False
         self._close_after = False
-        self._eof = False
         self.header_since: float | None = None
         """When the first byte of the request being read arrived; None between requests."""
         self.idle_since = self._loop.time()
@@ -303,40 +405,72 @@ class _Connection(asyncio.Protocol):
             transport.close()
 
     def data_received(self, data: bytes | bytearray | memoryview) -> None:
-        """`data` is the transport's shared buffer: it is copied into the connection's own."""
+        """`data` is the transport's shared buffer: it is copied into the connection's own. (No
+        read comes while a request is answered: reading pauses once one is whole.)"""
         if self.lingering or self._transport is None:
             return
-        if self.header_since is None and not self.in_request:
-            self.header_since = self._loop.time()
+        if self.header_since is None:
+            self._head_begins(self._loop.time())
         self._buffer += data
-        if self.in_request:
-            # The next request waits until this one is answered: read no more of them meanwhile.
-            if not self._paused_reading:
-                self._paused_reading = True
-                self._transport.pause_reading()
-            return
         self._advance()
+        self._account()
 
     def eof_received(self) -> bool:
-        """The client sent all it will (a FIN, or TLS's close_notify): the requests it sent whole
-        are still answered, then the connection closes."""
-        self._eof = True
-        # Everything whole was parsed as it arrived: what is left unanswered is being answered.
-        return self.in_request and not self.lingering
+        """The client sent all it will (a FIN, or TLS's close_notify): the connection closes.
+        It is read only while no request is being answered (reading pauses meanwhile), and every
+        request it sent whole was answered already."""
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - asyncio's signature
+        self._wake_writer()  # first: a response waiting to be written ends with the connection
         if self._transport is not None:
             self._connections._remove(self._transport)
-        self._wake_writer()
+        self.let_go()
+        self._transport = None  # the transport points at this connection: no cycle
 
     def pause_writing(self) -> None:
         self._paused_writing = True
+        if self.in_request and self._transport is not None:
+            self._connections.stalled(self._transport)
 
     def resume_writing(self) -> None:
         self._paused_writing = False
+        if self._transport is not None:
+            self._connections.unstalled(self._transport)
         self._wake_writer()
 
+    def let_go(self) -> None:
+        """The connection is closed (and no longer a candidate for room or budget): free its
+        buffer and parser now, and stop counting them."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._request = None
+        self._buffer.clear()
+        self._account()
+
     # -- requests -------------------------------------------------------------------------------
+
+    def _account(self) -> None:
+        """Count the buffer's bytes, and those of the head being read as parsed so far, in
+        `Connections.buffered` (which may close connections, this one included, to stay under
+        its budget)."""
+        held = len(self._buffer)
+        if self._reader is not None and self.header_since is not None:
+            held += self._reader.parsed
+        if held != self._held:
+            change, self._held = held - self._held, held
+            self._connections.hold(change)
+
+    def _head_begins(self, now: float) -> None:
+        self.header_since = now
+        if self._transport is not None:
+            self._connections.head_began(self._transport)
+
+    def _head_ends(self) -> None:
+        self.header_since = None
+        if self._transport is not None:
+            self._connections.head_ended(self._transport)
 
     def cancel(self) -> None:
         """Stop answering (the listener is stopping)."""
@@ -358,7 +492,8 @@ class _Connection(asyncio.Protocol):
                 request = reader.head(buffer)
                 if request is None:
                     if not buffer:  # blank lines only, which come before a request: idle still
-                        self.header_since = None
+                        self._head_ends()
+                        reader.close()
                         self._reader = None
                     return
                 if expects_continue(request):
@@ -390,7 +525,12 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         self.in_request = True
-        self.header_since = None
+        self._connections.request_began(transport)
+        self._head_ends()
+        # The next request waits until this one is answered: read no more of them meanwhile.
+        if not self._paused_reading:
+            self._paused_reading = True
+            transport.pause_reading()
         peer = transport.get_extra_info("peername")
         request.transport = transport
         request.remote = str(peer[0]) if isinstance(peer, tuple) and peer else ""
@@ -443,20 +583,23 @@ class _Connection(asyncio.Protocol):
         self.idle_since = self._loop.time()
         if transport is None or transport.is_closing():
             return
+        self._connections.unstalled(transport)
         self._connections.request_finished(transport)
         if self._close_after:
             self._linger()
             return
-        if self._paused_reading:
+        if self._buffer:
+            self._head_begins(self.idle_since)
+            self._advance()
+            self._account()
+        elif self._reader is not None:
+            self._reader.close()  # idle: its parser is made again at the next request's first byte
+            self._reader = None
+        if self._paused_reading and not (
+            self.in_request or transport.is_closing() or self.lingering
+        ):
             self._paused_reading = False
             transport.resume_reading()
-        if self._buffer:
-            self.header_since = self.idle_since
-            self._advance()
-        else:
-            self._reader = None  # idle: its parser is made again at the next request's first byte
-        if self._eof and not self.in_request and not self.lingering:
-            self._linger()
 
     def _linger(self) -> None:
         """Close after what was written: half-close, and drop what the client still sends until
@@ -464,7 +607,9 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         self.lingering = True
+        self._head_ends()
         self._buffer.clear()
+        self._account()
         self._connections._release(transport)
         if self._paused_reading:
             self._paused_reading = False
@@ -511,7 +656,13 @@ class Listener:
 
     def _accepted(self, sock: socket.socket) -> None:
         connection = _Connection(self._handler, self.connections)
-        Stream(sock, connection, scratch=self._scratch, tls=self._ssl_context).start()
+        Stream(
+            sock,
+            connection,
+            scratch=self._scratch,
+            tls=self._ssl_context,
+            handshakes=self.connections.handshakes,
+        ).start()
 
     @property
     def addresses(self) -> list[tuple[str, int]]:

@@ -19,18 +19,24 @@ So, here:
 - **TLS over memory BIOs** (`SSLContext.wrap_bio`), begun when the client's first bytes arrive:
   a silent connection to the TLS port is a socket and a few small objects (no `SSLObject` at all),
   and it counts against the connection cap and is evicted like any idle connection; the
-  handshake has its deadline (`handshake_since`, which the listener's sweep checks). OpenSSL
-  never touches the socket, so a TLS call can only ever want more bytes to read, never to
-  write: what it produced is flushed after each call, and the state machine stays small.
-  OpenSSL's own record buffers are released while a connection is idle (CPython sets
-  `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking `SSLSocket` on the descriptor,
-  saves one copy per record but lets a read want a write and a write want a read, with data
-  pending inside OpenSSL whenever reading pauses.)
+  handshake has its deadline (`handshake_since`, which the listener's sweep checks). A handshake
+  under way holds about 48 KiB of OpenSSL's state (key share, transcript, buffers), so at most
+  `MAX_HANDSHAKES` are under way at once (`Handshakes`): past it, the one begun longest ago is
+  closed for the new one, and a crowd of clients that send a ClientHello and never finish costs
+  a few MiB, not 48 KiB per connection up to the cap. OpenSSL never touches the socket, so a TLS
+  call can only ever want more bytes to read, never to write: what it produced is flushed after
+  each call, and the state machine stays small. OpenSSL's own record buffers are released while a
+  connection is idle (CPython sets `SSL_MODE_RELEASE_BUFFERS`). (The alternative, a non-blocking
+  `SSLSocket` on the descriptor, saves one copy per record but lets a read want a write and a
+  write want a read, with data pending inside OpenSSL whenever reading pauses.)
 - **Writes by reference.** `write()` keeps a view of the bytes it was given (never a copy: the
   responses are immutable `bytes`, a rendered exposition shared by every scraper), so a
   connection whose client stopped reading holds a reference, not a buffer. TLS encrypts one
   record at a time, only once the kernel took the last one: a stalled TLS connection holds one
   record of ciphertext at most.
+- **No reference cycle.** A closed stream lets go of its protocol once it told it (the protocol
+  points back at the stream), so a closed connection's buffers are freed at once, not at the
+  cycle collector's next full pass.
 - **A client that leaves is no error.** A reset, a broken pipe, a shutdown on a socket already
   gone: the connection is closed and the protocol told, with nothing above debug level.
 - **Accepting backs off** (`Acceptor`) when the process or the system is out of descriptors or
@@ -49,7 +55,7 @@ import logging
 import math
 import socket
 import ssl
-from collections import deque
+from collections import OrderedDict, deque
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
@@ -59,9 +65,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_SIZE: Final = 16 * 1024
-"""Bytes read from a socket (or decrypted) at a time, into the shared buffer."""
+"""Bytes read from a socket at a time, into the shared buffer."""
+PLAIN_SIZE: Final = 4 * 1024
+"""Bytes decrypted at a time: what a record holds past them stays in OpenSSL's read buffer (which
+holds the record anyway), so a connection that pauses reading once a request is whole has copied
+at most this much of the requests pipelined after it."""
 TLS_RECORD: Final = 16 * 1024
 """Plaintext encrypted at a time: TLS's largest record."""
+MAX_HANDSHAKES: Final = 256
+"""TLS handshakes under way at once on a listener (about 48 KiB each): a real client's handshake
+takes a round trip or two, so this many are only ever under way in a flood."""
 SEND_VECTORS: Final = 64
 """Buffers handed to one sendmsg() call at most."""
 BACKLOG: Final = 1024
@@ -102,6 +115,35 @@ class Receiver(Protocol):
     def resume_writing(self) -> None: ...
 
 
+_CLOSED: Final = cast("Receiver", asyncio.Protocol())
+"""What a closed `Stream` tells instead of its protocol: asyncio's base protocol does nothing."""
+
+
+class Handshakes:
+    """The TLS handshakes under way on a listener's streams, at most `limit`: one more closes
+    the one begun longest ago (a real client's finishes within a round trip or two, so the oldest
+    is the likeliest to be a client that never will). Event loop only."""
+
+    def __init__(self, limit: int = MAX_HANDSHAKES) -> None:
+        self.limit = limit
+        self._under_way: OrderedDict[Stream, None] = OrderedDict()
+        self.evicted = 0
+        """Handshakes closed to make room for a new one."""
+
+    def __len__(self) -> int:
+        return len(self._under_way)
+
+    def begin(self, stream: Stream) -> None:
+        while len(self._under_way) >= self.limit and self._under_way:
+            oldest, _ = self._under_way.popitem(last=False)
+            self.evicted += 1
+            oldest.abort()
+        self._under_way[stream] = None
+
+    def end(self, stream: Stream) -> None:
+        self._under_way.pop(stream, None)
+
+
 class _Tls:
     """One connection's TLS state, made from its first bytes."""
 
@@ -116,7 +158,8 @@ class _Tls:
 
 class Stream(asyncio.Transport):
     """One accepted connection as an asyncio transport for `protocol`, over a non-blocking socket,
-    plain or TLS (`tls`: the listener's context).
+    plain or TLS (`tls`: the listener's context; `handshakes`: the listener's handshakes under
+    way, which this one's joins).
 
     `data_received` is given a view of the shared `Scratch`, valid until it returns: a protocol
     copies what it keeps. `write` keeps a reference to the bytes it is given (pass immutable ones)
@@ -124,7 +167,7 @@ class Stream(asyncio.Transport):
     `resume_writing` once all of it went out. `write_eof` half-closes once what was written went
     out (after TLS's close_notify), and from then on what the client sends is read and dropped.
     `close` and `abort` both end the connection at once; `connection_lost` follows on the next
-    pass of the loop."""
+    pass of the loop, after which the stream no longer holds the protocol."""
 
     __slots__ = (
         "_closed",
@@ -132,6 +175,7 @@ class Stream(asyncio.Transport):
         "_eof_asked",
         "_eof_sent",
         "_fd",
+        "_handshakes",
         "_loop",
         "_paused_protocol",
         "_peer",
@@ -154,6 +198,7 @@ class Stream(asyncio.Transport):
         *,
         scratch: Scratch,
         tls: ssl.SSLContext | None = None,
+        handshakes: Handshakes | None = None,
     ) -> None:
         super().__init__()
         self._loop = asyncio.get_running_loop()
@@ -162,6 +207,7 @@ class Stream(asyncio.Transport):
         self._protocol = protocol
         self._scratch = scratch
         self._context = tls
+        self._handshakes = handshakes if handshakes is not None else Handshakes()
         self._tls: _Tls | None = None
         self.handshake_since: float | None = self._loop.time() if tls is not None else None
         """When the TLS handshake began (the connection was accepted); None once it is done, and
@@ -299,6 +345,7 @@ class Stream(asyncio.Transport):
             return
         tls = self._tls
         if tls is None:
+            self._handshakes.begin(self)
             try:
                 tls = self._tls = _Tls(self._context)
             except ssl.SSLError as error:  # OpenSSL out of memory, say: this connection only
@@ -326,6 +373,7 @@ class Stream(asyncio.Transport):
             return
         tls.handshaken = True
         self.handshake_since = None
+        self._handshakes.end(self)
         self._flush_tls(tls)
 
     def _decrypt(self) -> None:
@@ -336,7 +384,7 @@ class Stream(asyncio.Transport):
         plain = self._scratch.plain
         while self._want_reading and not self._closed and not self._eof_sent:
             try:
-                count = cast("int", tls.session.read(READ_SIZE, plain))  # into `plain`: a count
+                count = cast("int", tls.session.read(PLAIN_SIZE, plain))  # into `plain`: a count
             except ssl.SSLWantReadError:
                 break
             except ssl.SSLError as error:
@@ -357,7 +405,7 @@ class Stream(asyncio.Transport):
         if self._closed:
             return
         if self._eof_sent or not self._protocol.eof_received():
-            self._end(None)
+            self.close()  # over TLS, the client's close_notify answered with ours
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -481,8 +529,10 @@ class Stream(asyncio.Transport):
         self._waiting.clear()
         self._plaintext.clear()
         self._tls = None
+        self._handshakes.end(self)
         self._sock.close()
-        self._loop.call_soon(self._protocol.connection_lost, error)
+        protocol, self._protocol = self._protocol, _CLOSED  # it points back at this stream
+        self._loop.call_soon(protocol.connection_lost, error)
 
 
 def _after(views: list[memoryview], sent: int) -> list[memoryview]:
