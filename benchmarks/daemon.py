@@ -30,6 +30,8 @@ Targets from the daemon issue: <= 10 ms CPU per 1 s cycle, <= 80 MiB resident, p
 swapped each round, so a drift of the shared machine's load falls on both), `--rounds` times for
 `--seconds` each after a warm-up. It prints each side's runs, their medians and the ratio
 (this tree / REV: below 1 means this tree costs less).
+`--serve-flag` goes to both daemons, `--this-flag` to this tree's only (a collector REV did
+not have, left out to compare like with like).
 
 With `--pods N`, pod attribution is on: a stand-in API server (tests/fake_kube) serves N pods on
 the node and changes `--pod-changes` of them per second through the watch, a real gRPC
@@ -414,16 +416,16 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
             tar.extractall(tree, filter="data")
         venv = ROOT / ".cache" / f"bench-runtime-{commit[:12]}"
         sides = {
-            "this": (ROOT, runtime_python()),
-            "against": (tree, runtime_python(root=tree, venv=venv)),
+            "this": (ROOT, runtime_python(), [*flags, *args.this_flag]),
+            "against": (tree, runtime_python(root=tree, venv=venv), flags),
         }
         runs: dict[str, list[float]] = {name: [] for name in sides}
         for round_ in range(args.rounds):
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-                root, python = sides[name]
+                root, python, side_flags = sides[name]
                 log = Path(scratch) / f"{name}.log"
                 try:
-                    with serving(flags, log, root=root, python=python) as (daemon, port):
+                    with serving(side_flags, log, root=root, python=python) as (daemon, port):
                         time.sleep(WARM_UP_SECONDS)
                         runs[name].append(
                             asyncio.run(idle_cpu_per_cycle(daemon.pid, port, args.seconds))
@@ -435,6 +437,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
         "benchmark": "daemon-side-by-side",
         "node": {"simulate": args.gpus, "collect_interval": args.interval},
         "serve_flags": args.serve_flag,
+        "this_flags": args.this_flag,
         "against": {"revision": args.against, "commit": commit},
         "rounds": args.rounds,
         "seconds_per_run": args.seconds,
@@ -470,6 +473,14 @@ def main() -> int:
         "--against",
         metavar="REV",
         help="only CPU per cycle, side by side with the daemon of this git revision",
+    )
+    parser.add_argument(
+        "--this-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="with --against: a serve flag for this tree's daemon only, e.g. to leave out a "
+        "collector the other revision did not have (repeatable)",
     )
     parser.add_argument("--rounds", type=int, default=5, help="with --against: runs per side")
     parser.add_argument(
