@@ -17,10 +17,7 @@ import pytest
 
 from dashboards.live import Node
 from exporter.dcgm_counters import RENAMED_IN_49
-from tests.demo_node import FLEET, demo_cluster
-from tests.fake_kube.pods import NODE
-from tests.helpers import eventually, require_tool
-from tests.test_dcgm_live import (
+from tests.dcgm_scrapes import (
     HONOR,
     INSTANCE,
     PLAIN,
@@ -34,6 +31,9 @@ from tests.test_dcgm_live import (
     results,
     substitute,
 )
+from tests.demo_node import FLEET, demo_cluster
+from tests.fake_kube.pods import NODE
+from tests.helpers import eventually, require_tool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from aiohttp import web
 
+from exporter.rightsize.answer import answer_labels
 from exporter.rightsize.prometheus import (
     Connection,
     PrometheusClient,
@@ -106,6 +107,28 @@ async def test_only_the_labels_a_query_groups_by_are_kept() -> None:
         trivial = await query(url, "vector(1)")
     assert grouped == [Sample({"pod": "a"}, 0.5)]
     assert trivial == [Sample({}, 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("promql", "labels"),
+    [
+        (
+            (
+                'label_replace(sum by (pod) (x{a="1,2", b="("}), "replay_step", "3", "", "")'
+                ' or label_replace(sum by (namespace) (y), "replay_step", "4", "", "")'
+            ),
+            {"pod", "namespace", "replay_step"},
+        ),
+        ('label_join(max by (a, b) (up), "both", ",", "a", "b")', {"a", "b", "both"}),
+        ('max by (pod) (up{pod="label_replace(up, \\"evil\\""})', {"pod"}),
+    ],
+)
+def test_the_labels_label_replace_and_label_join_write_are_kept(
+    promql: str, labels: set[str]
+) -> None:
+    """The replay tags each step's term with `label_replace` (its answers lost the step's number
+    when only grouping labels were kept); a call spelled inside a matcher's value writes none."""
+    assert answer_labels(promql) == labels
 
 
 async def test_a_label_value_longer_than_any_name_drops_its_series() -> None:

@@ -64,14 +64,50 @@ _PROMQL_STRING: Final = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`
 _GROUPING: Final = re.compile(r"\b(by|without|group_left|group_right)\s*\(([^()]*)\)")
 
 
+_LABEL_WRITERS: Final = re.compile(r"\blabel_(?:replace|join)\s*\(")
+
+
+def _written_labels(promql: str) -> Iterator[str]:
+    """The labels `label_replace` and `label_join` calls write: each call's second argument,
+    found by walking its first argument (brackets and string literals skipped). The calls are
+    looked for with every literal blanked to its own length, so one spelled inside a matcher's
+    value is no call."""
+    blanked = _PROMQL_STRING.sub(lambda literal: '"' + " " * (len(literal[0]) - 2) + '"', promql)
+    for call in _LABEL_WRITERS.finditer(blanked):
+        depth, position = 0, call.end()
+        while position < len(promql):
+            character = promql[position]
+            literal = _PROMQL_STRING.match(promql, position)
+            if literal:
+                position = literal.end()
+                continue
+            if character in "([{":
+                depth += 1
+            elif character in ")]}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif character == "," and depth == 0:
+                target = _PROMQL_STRING.match(promql, position + 1 + _spaces(promql, position + 1))
+                if target:
+                    yield target[0][1:-1]
+                break
+            position += 1
+
+
+def _spaces(text: str, position: int) -> int:
+    return len(text[position:]) - len(text[position:].lstrip())
+
+
 def answer_labels(promql: str) -> frozenset[str] | None:
     """The labels the answer to `promql` can carry: those its `by`, `group_left` and
-    `group_right` clauses name (none for a query without them, such as `vector(1)`); None (any)
-    for a query with `without`. Every query the job sends aggregates by the labels it reads, so
-    a label of a forged series outside them is dropped as read and costs nothing. String
-    literals are not read: a pod name in a matcher cannot add a label."""
+    `group_right` clauses name and those its `label_replace`/`label_join` calls write (none for
+    a query without them, such as `vector(1)`); None (any) for a query with `without`. Every
+    query the job sends aggregates by the labels it reads, so a label of a forged series
+    outside them is dropped as read and costs nothing. String literals are not read as
+    clauses: a pod name in a matcher cannot add a label."""
     bare = _PROMQL_STRING.sub('""', promql)
-    names: set[str] = set()
+    names: set[str] = set(_written_labels(promql))
     for clause in _GROUPING.finditer(bare):
         if clause[1] == "without":
             return None
