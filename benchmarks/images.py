@@ -25,7 +25,7 @@ from typing import Any, Final
 ROOT: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.container import BASE_IMAGE, ensure_base_image, podman, podman_env  # noqa: E402
+from tests.container import BASE_IMAGE, build_image, ensure_base_image, podman, podman_env  # noqa: E402
 
 MB: Final = 1_000_000
 
@@ -36,20 +36,9 @@ def size(image: str, env: dict[str, str]) -> int:
 
 
 def build(target: str, tag: str, env: dict[str, str], *build_args: str) -> float:
+    """Seconds to build `target`."""
     started = time.monotonic()
-    podman(
-        "build",
-        "--format=docker",
-        "--pull=never",
-        "--network=host",
-        f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
-        *(f"--build-arg={argument}" for argument in build_args),
-        f"--target={target}",
-        f"--tag={tag}",
-        str(ROOT),
-        env=env,
-        timeout=3600,
-    )
+    build_image(env, target, tag, *build_args, timeout=3600)
     return time.monotonic() - started
 
 

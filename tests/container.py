@@ -19,6 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.helpers import ROOT
+
 BASE_IMAGE = "localhost/gpuscope-test-base:bookworm"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpuscope-tests"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -115,3 +117,22 @@ def ensure_base_image(env: dict[str, str]) -> str:
             tar.stdout.close()
         tar.wait()
     return BASE_IMAGE
+
+
+def build_image(
+    env: dict[str, str], target: str, tag: str, *build_args: str, timeout: float = 900
+) -> None:
+    """The production Dockerfile's `target`, built unchanged over the stand-in base."""
+    podman(
+        "build",
+        "--format=docker",
+        "--pull=never",
+        "--network=host",
+        f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
+        *(f"--build-arg={argument}" for argument in build_args),
+        f"--target={target}",
+        f"--tag={tag}",
+        str(ROOT),
+        env=env,
+        timeout=timeout,
+    )

@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pytest
 import yaml
 
 from dashboards.live import LiveStack, Prometheus
@@ -117,3 +118,47 @@ def by(prometheus: Scraped, expr: str, *labels: str) -> dict[tuple[str, ...], fl
 
 def substitute(expr: str, gpus: str) -> str:
     return expr.replace("$instance", INSTANCE).replace("$gpu", gpus)
+
+
+def own_series(gpus: str) -> dict[str, str]:
+    """gpuscope's own series for each panel of NVIDIA's dashboard, in gpuscope's units: each
+    version's test scales them to the units its dashboard shows."""
+    own = f'{{instance="{INSTANCE}",gpu=~"{gpus}",gpu_instance=""}}'
+    at = 'and on (gpu) gpu_up{instance="' + INSTANCE + '",gpu_instance=""} == 1'
+    return {
+        "GPU Temperature": f"gpu_temperature_celsius{own}",
+        "GPU Avg. Temp": f"avg(gpu_temperature_celsius{own} {at})",
+        "GPU Power Usage": f"gpu_power_watts{own}",
+        "GPU Power Total": f"sum(gpu_power_watts{own} {at})",
+        "GPU SM Clocks": f'gpu_clock_hertz{{clock="sm",{own[1:-1]}}}',
+        "GPU Utilization": f"gpu_utilization_ratio{own}",
+        "GPU Framebuffer Mem Used": f"gpu_memory_used_bytes{own}",
+        "Tensor Core Utilization": f"gpu_tensor_active_ratio{own}",
+    }
+
+
+def assert_panel_shows(prometheus: Scraped, panel: str, expr: str, expected: str) -> None:
+    """The panel's query `expr` shows the numbers of gpuscope's `expected`: one number for the
+    node, or per GPU, the shared GPU's lines (a line per pod and one for the rest) adding up to
+    the device's."""
+    if "(" in expr.split("{", maxsplit=1)[0]:  # one number for the node
+        (got,) = by(prometheus, expr).values()
+        (want,) = by(prometheus, expected).values()
+        assert got == pytest.approx(want, rel=1e-6), panel
+        return
+    shown = results(prometheus, expr)
+    summed: dict[str, float] = {}
+    for metric, number in shown:
+        if "GPU_I_ID" not in metric:
+            summed[metric["gpu"]] = summed.get(metric["gpu"], 0.0) + number
+    want = by(prometheus, expected, "gpu")
+    assert set(summed) == {gpu for (gpu,) in want}, panel
+    for (gpu,), number in want.items():
+        assert summed[gpu] == pytest.approx(number, rel=1e-6, abs=1e-6), (panel, gpu)
+    per_gpu = [metric["gpu"] for metric, _ in shown if "GPU_I_ID" not in metric]
+    if panel in {"GPU Utilization", "GPU Framebuffer Mem Used"}:
+        assert per_gpu.count(SHARED_GPU) == len(SHARING_PODS) + 1
+        pods = {m.get("pod", "") for m, _ in shown if m["gpu"] == SHARED_GPU}
+        assert pods == SHARING_PODS | {""}, "the rest carries no pod, not the gpuscope pod"
+    else:
+        assert len(per_gpu) == len(set(per_gpu)), "one line per GPU"

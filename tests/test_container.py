@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.container import BASE_IMAGE, ensure_base_image, podman, podman_env
+from tests.container import build_image, ensure_base_image, podman, podman_env
 from tests.helpers import ROOT, require_tool
 from tests.lazy_imports import JOBS_LIBRARIES
 
@@ -51,25 +51,9 @@ def env() -> Iterator[dict[str, str]]:
         podman("rmi", "--force", image, env=environment, check=False)
 
 
-def build(env: dict[str, str], target: str, tag: str, *build_args: str) -> None:
-    podman(
-        "build",
-        "--format=docker",
-        "--pull=never",
-        "--network=host",
-        f"--build-arg=PYTHON_IMAGE={BASE_IMAGE}",
-        *(f"--build-arg={argument}" for argument in build_args),
-        f"--target={target}",
-        f"--tag={tag}",
-        str(ROOT),
-        env=env,
-        timeout=900,
-    )
-
-
 @pytest.fixture(scope="module")
 def image(env: dict[str, str]) -> dict[str, str]:
-    build(env, "daemon", DAEMON_IMAGE)
+    build_image(env, "daemon", DAEMON_IMAGE)
     return env
 
 
@@ -77,7 +61,7 @@ def image(env: dict[str, str]) -> dict[str, str]:
 def jobs_image(env: dict[str, str]) -> dict[str, str]:
     """The jobs' image with the rightsizing job's extra alone: the whole `jobs` extra is
     PyTorch's CUDA build, a multi-GB download (README: the container image, for its size)."""
-    build(env, "jobs", JOBS_IMAGE, "JOBS_EXTRAS=rightsize")
+    build_image(env, "jobs", JOBS_IMAGE, "JOBS_EXTRAS=rightsize")
     return env
 
 

@@ -33,8 +33,10 @@ from tests.dcgm_scrapes import (
     WINDOW,
     Scraped,
     TwoScrapes,
+    assert_panel_shows,
     by,
     chart_relabelings,
+    own_series,
     results,
     substitute,
 )
@@ -99,41 +101,11 @@ def test_the_dashboards_variables_find_the_node_and_its_gpus(prometheus: Scraped
 @pytest.mark.parametrize("panel", list(DASHBOARD))
 def test_every_dashboard_panel_shows_gpuscopes_numbers(prometheus: Scraped, panel: str) -> None:
     gpus = dashboard_gpus(prometheus)
-    expr = substitute(DASHBOARD[panel], gpus)
-    own = f'{{instance="{INSTANCE}",gpu=~"{gpus}",gpu_instance=""}}'
-    at = 'and on (gpu) gpu_up{instance="' + INSTANCE + '",gpu_instance=""} == 1'
-    expected = {
-        "GPU Temperature": f"gpu_temperature_celsius{own}",
-        "GPU Avg. Temp": f"avg(gpu_temperature_celsius{own} {at})",
-        "GPU Power Usage": f"gpu_power_watts{own}",
-        "GPU Power Total": f"sum(gpu_power_watts{own} {at})",
-        "GPU SM Clocks": f'gpu_clock_hertz{{clock="sm",{own[1:-1]}}}',
-        "GPU Utilization": f"gpu_utilization_ratio{own} * 100",
-        "GPU Framebuffer Mem Used": f"gpu_memory_used_bytes{own} / {MIB}",
-        "Tensor Core Utilization": f"gpu_tensor_active_ratio{own}",
-    }[panel]
-    if "(" in DASHBOARD[panel].split("{")[0]:  # one number for the node
-        (got,) = by(prometheus, expr).values()
-        (want,) = by(prometheus, expected).values()
-        assert got == pytest.approx(want, rel=1e-6), panel
-        return
-    shown = results(prometheus, expr)
-    summed: dict[str, float] = {}
-    for metric, number in shown:
-        if "GPU_I_ID" not in metric:
-            summed[metric["gpu"]] = summed.get(metric["gpu"], 0.0) + number
-    want = by(prometheus, expected, "gpu")
-    assert set(summed) == {gpu for (gpu,) in want}, panel
-    for (gpu,), number in want.items():
-        assert summed[gpu] == pytest.approx(number, rel=1e-6, abs=1e-6), (panel, gpu)
-    per_gpu = [metric["gpu"] for metric, _ in shown if "GPU_I_ID" not in metric]
-    if panel in {"GPU Utilization", "GPU Framebuffer Mem Used"}:
-        # the shared GPU: a line per pod and one for the rest, adding up to the device's
-        assert per_gpu.count(SHARED_GPU) == len(SHARING_PODS) + 1
-        pods = {m.get("pod", "") for m, _ in shown if m["gpu"] == SHARED_GPU}
-        assert pods == SHARING_PODS | {""}, "the rest carries no pod, not the gpuscope pod"
-    else:
-        assert len(per_gpu) == len(set(per_gpu)), "one line per GPU"
+    expected = own_series(gpus)[panel]
+    scale = {"GPU Utilization": " * 100", "GPU Framebuffer Mem Used": f" / {MIB}"}
+    assert_panel_shows(
+        prometheus, panel, substitute(DASHBOARD[panel], gpus), expected + scale.get(panel, "")
+    )
 
 
 # -- OpenCost ------------------------------------------------------------------------------------

@@ -21,14 +21,13 @@ from tests.dcgm_scrapes import (
     HONOR,
     INSTANCE,
     PLAIN,
-    SHARED_GPU,
-    SHARING_PODS,
     WINDOW,
     Scraped,
     TwoScrapes,
+    assert_panel_shows,
     by,
     chart_relabelings,
-    results,
+    own_series,
     substitute,
 )
 from tests.demo_node import FLEET, demo_cluster
@@ -94,40 +93,7 @@ def test_every_dashboard_panel_in_49s_names_shows_gpuscopes_numbers(
 ) -> None:
     gpus = dashboard_gpus(prometheus)
     expr = substitute(DASHBOARD_49[panel], gpus)
-    own = f'{{instance="{INSTANCE}",gpu=~"{gpus}",gpu_instance=""}}'
-    at = 'and on (gpu) gpu_up{instance="' + INSTANCE + '",gpu_instance=""} == 1'
-    expected = {
-        "GPU Temperature": f"gpu_temperature_celsius{own}",
-        "GPU Avg. Temp": f"avg(gpu_temperature_celsius{own} {at})",
-        "GPU Power Usage": f"gpu_power_watts{own}",
-        "GPU Power Total": f"sum(gpu_power_watts{own} {at})",
-        "GPU SM Clocks": f'gpu_clock_hertz{{clock="sm",{own[1:-1]}}}',
-        "GPU Utilization": f"gpu_utilization_ratio{own}",
-        "GPU Framebuffer Mem Used": f"gpu_memory_used_bytes{own}",
-        "Tensor Core Utilization": f"gpu_tensor_active_ratio{own}",
-    }[panel]
-    if "(" in DASHBOARD_49[panel].split("{")[0]:  # one number for the node
-        (got,) = by(prometheus, expr).values()
-        (want,) = by(prometheus, expected).values()
-        assert got == pytest.approx(want, rel=1e-6), panel
-        return
-    shown = results(prometheus, expr)
-    summed: dict[str, float] = {}
-    for metric, number in shown:
-        if "GPU_I_ID" not in metric:
-            summed[metric["gpu"]] = summed.get(metric["gpu"], 0.0) + number
-    want = by(prometheus, expected, "gpu")
-    assert set(summed) == {gpu for (gpu,) in want}, panel
-    for (gpu,), number in want.items():
-        assert summed[gpu] == pytest.approx(number, rel=1e-6, abs=1e-6), (panel, gpu)
-    per_gpu = [metric["gpu"] for metric, _ in shown if "GPU_I_ID" not in metric]
-    if panel in {"GPU Utilization", "GPU Framebuffer Mem Used"}:
-        # the shared GPU: a line per pod and one for the rest, adding up to the device's
-        assert per_gpu.count(SHARED_GPU) == len(SHARING_PODS) + 1
-        pods = {m.get("pod", "") for m, _ in shown if m["gpu"] == SHARED_GPU}
-        assert pods == SHARING_PODS | {""}, "the rest carries no pod, not the gpuscope pod"
-    else:
-        assert len(per_gpu) == len(set(per_gpu)), "one line per GPU"
+    assert_panel_shows(prometheus, panel, expr, own_series(gpus)[panel])
 
 
 @pytest.mark.parametrize("job", [PLAIN, HONOR])
