@@ -32,7 +32,7 @@ import asyncio
 import logging
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 from exporter.durations import format_duration
@@ -44,15 +44,16 @@ from exporter.rightsize.dcgm_shape import (
     pod_of,
     translate,
 )
-from exporter.rightsize.history import LONG_TERM, Grouping, History, TermHistory, assemble
+from exporter.rightsize.history import LONG_TERM, Grouping, History, assemble
 from exporter.rightsize.prometheus import PrometheusQueryError, Sample
 from exporter.rightsize.selection import promql_string
 from exporter.rightsize.signals import SIGNALS, Signal, pod_batches, render
+from exporter.rightsize.terms import Answers, ask_terms, with_terms
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
-    from exporter.rightsize.history import Term
+    from exporter.rightsize.history import Term, WorkloadHistory
     from exporter.rightsize.prometheus import Bounds, PrometheusClient
     from exporter.rightsize.selection import Selection
 
@@ -397,10 +398,8 @@ async def fetch_dcgm(
 ) -> History:
     """The history from dcgm-exporter's and kube-state-metrics' series: the whole window and each
     shorter term (kube-state-metrics asked once, about the window's pods)."""
-    await client.query("vector(1)", at=end, name="connectivity check")
-    shorter = [term for term in terms if 2 * step <= term.seconds < window]
 
-    async def over(seconds: float, name: str) -> tuple[dict[str, list[Sample]], list[str]]:
+    async def over(seconds: float, name: str) -> tuple[Answers, list[str]]:
         bounds = {
             measure: Signal("bounds", "", measures=measure).bounds(seconds, step)
             for measure in {signal.measures for signal in DCGM_SIGNALS}
@@ -416,18 +415,10 @@ async def fetch_dcgm(
             bounds=bounds,
         )
 
-    async def term_answers(term: Term) -> tuple[dict[str, list[Sample]], list[str]] | None:
-        try:
-            return await over(term.seconds, term.name)
-        except PrometheusQueryError as error:
-            log.warning("term unavailable", extra={"term": term.name, "error": str(error)})
-            return None
-
-    asked_terms = asyncio.gather(*(term_answers(term) for term in shorter))
-    answers, missing = await over(window, LONG_TERM)
+    asked = await ask_terms(client, over, end=end, window=window, step=step, terms=terms)
     cluster = await askcluster_of(
         client,
-        answers["held"],
+        asked.answers["held"],
         selection=selection,
         end=end,
         window=window,
@@ -436,7 +427,12 @@ async def fetch_dcgm(
         cluster_label=cluster_label,
     )
     shaped, limits = translate(
-        answers, cluster, selection=selection, window=window, step=step, cluster_label=cluster_label
+        asked.answers,
+        cluster,
+        selection=selection,
+        window=window,
+        step=step,
+        cluster_label=cluster_label,
     )
     history = assemble(
         shaped,
@@ -444,46 +440,30 @@ async def fetch_dcgm(
         window=window,
         step=step,
         quantile=quantile,
-        missing_signals=tuple(missing),
+        missing_signals=asked.missing,
         cluster_label=cluster_label,
     )
-    read: list[TermHistory] = []
-    lost: list[str] = []
-    for term, found in zip(shorter, await asked_terms, strict=True):
-        if found is None:
-            lost.append(term.name)
-            continue
+
+    def term_workloads(term: Term, answers: Answers) -> tuple[WorkloadHistory, ...]:
         term_shaped, _ = translate(
-            found[0],
+            answers,
             cluster,
             selection=selection,
             window=term.seconds,
             step=step,
             cluster_label=cluster_label,
         )
-        term_history = assemble(
+        return assemble(
             term_shaped,
             end=end,
             window=term.seconds,
             step=step,
             quantile=quantile,
             cluster_label=cluster_label,
-        )
-        read.append(
-            TermHistory(
-                term.name, term.seconds, {w.configuration: w for w in term_history.workloads}
-            )
-        )
-    return History(
-        end=history.end,
-        window_seconds=history.window_seconds,
-        step_seconds=history.step_seconds,
-        quantile=history.quantile,
-        workloads=history.workloads,
-        missing_signals=(*history.missing_signals, *lost),
-        terms=tuple(read),
-        resources=history.resources,
-        cluster_label=cluster_label,
+        ).workloads
+
+    return replace(
+        with_terms(history, asked, term_workloads),
         source="dcgm-exporter",
         limits=tuple(limits),
     )

@@ -17,9 +17,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from exporter.rightsize.dcgm_history import fetch_dcgm, source_of_history
-from exporter.rightsize.history import LONG_TERM, TERMS, History, TermHistory, assemble
+from exporter.rightsize.history import LONG_TERM, TERMS, History, assemble
 from exporter.rightsize.prometheus import PrometheusQueryError
 from exporter.rightsize.signals import SIGNALS, Signal, pod_batches, render
+from exporter.rightsize.terms import Answers, ask_terms, with_terms
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping, Sequence
@@ -61,12 +62,8 @@ async def fetch(
             cluster_label=cluster_label,
             terms=terms,
         )
-    # One cheap query first, so an unreachable or unauthorized server is one clear error, not
-    # dozens of parallel ones.
-    await client.query("vector(1)", at=end, name="connectivity check")
-    shorter = [term for term in terms if 2 * step <= term.seconds < window]
 
-    async def ask_window(seconds: float, name: str) -> tuple[dict[str, list[Sample]], list[str]]:
+    async def ask(seconds: float, name: str) -> tuple[Answers, list[str]]:
         return await _ask_window(
             client,
             [s for s in SIGNALS if s.per_term or name == LONG_TERM],
@@ -79,57 +76,29 @@ async def fetch(
             term=name,
         )
 
-    async def ask_term(term: Term) -> tuple[dict[str, list[Sample]], list[str]] | None:
-        try:
-            return await ask_window(term.seconds, term.name)
-        except PrometheusQueryError as error:
-            log.warning("term unavailable", extra={"term": term.name, "error": str(error)})
-            return None
-
-    term_answers = asyncio.gather(*(ask_term(term) for term in shorter))
-    answers, missing = await ask_window(window, LONG_TERM)
+    asked = await ask_terms(client, ask, end=end, window=window, step=step, terms=terms)
     history = assemble(
-        answers,
+        asked.answers,
         end=end,
         window=window,
         step=step,
         quantile=quantile,
-        missing_signals=tuple(missing),
+        missing_signals=asked.missing,
         cluster_label=cluster_label,
     )
-    read: list[TermHistory] = []
-    lost: list[str] = []
-    for term, found in zip(shorter, await term_answers, strict=True):
-        if found is None:
-            lost.append(term.name)
-            continue
-        term_history = assemble(
-            found[0],
-            end=end,
-            window=term.seconds,
-            step=step,
-            quantile=quantile,
-            cluster_label=cluster_label,
-        )
-        read.append(
-            TermHistory(
-                term.name,
-                term.seconds,
-                {w.configuration: w for w in term_history.workloads},
-            )
-        )
-    return History(
-        end=history.end,
-        window_seconds=history.window_seconds,
-        step_seconds=history.step_seconds,
-        quantile=history.quantile,
-        workloads=history.workloads,
-        ceilings=history.ceilings,
-        missing_signals=(*history.missing_signals, *lost),
-        terms=tuple(read),
-        resources=history.resources,
-        autoscalers=history.autoscalers,
-        cluster_label=cluster_label,
+    return with_terms(
+        history,
+        asked,
+        lambda term, answers: (
+            assemble(
+                answers,
+                end=end,
+                window=term.seconds,
+                step=step,
+                quantile=quantile,
+                cluster_label=cluster_label,
+            ).workloads
+        ),
     )
 
 
