@@ -13,8 +13,18 @@ from typing import Any
 
 import pytest
 
+from exporter.catalog import builtin_catalog
 from exporter.rightsize.formatters import FORMATTERS, Output
-from tests.rightsize_data import REPLAY_PERIOD, sample_report, sample_simulation
+from exporter.rightsize.hardware import Option
+from exporter.rightsize.replay.engine import CurrentSteps, Workload, replay
+from exporter.rightsize.settings import StrategySettings
+from tests.rightsize_data import (
+    GIB,
+    REPLAY_PERIOD,
+    hardware,
+    sample_report,
+    sample_simulation,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,3 +156,39 @@ def test_what_is_not_drawn_is_said() -> None:
     failed = replace(sample_report(), missing_signals=("replay",))
     page = FORMATTERS["html"](failed, Output())
     assert "The policy replay has no result" in page
+
+
+def test_a_policy_moving_workloads_to_another_model_gets_a_busy_line_of_its_own() -> None:
+    """Four services at 5% of an A100: exclusive moves each to an L4, where the same work is a
+    larger share of a GPU; timeslice keeps them on one A100 and carries current's demand."""
+    a100 = builtin_catalog().find("a100-sxm4-80gb")
+    assert a100 is not None
+    services = [
+        Workload("", "serving", "Deployment", f"svc-{n}", Option(a100), (0.05,) * 10, 5 * GIB)
+        for n in range(4)
+    ]
+    results = replay(
+        services,
+        CurrentSteps((4.0,) * 10, {"a100-sxm4-80gb": 40.0}, 0),
+        hardware=hardware(),
+        settings=StrategySettings(models=("a100-sxm4-80gb", "l4")),
+        policies=("current", "exclusive", "timeslice"),
+    )
+    report = replace(sample_report(), simulation=results)
+    simulation = {
+        e["policy"]: e for e in json.loads(FORMATTERS["json"](report, Output()))["simulation"]
+    }
+    assert {p["gpu_model"] for p in simulation["exclusive"]["placements"]} == {"L4"}
+    page = FORMATTERS["html"](report, Output())
+    busy = {
+        attrib["data-policies"]: [value for _, value in values]
+        for attrib, values in _lines(_chart(page))
+        if attrib["data-series"] == "busy"
+    }
+    assert set(busy) == {"current timeslice", "exclusive"}
+    assert busy["current timeslice"] == pytest.approx([0.2] * 10, abs=0.01)
+    # Mean busy over its 4 L4s is the utilization the JSON gives it.
+    assert sum(busy["exclusive"]) / 10 / 4 == pytest.approx(
+        simulation["exclusive"]["utilization_mean"], abs=0.005
+    )
+    assert "busy, on the models of" in page

@@ -186,14 +186,10 @@ def replay(results: Sequence[PolicyResult], *, end: float, step: float) -> Repla
                 area=area,
             )
         )
-        legend.append(
-            Entry(
-                color,
-                "busy GPU-equivalents" if number == 0 else f"busy, on {first.policy}'s models",
-                "every policy replayed" if len(policies) == len(results) else ", ".join(policies),
-                filled=number == 0,
-            )
-        )
+        named = "every policy replayed" if len(policies) == len(results) else ", ".join(policies)
+        # A policy moving workloads to other models carries their demand in those models' GPUs.
+        text = "busy GPU-equivalents" if number == 0 else "busy, on the models of"
+        legend.append(Entry(color, text, named, filled=number == 0))
     fixed = [r for r in results if r.policy != CURRENT]
     period = DASH * len(fixed)
     for index, result in enumerate(fixed):
