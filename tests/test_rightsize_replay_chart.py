@@ -192,3 +192,9 @@ def test_a_policy_moving_workloads_to_another_model_gets_a_busy_line_of_its_own(
         simulation["exclusive"]["utilization_mean"], abs=0.005
     )
     assert "busy, on the models of" in page
+
+
+def test_a_replay_that_placed_nothing_says_so() -> None:
+    empty = tuple(replace(result, placements=()) for result in sample_simulation())
+    page = FORMATTERS["html"](replace(sample_report(), simulation=empty), Output())
+    assert "the policies placed nothing" in page

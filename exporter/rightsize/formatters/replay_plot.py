@@ -166,8 +166,9 @@ def replay(results: Sequence[PolicyResult], *, end: float, step: float) -> Repla
     # The busy GPU-equivalents: one line per distinct demand, the first filled beneath.
     carried: dict[tuple[float, ...], list[str]] = {}
     for result in results:
-        key = tuple(round(value, 6) for value in result.busy_by_step)
-        carried.setdefault(key, []).append(result.policy)
+        if result.busy_by_step:  # a result made without its series (none the engine makes)
+            key = tuple(round(value, 6) for value in result.busy_by_step)
+            carried.setdefault(key, []).append(result.policy)
     for number, policies in enumerate(carried.values()):
         first = next(r for r in results if r.policy == policies[0])
         points = through(first.busy_by_step)
@@ -220,6 +221,11 @@ def replay(results: Sequence[PolicyResult], *, end: float, step: float) -> Repla
         for r in results
         if r.cost_usd_per_month is None
     ]
+    if not any(r.placements for r in results):
+        notes.append(
+            "No workload of the report has a GPU model the catalog knows: the policies placed "
+            "nothing."
+        )
     if current is not None:
         lines.append(Line(CURRENT, "gpus", through(current.gpus_by_step), COLORS[CURRENT], 2.0))
         legend.insert(
