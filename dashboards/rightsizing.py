@@ -1,5 +1,6 @@
 """The rightsizing dashboard (gpuscope-rightsizing): what `gpuscope rightsize serve` recommends,
-from the series it exports (`gpuscope_recommendation_*`), beside how its refreshes go."""
+from the series it exports (`gpuscope_recommendation_*`), what each sharing policy would have
+needed (`gpuscope_simulation_*`, under `--simulate`), beside how its refreshes go."""
 
 from __future__ import annotations
 
@@ -187,6 +188,38 @@ def make() -> Json:
             f"recommendations, report after report, in {WHOLE_GPUS}",
             Query(gpus_now, "now"),
             Query(gpus_after, "after"),
+        ),
+    )
+
+    layout.row("Policy replay")
+    replayed = (
+        " Replayed over the report's window by gpuscope rightsize serve --simulate, for every "
+        "workload of the report (the cluster and namespace filters do not apply); the report's "
+        "page draws each policy step by step."
+    )
+    layout.add(
+        12,
+        7,
+        bargauge(
+            "GPUs each policy needs",
+            "GPUs each sharing policy would have needed: for current, the most held at any step; "
+            "for exclusive, mig, timeslice and binpack, the GPUs their placement uses at every "
+            "step." + replayed,
+            Query("sort_desc(max by (policy) (gpuscope_simulation_gpus))", "{{policy}}"),
+        ),
+    )
+    layout.add(
+        12,
+        7,
+        bargauge(
+            "Utilization under each policy",
+            "Busy GPU-time over GPUs x window under each policy: the same demand on fewer GPUs "
+            "is a higher share of them." + replayed,
+            Query(
+                "sort_desc(max by (policy) (gpuscope_simulation_utilization_ratio))", "{{policy}}"
+            ),
+            unit="percentunit",
+            maximum=1,
         ),
     )
 

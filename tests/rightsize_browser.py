@@ -133,6 +133,27 @@ class Page:
         png_width, png_height = struct.unpack(">II", data[16:24])
         return png_width, png_height
 
+    def element_screenshot(self, selector: str, path: Path, *, margin: int = 8) -> None:
+        """A screenshot of one element and `margin` pixels around it, wherever it is laid out."""
+        box = self.evaluate(
+            f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+            ".getBoundingClientRect();"
+            " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()"
+        )
+        shot = self.call(
+            "Page.captureScreenshot",
+            format="png",
+            captureBeyondViewport=True,
+            clip={
+                "x": max(0, box[0] - margin),
+                "y": max(0, box[1] - margin),
+                "width": box[2] + 2 * margin,
+                "height": box[3] + 2 * margin,
+                "scale": 1,
+            },
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
+
     def close(self) -> None:
         async def close() -> None:
             await self._socket.close()

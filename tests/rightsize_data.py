@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from exporter.catalog import builtin_catalog
-from exporter.rightsize.hardware import Hardware
+from exporter.rightsize.hardware import Hardware, Option
 from exporter.rightsize.history import (
     Ceilings,
     ContainerCpu,
@@ -15,6 +15,7 @@ from exporter.rightsize.history import (
     PodHistory,
     WorkloadHistory,
 )
+from exporter.rightsize.replay.engine import CurrentSteps, PolicyResult, Workload, replay
 from exporter.rightsize.report import Report, build_report
 from exporter.rightsize.settings import StrategySettings
 from exporter.rightsize.strategy import STRATEGIES
@@ -176,4 +177,38 @@ def sample_report() -> Report:
         ),
         settings=StrategySettings(),
         source="http://prometheus.example:9090",
+    )
+
+
+REPLAY_PERIOD = 48
+"""Steps in a period of `sample_simulation`'s services: eight slots of six steps."""
+
+
+def sample_simulation(
+    policies: tuple[str, ...] = ("current", "exclusive", "mig", "timeslice", "binpack"),
+) -> tuple[PolicyResult, ...]:
+    """Eight A100 80GB services whose peaks (39% busy, 15% the rest) never meet, over two
+    periods; eight GPUs held over the first period, six over the second."""
+    a100 = builtin_catalog().find("a100-sxm4-80gb")
+    assert a100 is not None
+    steps = 2 * REPLAY_PERIOD
+    workloads = [
+        Workload(
+            "",
+            "serving",
+            "Deployment",
+            f"svc-{service}",
+            Option(a100),
+            tuple(0.39 if (k % REPLAY_PERIOD) // 6 == service else 0.15 for k in range(steps)),
+            10 * GIB,
+        )
+        for service in range(8)
+    ]
+    held = tuple(8.0 if k < REPLAY_PERIOD else 6.0 for k in range(steps))
+    return replay(
+        workloads,
+        CurrentSteps(held, {"a100-sxm4-80gb": sum(held)}, 0),
+        hardware=hardware(),
+        settings=StrategySettings(models=("a100-sxm4-80gb",)),
+        policies=policies,
     )

@@ -25,6 +25,9 @@ from tests.rightsize_scenario import END
 from tests.rightsize_stack import history, serving
 
 SCREENSHOT = ROOT / "docs" / "rightsize-report.png"
+REPLAY_SCREENSHOT = ROOT / "docs" / "rightsize-replay.png"
+REPLAYED = "--simulate=current,exclusive,mig,timeslice,binpack"
+"""What the pictures replay, so that the page and the dashboard draw the replay."""
 DASHBOARD_PICTURE = ROOT / "docs" / "dashboards" / "rightsizing.png"
 DASHBOARD_SECONDS = 30
 PORT = 9456
@@ -75,16 +78,20 @@ def draw_rightsizing_dashboard(url: str) -> None:
 
 def serve(argv: list[str]) -> int:
     """The server on the scenario's history, scraped by the Prometheus that holds it; its page
-    opened in a browser (or, with --screenshot, drawn into the README's pictures with the
-    Rightsizing dashboard) and its patches unpacked beside the history; until Ctrl-C."""
+    opened in a browser (or, with --screenshot, drawn into the README's pictures with its
+    replay of every policy and the Rightsizing dashboard) and its patches unpacked beside the
+    history; until Ctrl-C."""
     shoot = "--screenshot" in argv
     extra = [arg for arg in argv if arg != "--screenshot"]
+    if shoot and not any(arg.startswith("--simulate") for arg in extra):
+        extra.append(REPLAYED)
     with tempfile.TemporaryDirectory(prefix="gpuscope-try-") as scratch_name:
         scratch = Path(scratch_name)
         data = history(scratch)
         with (
             running_prometheus(data, scrape=(f"127.0.0.1:{PORT}", 1.0 if shoot else 15.0)) as url,
-            serving(url, PORT, "--refresh=1h", *extra) as server,
+            # The replay's 14 days of 5-minute steps take a minute or more to ask.
+            serving(url, PORT, "--refresh=1h", *extra, ready_timeout=600) as server,
         ):
             status, tarball = server.get("/patches.tar.gz")
             if status == 200:
@@ -105,8 +112,9 @@ def serve(argv: list[str]) -> int:
                     page.click("#workloads tbody tr:not([hidden]) details:last-of-type summary")
                     page.evaluate("window.scrollTo(0, 0)")
                     page.screenshot(SCREENSHOT)
+                    page.element_screenshot("figure.replay", REPLAY_SCREENSHOT)
                 draw_rightsizing_dashboard(url)
-                for written in (SCREENSHOT, DASHBOARD_PICTURE):
+                for written in (SCREENSHOT, REPLAY_SCREENSHOT, DASHBOARD_PICTURE):
                     print(f"try-rightsize: wrote {written.relative_to(ROOT)}", file=sys.stderr)
                 return 0
             print(

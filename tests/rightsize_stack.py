@@ -79,15 +79,16 @@ def serving(
     *args: str,
     ready_timeout: float = 120.0,
     env: dict[str, str] | None = None,
+    end: int = END,
 ) -> Iterator[Server]:
-    """`gpuscope rightsize serve` against `prometheus` on 127.0.0.1:`port` for the scenario's
-    end, until its first report is ready (or its first refresh failed, with `--refresh` and a
+    """`gpuscope rightsize serve` against `prometheus` on 127.0.0.1:`port` for `end` (the
+    scenario's), until its first report is ready (or its first refresh failed, with `--refresh` and a
     broken Prometheus: then `/-/healthy` answers); stopped with SIGTERM afterwards."""
     process = subprocess.Popen(
         [
             *COMMAND,
             f"--prometheus={prometheus}",
-            f"--end={END}",
+            f"--end={end}",
             f"--web.listen-address=127.0.0.1:{port}",
             *args,
         ],

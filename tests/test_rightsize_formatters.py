@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -18,7 +19,7 @@ from exporter.rightsize.formatters import (
     Output,
     report_document,
 )
-from tests.rightsize_data import sample_report
+from tests.rightsize_data import sample_report, sample_simulation
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -174,6 +175,20 @@ def test_html_is_self_contained_balanced_and_escaped(report) -> None:  # type: i
     assert report.business_case.split(":")[0] in text
     assert "Roofline of H100 SXM" in page
     assert "GPUs and utilization before and after consolidation" in page
+
+
+def test_html_with_a_policy_replay_stays_self_contained_balanced_and_escaped(report) -> None:  # type: ignore[no-untyped-def]
+    page = FORMATTERS["html"](replace(report, simulation=sample_simulation()), Output())
+    checker = _Checker()
+    checker.feed(page)
+    checker.close()
+    assert checker.stack == ["html"] or checker.stack == []
+    assert checker.external == []
+    assert page.count("<script") == 1
+    assert page.count("<svg xmlns") == 4  # the rooflines, the consolidation, the replay
+    assert "&lt;new&gt;" in page
+    assert "<new>" not in page
+    assert "GPUs needed at each step under each policy replayed" in page
 
 
 def test_table_is_plain_off_a_terminal_and_coloured_on_one(report) -> None:  # type: ignore[no-untyped-def]

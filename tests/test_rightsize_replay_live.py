@@ -1,24 +1,39 @@
 """`gpuscope rightsize --simulate` against a real Prometheus holding history with known answers
 (`tests/replay_history.py`, backfilled with promtool): eight services whose peaks never meet,
 the same eight peaking together on three time-sliced GPUs, and memory-bound workloads. Every
-figure a placement reports is recomputed here from the levels the series were written from."""
+figure a placement reports is recomputed here from the levels the series were written from.
+
+`gpuscope rightsize serve --simulate` on the same history, scraped by that Prometheus: the
+Rightsizing dashboard's replay panels show what it replayed, and its page draws the replay in
+headless Chromium. (tests/test_rightsize_server.py's stack replays nothing: on its 14 days of
+5-minute steps the replay's queries take a minute.)"""
 
 from __future__ import annotations
 
 import json
+import struct
+import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.helpers import require_tool
-from tests.prometheus_server import running_prometheus
+from dashboards import promql
+from dashboards.live import Prometheus
+from tests.dashboard_queries import SCRAPE_SECONDS, grafana_values
+from tests.helpers import ROOT, eventually, require_tool
+from tests.prometheus_server import free_port, running_prometheus
 from tests.replay_history import Service, write
+from tests.rightsize_browser import HEIGHT, WIDTH, browser
 from tests.rightsize_run import rightsize
+from tests.rightsize_stack import serving
 from tests.synthetic_history import backfill
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
+
+    from tests.rightsize_stack import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -54,7 +69,13 @@ MEMORY = {(s.namespace, s.name): s.memory_gib for s in SERVICES}
 
 
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory, server_port: int) -> Iterator[str]:
+    """The history, and scraping where `server` listens (refused until a test starts it)."""
     promtool = require_tool("promtool")
     root = tmp_path_factory.mktemp("replay-prometheus")
     openmetrics = root / "history.om"
@@ -62,7 +83,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         write(out, SERVICES, end=END, steps=STEPS, step=STEP)
     backfill(promtool, openmetrics, root / "data")
     openmetrics.unlink()
-    with running_prometheus(root / "data") as url:
+    with running_prometheus(
+        root / "data", scrape=(f"127.0.0.1:{server_port}", SCRAPE_SECONDS)
+    ) as url:
         yield url
 
 
@@ -182,3 +205,100 @@ def test_markdown_and_table_say_it_in_a_line_per_policy_and_a_sentence(prometheu
     table = _run(prometheus, "staggered", "table")
     assert "Policy replay" in table
     assert "time-slicing the serving workloads: 8 → 3" in table
+
+
+# -- the report server, its page and the dashboard ------------------------------------------------
+
+DASHBOARD = json.loads((ROOT / "dashboards" / "rightsizing.json").read_text(encoding="utf-8"))
+REPLAY_PANELS = [
+    panel
+    for panel in promql.panels(DASHBOARD)
+    if "gpuscope_simulation" in json.dumps(panel.get("targets", []))
+]
+
+
+@pytest.fixture(scope="module")
+def server(prometheus: str, server_port: int) -> Iterator[Server]:
+    """The report server replaying every policy for the staggered services, until Prometheus
+    has scraped its replay's series."""
+    with serving(
+        prometheus,
+        server_port,
+        f"--window={STEPS * STEP}s",
+        f"--step={STEP}s",
+        "--namespace=staggered",
+        "--models=a100-sxm4-80gb",
+        f"--simulate={POLICIES}",
+        "--refresh=1h",
+        end=END,
+    ) as running:
+        scraped = Prometheus(prometheus)
+        eventually(
+            lambda: scraped.value("count(gpuscope_simulation_gpus)") == len(POLICIES.split(",")),
+            60,
+            "Prometheus to scrape the server's replay",
+        )
+        yield running
+
+
+def test_the_dashboards_replay_panels_show_what_the_server_replayed(
+    prometheus: str, server: Server
+) -> None:
+    simulation = server.json("/api/v1/report")["simulation"]
+    assert isinstance(simulation, list)
+    expected = {
+        "GPUs each policy needs": {e["policy"]: e["gpus"]["max"] for e in simulation},
+        "Utilization under each policy": {e["policy"]: e["utilization_mean"] for e in simulation},
+    }
+    assert sorted(panel["title"] for panel in REPLAY_PANELS) == sorted(expected)
+    assert expected["GPUs each policy needs"]["timeslice"] == 3
+    scraped = Prometheus(prometheus)
+    for panel in REPLAY_PANELS:
+        (target,) = panel["targets"]
+        expr = promql.substitute(target["expr"], grafana_values(DASHBOARD))
+        answer = scraped.query(expr, at=time.time())
+        assert answer["status"] == "success", answer
+        shown = {
+            row["metric"]["policy"]: float(row["value"][1]) for row in answer["data"]["result"]
+        }
+        assert shown == pytest.approx(expected[panel["title"]], abs=1e-4), panel["title"]
+
+
+LEGEND_BOXES = (
+    "Array.from(document.querySelectorAll('figure.replay svg text'))"
+    ".map(t => { const r = t.getBoundingClientRect();"
+    " return [t.textContent, r.left, r.top, r.right, r.bottom]; })"
+)
+
+
+def test_the_served_page_draws_the_replay_in_a_browser(server: Server, tmp_path: Path) -> None:
+    """The page's replay chart, scrolled into view: every GPUs line, no text over another or
+    out of the chart, and the picture taken."""
+    with browser(tmp_path) as page:
+        page.navigate(server.url + "/")
+        page.evaluate("document.querySelector('figure.replay').scrollIntoView()")
+        lines = page.evaluate(
+            "Array.from(document.querySelectorAll('figure.replay polyline[data-series=gpus]'))"
+            ".map(l => l.dataset.policy)"
+        )
+        assert sorted(lines) == sorted(POLICIES.split(","))
+        chart = page.evaluate(
+            "(() => { const r = document.querySelector('figure.replay svg')"
+            ".getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })()"
+        )
+        assert chart[2] <= page.evaluate("window.innerWidth")
+        boxes = page.evaluate(LEGEND_BOXES)
+        for text, left, top, right, bottom in boxes:
+            assert chart[0] <= left, text
+            assert right <= chart[2], text
+            assert chart[1] <= top, text
+            assert bottom <= chart[3], text
+        for number, (text, left, top, right, bottom) in enumerate(boxes):
+            for other, o_left, o_top, o_right, o_bottom in boxes[number + 1 :]:
+                apart = right <= o_left or o_right <= left or bottom <= o_top or o_bottom <= top
+                assert apart, (text, other)
+        shot = tmp_path / "replay.png"
+        page.screenshot(shot)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (WIDTH, HEIGHT)

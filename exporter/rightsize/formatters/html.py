@@ -15,8 +15,9 @@ import yaml
 
 from exporter.durations import format_duration
 from exporter.rightsize.confidence import LEVELS
-from exporter.rightsize.formatters import common, plots
+from exporter.rightsize.formatters import common, plots, replay_plot
 from exporter.rightsize.formatters.common import Format, Output
+from exporter.rightsize.replay.summary import COLUMNS, policy_rows, sentence
 from exporter.rightsize.report import money_text
 from exporter.rightsize.strategy import CLASSIFICATIONS
 
@@ -87,6 +88,14 @@ def format_html(report: Report, output: Output) -> str:
             classes=[name for name in CLASSIFICATIONS if name in present],
             rooflines=[plots.roofline(roofline) for roofline in report.rooflines],
             consolidation_plot=plots.consolidation(report.consolidation),
+            replay_plot=replay_plot.replay(
+                report.simulation, end=report.end, step=report.step_seconds
+            )
+            if report.simulation
+            else None,
+            replay_columns=COLUMNS,
+            replay_rows=policy_rows(report.simulation),
+            replay_sentence=sentence(report.simulation, saturation=report.settings.saturation),
         )
     )
 

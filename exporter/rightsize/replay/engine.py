@@ -126,6 +126,12 @@ class PolicyResult:
     placements: tuple[Placement, ...]
     models: tuple[tuple[str, float], ...] = ()
     """GPU model names and their GPUs (at most), most first."""
+    gpus_by_step: tuple[float, ...] = ()
+    """GPUs at each step, oldest first: for `current` those held, for a fixed placement its
+    GPUs at every step (what the HTML report draws)."""
+    busy_by_step: tuple[float, ...] = ()
+    """Busy GPU-equivalents at each step: the demand the GPUs carry, in GPUs of the models they
+    are (summed over the placement's GPUs)."""
 
 
 @dataclass(slots=True)
@@ -233,6 +239,11 @@ def _current(
 ) -> PolicyResult:
     held = current.held
     steps = max(len(held), 1)
+    busy_by_step = array("d", bytes(8 * len(held)))
+    for w in workloads:
+        compute = w.current.compute
+        ratios = w.busy if compute == 1.0 else [value * compute for value in w.busy]
+        busy_by_step = array("d", map(add, busy_by_step, ratios))
     busy = sum(sum(w.busy) * w.current.compute for w in workloads)
     gpu_steps = sum(held)
     cost: float | None = None
@@ -270,6 +281,8 @@ def _current(
             for w in workloads
         ),
         models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
+        gpus_by_step=tuple(held),
+        busy_by_step=tuple(busy_by_step),
     )
 
 
@@ -446,6 +459,7 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
     contended: set[int] = set()
     overcommitted = False
     busy = 0.0
+    busy_by_step = array("d", bytes(8 * steps))
     for gpu in gpus:
         if any(profile is not None for _, profile in gpu.members):
             for shard, profile in gpu.members:
@@ -455,11 +469,13 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
                 if max(shard.demand, default=0.0) > share:
                     contended.update(k for k, value in enumerate(shard.demand) if value > share)
                 busy += sum(shard.demand)
+                busy_by_step = array("d", map(add, busy_by_step, shard.demand))
             continue
         load = array("d", bytes(8 * steps))
         for shard, _ in gpu.members:
             load = array("d", map(add, load, shard.demand))
         busy += sum(load)
+        busy_by_step = array("d", map(add, busy_by_step, load))
         memory_peaks = sum(shard.workload.memory_bytes for shard, _ in gpu.members)
         overcommitted |= memory_peaks > gpu.model.nvml_memory_bytes
         if max(load, default=0.0) > limit:
@@ -480,6 +496,8 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
         cost_usd_per_month=cost,
         placements=tuple(_placements(gpus)),
         models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
+        gpus_by_step=(float(count),) * steps,
+        busy_by_step=tuple(busy_by_step),
     )
 
 
