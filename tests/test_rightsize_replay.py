@@ -13,14 +13,14 @@ from exporter.catalog import builtin_catalog
 from exporter.rightsize.hardware import Hardware, Option
 from exporter.rightsize.history import Ceilings
 from exporter.rightsize.options import load
-from exporter.rightsize.replay import engine, placement
+from exporter.rightsize.replay import engine, placement, summary
 from exporter.rightsize.replay.engine import CurrentSteps, Workload, evaluate, replay
 from exporter.rightsize.replay.placement import Item, pack, pack_instances
 from exporter.rightsize.replay.policies import POLICIES, parse_policies
 from exporter.rightsize.server import exposition, recommendation_metrics
 from exporter.rightsize.settings import StrategySettings
 from exporter.settings import ConfigError
-from tests.rightsize_data import sample_report
+from tests.rightsize_data import hardware, sample_report
 from tests.rightsize_run import rightsize, serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -256,3 +256,32 @@ def test_the_report_server_exports_gpus_and_utilization_per_policy() -> None:
     assert 'gpuscope_simulation_utilization_ratio{policy="timeslice"} 0.48' in text
     plain = exposition(recommendation_metrics(sample_report())).decode()
     assert "gpuscope_simulation" not in plain
+
+
+def test_the_sentence_bounds_only_the_shared_gpus_when_some_are_a_workloads_own() -> None:
+    """A training job busy 95% of every step keeps a GPU of its own under `timeslice`; the
+    sentence's saturation promise is about the shared GPUs, not that one."""
+    a100 = builtin_catalog().find("a100-sxm4-80gb")
+    assert a100 is not None
+    serving = [
+        Workload("", "serving", "Deployment", f"svc-{n}", Option(a100), (0.2,) * 6, 10 * 2**30)
+        for n in range(3)
+    ]
+    training = Workload("", "ml", "Job", "train", Option(a100), (0.95,) * 6, 10 * 2**30)
+    results = replay(
+        [*serving, training],
+        CurrentSteps((4.0,) * 6, {"a100-sxm4-80gb": 24.0}, 0),
+        hardware=hardware(),
+        settings=StrategySettings(models=("a100-sxm4-80gb",)),
+        policies=("current", "timeslice"),
+    )
+    assert "no shared GPU over 80% at any step," in summary.sentence(results, saturation=0.8)
+    alone = replay(
+        serving,
+        CurrentSteps((3.0,) * 6, {"a100-sxm4-80gb": 18.0}, 0),
+        hardware=hardware(),
+        settings=StrategySettings(models=("a100-sxm4-80gb",)),
+        policies=("current", "timeslice"),
+    )
+    assert summary.sentence(alone, saturation=0.8).startswith("time-slicing")
+    assert "no step over 80%" in summary.sentence(alone, saturation=0.8)

@@ -106,8 +106,13 @@ def sentence(results: Sequence[PolicyResult], *, saturation: float) -> str:
         f"{best.utilization_mean:.0%}, "
     )
     if best.contention_share == 0:
-        shared = best.policy in {TIMESLICE, BINPACK}
-        text += f"no step over {saturation:.0%}" if shared else "no step over a whole GPU"
+        if best.policy not in {TIMESLICE, BINPACK}:
+            text += "no step over a whole GPU"
+        elif all(p.group is not None and p.mig_profile is None for p in best.placements):
+            text += f"no step over {saturation:.0%}"
+        else:
+            # GPUs of their own may run above the target: it bounds only GPUs that are shared.
+            text += f"no shared GPU over {saturation:.0%} at any step"
     else:
         text += f"GPUs contended on {best.contention_share:.1%} of the steps"
     if current.cost_usd_per_month is not None and best.cost_usd_per_month is not None:
