@@ -1,7 +1,8 @@
 """The daemon's application: its HTTP endpoints, and the lifecycle of everything it runs.
 
 `App(config, driver)` holds what the daemon runs; `start()` starts each long-lived resource in
-order (pod attribution, sampling, the web config's watch) and `stop()` stops them in reverse.
+order (pod attribution, sampling, the node condition's and Events' tasks, the web config's
+watch) and `stop()` stops them in reverse.
 `handle` answers a request: the web config's checks (`exporter.web.security`), then the route.
 Handlers never touch NVML: `/metrics` sends the bytes of the latest snapshot, rendered by the
 sampling loop or, for the snapshot's first scrape in a format, in a worker thread.

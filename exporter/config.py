@@ -430,9 +430,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "kubernetes.node-condition",
         "node_condition",
         parse_bool,
-        "Keep a GPUHealthy condition on this node (PATCH of nodes/<node>/status only): False "
+        "Keep a GPUHealthy condition on this node (PATCH of its nodes/NAME/status only): False "
         "within seconds of a fatal XID (79, 48, 94, 95) or a lost GPU, True again after the "
-        "recovery period. Needs a cluster and RBAC patch on nodes/status.",
+        "recovery period. Needs a cluster and RBAC get and patch on nodes/status.",
         "BOOL",
         switch=True,
         file_key="kubernetes.node-condition.enabled",
