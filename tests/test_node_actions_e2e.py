@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -176,6 +177,7 @@ def test_xid_and_idle_events_on_the_pods_that_matter(tmp_path: Path) -> None:
         writes = node.writes
         assert writes is not None
         args = [a for a in node.args if not a.startswith("--simulate=")]
+        started = time.monotonic()
         with running_daemon(
             *args,
             f"--simulate={_events_fleet(tmp_path)}",
@@ -185,6 +187,7 @@ def test_xid_and_idle_events_on_the_pods_that_matter(tmp_path: Path) -> None:
             eventually(lambda: len(writes.events("GPUXidError")) >= 2, 15, "GPUXidError Events")
             eventually(lambda: writes.events("GPUIdle"), 15, "a GPUIdle Event")
             daemon.wait_cycles(5)
+        seconds = time.monotonic() - started
     xid = writes.events("GPUXidError")
     assert sorted(_regarding(e) for e in xid) == ["ml/infer-a-7d9c8b6f5-x2x9q", "ml/infer-b-0"]
     for event in xid:
@@ -200,6 +203,8 @@ def test_xid_and_idle_events_on_the_pods_that_matter(tmp_path: Path) -> None:
     assert idle[0]["type"] == "Normal"
     assert UUIDS[1] in idle[0]["note"]
     assert "zero busy time" in idle[0]["note"]
+    told = [body for _, body in writes.event_writes if "GPUIdle" in str(body)]
+    assert len(told) <= seconds / 2 + 1, "at most one GPUIdle per pod per 2 s window"
     assert not writes.refused, writes.refused
 
 
