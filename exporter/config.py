@@ -497,6 +497,11 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
         if getattr(config, sub) != getattr(_DEFAULTS, sub) and not getattr(config, switch):
             switch_flag = "--kubernetes." + switch.replace("node_", "node-")
             raise ConfigError(tuned, f"it tunes {switch_flag}, and that is off")
+    if config.node_condition and not config.collector_events:
+        raise ConfigError(
+            "--kubernetes.node-condition",
+            "fatal XIDs come from the events collector, and --no-collector.events turns it off",
+        )
     if config.events and not config.collector_attribution:
         raise ConfigError(
             "--kubernetes.events",

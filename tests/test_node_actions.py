@@ -315,6 +315,7 @@ def test_off_by_default_and_on_by_flag_or_by_the_files_enabled_key(tmp_path: Pat
             "it tunes --kubernetes.events, and that is off",
         ),
         (["--kubernetes.events", "--no-collector.attribution"], "", "--no-collector.attribution"),
+        (["--kubernetes.node-condition", "--no-collector.events"], "", "--no-collector.events"),
         ([], "kubernetes: {node-condition: true}", "spelled kubernetes.node-condition.enabled"),
         ([], "kubernetes: {events: {enabled: maybe}}", "not a boolean"),
     ],

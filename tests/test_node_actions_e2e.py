@@ -18,7 +18,7 @@ from tests.fake_kube.server import FakeKube
 from tests.fake_kube.writes import ClusterWrites, node_object, serve_writes
 from tests.fake_nvml import XID_EVENT, FakeEvent
 from tests.fake_nvml.node import fake_env, node_state
-from tests.helpers import eventually, running_daemon
+from tests.helpers import eventually, running_daemon, value
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -114,6 +114,9 @@ def test_an_xid_79_turns_gpu_healthy_false_within_10s_and_back_after_recovery(
         lost = _gpu_healthy(writes)
         assert UUID1 in lost["message"]
         _untouched(writes)
+        assert (
+            value(daemon.metrics(), "gpuscope_collector_success", collector="node_condition") == 1
+        )
         _no_idle_rewrites(writes)
         assert daemon.process.poll() is None
         assert not _lines(daemon, "background task failed")
@@ -186,8 +189,12 @@ def test_xid_and_idle_events_on_the_pods_that_matter(tmp_path: Path) -> None:
         ) as daemon:
             eventually(lambda: len(writes.events("GPUXidError")) >= 2, 15, "GPUXidError Events")
             eventually(lambda: writes.events("GPUIdle"), 15, "a GPUIdle Event")
-            daemon.wait_cycles(5)
+            text = daemon.wait_cycles(5)
         seconds = time.monotonic() - started
+    # the task's health is a collector of its own, beside the XID thread's `events`
+    assert value(text, "gpuscope_collector_success", collector="pod_events") == 1
+    assert value(text, "gpuscope_collector_success", collector="events") == 1
+    assert text.count('gpuscope_collector_success{collector="events"}') == 1
     xid = writes.events("GPUXidError")
     assert sorted(_regarding(e) for e in xid) == ["ml/infer-a-7d9c8b6f5-x2x9q", "ml/infer-b-0"]
     for event in xid:

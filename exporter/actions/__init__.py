@@ -26,5 +26,6 @@ if TYPE_CHECKING:
 def task_healths(config: ServeConfig) -> dict[str, TaskHealth]:
     """The health of each task the configuration asks for, by collector name (the tasks' modules
     are imported only when one is: they bring the API client)."""
-    names = [("node_condition", config.node_condition), ("events", config.events)]
+    # `events` is the XID thread's collector already.
+    names = [("node_condition", config.node_condition), ("pod_events", config.events)]
     return {name: TaskHealth(name) for name, wanted in names if wanted}

@@ -1,6 +1,6 @@
 """The background tasks of `--kubernetes.node-condition` and `--kubernetes.events`, started by
 the app after sampling and stopped before it; each restarted with backoff if it fails
-(`exporter.supervise`), its health reported as a collector (`node_condition`, `events`)."""
+(`exporter.supervise`), its health reported as a collector (`node_condition`, `pod_events`)."""
 
 from __future__ import annotations
 
@@ -52,12 +52,14 @@ async def running(
             "keeping the GPUHealthy node condition",
             extra={"node": cluster.node_name, "recovery_seconds": config.node_condition_recovery},
         )
-    if "events" in healths:
+    if "pod_events" in healths:
         events = PodEvents(
             EventRecorder(writes, cluster.node_name), latest, idle_after=config.events_idle_after
         )
         tasks.append(
-            background_task(supervised(healths["events"], events.run), name="gpuscope-pod-events")
+            background_task(
+                supervised(healths["pod_events"], events.run), name="gpuscope-pod-events"
+            )
         )
         log.info("recording Events on pods", extra={"idle_after_seconds": config.events_idle_after})
     try:
