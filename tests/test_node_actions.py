@@ -5,6 +5,7 @@ flags and config file."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from exporter import config
 from exporter.actions.findings import IdleHolders, xid_findings
 from exporter.actions.health import GpuHealth, Verdict
-from exporter.actions.recorder import EventRecorder, cut_note, micro_time
+from exporter.actions.recorder import EventRecorder, PodEvents, cut_note, micro_time
 from exporter.actions.writes import ApiWrites
 from exporter.actions.xids import XidCounts
 from exporter.attribution.cluster import ApiConfig
@@ -152,6 +153,23 @@ def test_an_xid_tells_every_pod_holding_or_using_that_gpu() -> None:
     assert "XID 79" in found[0].note
     assert "GPU-aaaa" in found[0].note
     assert xid_findings(shot, counts.new_hits(shot)) == [], "told once"
+
+
+def test_an_xid_before_the_pod_watch_has_listed_waits_for_it() -> None:
+    from exporter.model import WatchStatus  # noqa: PLC0415
+
+    events = PodEvents(
+        EventRecorder(ApiWrites(ApiConfig("http://127.0.0.1:9")), "node-1"),
+        lambda: None,
+        idle_after=3600,
+    )
+    listing = replace(
+        attribution(),
+        kubernetes=KubernetesStatus((WatchStatus("pods", False, None, 0),), pods_cached=0),
+    )
+    assert events.findings(snapshot(gpu(GPU0, xids={79: 1}), attribution=listing)) == []
+    found = events.findings(snapshot(gpu(GPU0, xids={79: 1}), attribution=attribution()))
+    assert [(f.pod.name, f.reason) for f in found] == [("trainer-0", "GPUXidError")]
 
 
 def test_an_idle_holder_is_told_once_per_window_from_when_it_was_first_seen_idle() -> None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from exporter.actions.findings import Finding
     from exporter.actions.writes import ApiWrites
+    from exporter.actions.xids import XidHit
     from exporter.model import Snapshot
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ MAX_NAME: Final = 253
 MAX_ATTEMPTS: Final = 5
 MAX_PENDING: Final = 1000
 POLL_SECONDS: Final = 0.5
+HOLD_SECONDS: Final = 60.0
+"""How long an XID waits for the pod watch's first list before it is told to nobody."""
 _NOT_FOUND: Final = 404
 
 
@@ -201,6 +204,7 @@ class PodEvents:
         *,
         idle_after: float,
         poll_seconds: float = POLL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._recorder = recorder
         self._latest = latest
@@ -209,6 +213,10 @@ class PodEvents:
         self._xids = XidCounts()
         self._idle = IdleHolders(idle_after=idle_after)
         self._seen: Snapshot | None = None
+        self._held: list[tuple[XidHit, float]] = []
+        """XIDs seen before the pod watch had listed the node's pods, and when: told once it
+        has (within `HOLD_SECONDS`), so that an XID at the daemon's start reaches its pods."""
+        self._clock = clock
 
     async def run(self) -> None:
         """Returns only when cancelled."""
@@ -216,8 +224,23 @@ class PodEvents:
             snapshot = self._latest()
             if snapshot is not None and snapshot is not self._seen:
                 self._seen = snapshot
-                hits = self._xids.new_hits(snapshot)
-                for finding in (*xid_findings(snapshot, hits), *self._idle.update(snapshot)):
+                for finding in self.findings(snapshot):
                     self._recorder.add(finding)
             await self._recorder.flush()
             await asyncio.sleep(self._poll)
+
+    def findings(self, snapshot: Snapshot) -> list[Finding]:
+        """What to tell pods after `snapshot` (once per snapshot)."""
+        return [*self._xid_findings(snapshot), *self._idle.update(snapshot)]
+
+    def _xid_findings(self, snapshot: Snapshot) -> list[Finding]:
+        now = self._clock()
+        self._held = [(hit, at) for hit, at in self._held if now - at < HOLD_SECONDS]
+        new = self._xids.new_hits(snapshot)
+        attribution = snapshot.attribution
+        if attribution is None or not attribution.kubernetes.watch_up:
+            self._held.extend((hit, now) for hit in new)
+            return []
+        hits = [*(hit for hit, _ in self._held), *new]
+        self._held = []
+        return xid_findings(snapshot, hits)
