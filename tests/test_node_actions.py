@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from exporter import config
+from exporter.actions.condition import NodeCondition
 from exporter.actions.findings import IdleHolders, xid_findings
 from exporter.actions.health import GpuHealth, Verdict
 from exporter.actions.recorder import EventRecorder, PodEvents, cut_note, micro_time
 from exporter.actions.writes import ApiWrites
 from exporter.actions.xids import XidCounts
-from exporter.attribution.cluster import ApiConfig
+from exporter.attribution.cluster import ApiConfig, ApiError
 from exporter.cli import build_parser, main
 from exporter.config import ConfigError, ServeConfig
 from exporter.model import (
@@ -71,7 +72,7 @@ def update(health: GpuHealth, counts: XidCounts, shot: Snapshot, now: float) -> 
 def test_a_fatal_xid_turns_it_false_naming_the_gpu_and_recovery_turns_it_back(xid: int) -> None:
     health, counts = GpuHealth(recovery_seconds=60, inherited=None, now=0), XidCounts()
     assert update(health, counts, snapshot(gpu(GPU0), gpu(GPU1)), 0) == Verdict(
-        True, "AllGPUsHealthy", "all 2 GPUs answer, no fatal XID"
+        healthy=True, reason="AllGPUsHealthy", message="all GPUs answer (2), no fatal XID"
     )
     verdict = update(health, counts, snapshot(gpu(GPU0), gpu(GPU1, xids={xid: 1})), 1)
     assert verdict is not None
@@ -121,6 +122,60 @@ def test_a_false_left_by_a_previous_run_is_kept_for_the_recovery_period() -> Non
     assert update(health, counts, snapshot(gpu(GPU0)), 100) == inherited
     assert update(health, counts, snapshot(gpu(GPU0)), 109) == inherited
     assert update(health, counts, snapshot(gpu(GPU0)), 110).healthy  # type: ignore[union-attr]
+
+
+class _Writes:
+    """The node condition's API calls, on a node whose GPUHealthy went True long ago."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, str]] = []
+        self.failing = False
+
+    async def get(self, _path: str, _shape: object) -> object:
+        old = {"type": "GPUHealthy", "status": "True", "reason": "AllGPUsHealthy", "message": "m"}
+        return {"status": {"conditions": [{**old, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+
+    async def send(self, _method: str, _path: str, body: dict[str, Any], **_: str) -> None:
+        if self.failing:
+            raise ApiError(409, "Conflict")
+        self.sent.append(body["status"]["conditions"][0])
+
+
+async def test_a_status_change_that_failed_to_write_leaves_the_transition_time_alone() -> None:
+    clock = [1000.0]
+    writes = _Writes()
+    current = [snapshot(gpu(GPU0))]
+    condition = NodeCondition(
+        writes,  # type: ignore[arg-type]
+        "node-1",
+        lambda: current[0],
+        recovery_seconds=1,
+        clock=lambda: clock[0],
+        wall=lambda: 1_800_000_000.0,
+        poll_seconds=0,
+    )
+
+    async def step(seconds: float, shot: Snapshot) -> None:
+        clock[0] += seconds
+        current[0] = shot
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(condition.run())
+    await step(0, snapshot(gpu(GPU0)))
+    assert [(c["status"], c["lastTransitionTime"]) for c in writes.sent] == [
+        ("True", "2026-01-01T00:00:00Z")
+    ]
+    writes.failing = True
+    await step(0, snapshot(gpu(GPU0, xids={79: 1})))  # False, but the write fails
+    writes.failing = False
+    await step(0.5, snapshot(gpu(GPU0, xids={79: 1})))  # clean from here; the backoff holds
+    await step(31, snapshot(gpu(GPU0, xids={79: 1})))  # recovered before any False was written
+    task.cancel()
+    assert [(c["status"], c["lastTransitionTime"]) for c in writes.sent] == [
+        ("True", "2026-01-01T00:00:00Z"),
+        ("True", "2026-01-01T00:00:00Z"),
+    ], "the status never changed on the node"
 
 
 # -- who gets which Event -------------------------------------------------------------------------

@@ -102,12 +102,14 @@ class NodeCondition:
             heartbeat_due = written_at is None or self._clock() - written_at >= HEARTBEAT_SECONDS
             if verdict is not None and (verdict != written or heartbeat_due) and self._backoff.due:
                 now = self._wall()
-                if written is None or transition is None or verdict.healthy != written.healthy:
-                    transition = rfc3339(now)
-                if await self._write(verdict, transition, rfc3339(now)):
+                changed = written is None or verdict.healthy != written.healthy
+                # The time moves only with a status change the API server took: a failed write
+                # leaves it where the node has it.
+                moved = rfc3339(now) if changed or transition is None else transition
+                if await self._write(verdict, moved, rfc3339(now)):
                     if verdict != written:
                         _log_change(verdict, self._node)
-                    written, written_at = verdict, self._clock()
+                    written, written_at, transition = verdict, self._clock(), moved
             await asyncio.sleep(self._poll)
 
     async def _read_node(self) -> tuple[Verdict | None, str | None]:

@@ -76,7 +76,7 @@ class GpuHealth:
             if self._fault_at is None or now - self._clean_since >= self._recovery:
                 count = sum(not gpu.identity.is_mig_instance for gpu in snapshot.gpus)
                 self.verdict = Verdict(
-                    healthy=True, reason=HEALTHY, message=f"all {count} GPUs answer, no fatal XID"
+                    healthy=True, reason=HEALTHY, message=f"all GPUs answer ({count}), no fatal XID"
                 )
                 self._fault_at = None
         return self.verdict
