@@ -1,7 +1,8 @@
 """The daemon's application: its HTTP endpoints, and the lifecycle of everything it runs.
 
 `App(config, driver)` holds what the daemon runs; `start()` starts each long-lived resource in
-order (pod attribution, sampling, the web config's watch) and `stop()` stops them in reverse.
+order (pod attribution, sampling, the node condition's and Events' tasks, the web config's
+watch) and `stop()` stops them in reverse.
 `handle` answers a request: the web config's checks (`exporter.web.security`), then the route.
 Handlers never touch NVML: `/metrics` sends the bytes of the latest snapshot, rendered by the
 sampling loop or, for the snapshot's first scrape in a format, in a worker thread.
@@ -16,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from exporter import __version__
+from exporter.actions import task_healths
 from exporter.catalog import Catalog, builtin_catalog
 from exporter.metrics.base import add, new_metric
 from exporter.metrics.exposition import negotiate
@@ -64,6 +66,8 @@ class App:
         self.fleet = fleet
         self.security = security or WebSecurity(None, max_requests=config.max_requests)
         self.web_watch = TaskHealth("web_config")
+        self.actions = task_healths(config)
+        """`--kubernetes.node-condition`'s and `--kubernetes.events`' tasks, by collector name."""
         self.attributor: Attributor | None = None
         self._sampling: SamplingLoop | None = None
         self._running: list[contextlib.AsyncExitStack] = []
@@ -88,7 +92,12 @@ class App:
         started is stopped again, in reverse, if a later part fails."""
         running: list[contextlib.AsyncExitStack] = []
         async with contextlib.AsyncExitStack() as starting:
-            for resource in (self._attribution, self._sampling_loop, self._web_config):
+            for resource in (
+                self._attribution,
+                self._sampling_loop,
+                self._cluster_actions,
+                self._web_config,
+            ):
                 stack = contextlib.AsyncExitStack()
                 await stack.enter_async_context(resource())
                 starting.push_async_callback(stack.aclose)
@@ -171,7 +180,10 @@ class App:
             catalog=self.catalog,
             attributor=self.attributor,
             own_families=_own_families(self.security),
-            background=(self.web_watch,) if config.web_config_file is not None else (),
+            background=(
+                *((self.web_watch,) if config.web_config_file is not None else ()),
+                *self.actions.values(),
+            ),
         )
         await sampling.start()
         self._sampling = sampling
@@ -180,6 +192,20 @@ class App:
             yield
         finally:
             await sampling.close()
+
+    @contextlib.asynccontextmanager
+    async def _cluster_actions(self) -> AsyncIterator[None]:
+        """The node condition and the pods' Events, when asked for: they read what sampling
+        publishes, so they start after it and stop before it."""
+        if not self.actions:
+            yield
+            return
+        # Imported only when asked for, as attribution's are: they bring the API client.
+        from exporter.actions.tasks import running  # noqa: PLC0415
+
+        sampling = self.sampling
+        async with running(self.config, self.cluster, lambda: sampling.snapshot, self.actions):
+            yield
 
     @contextlib.asynccontextmanager
     async def _web_config(self) -> AsyncIterator[None]:

@@ -116,6 +116,15 @@ def serve(args: argparse.Namespace) -> int:
         settings = config.load(flags)
         driver = open_driver(settings)
         cluster = open_cluster(settings, os.environ)
+        if cluster is None:
+            for flag, wanted in (
+                ("--kubernetes.node-condition", settings.node_condition),
+                ("--kubernetes.events", settings.events),
+            ):
+                if wanted:
+                    raise ConfigError(
+                        flag, "needs a cluster (--kubeconfig, the service account or $KUBECONFIG)"
+                    )
     except (ConfigError, BadFleet) as error:
         return _fail(str(error), 2)
     try:

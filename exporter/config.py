@@ -95,6 +95,14 @@ class ServeConfig:
     collector_attribution: bool = True
     process_names: bool = False
     """Label per-process series with the process's name (`--collect.process-names`)."""
+    node_condition: bool = False
+    """Keep the `GPUHealthy` condition on this node (`exporter.actions.condition`)."""
+    node_condition_recovery: float = 300.0
+    """How long every GPU must answer, with no fatal XID, before `GPUHealthy` is True again."""
+    events: bool = False
+    """Post `GPUXidError` and `GPUIdle` Events on pods (`exporter.actions.events`)."""
+    events_idle_after: float = 3600.0
+    """How long a pod holds a GPU with zero busy time before a `GPUIdle` Event."""
 
     @property
     def collectors(self) -> frozenset[str]:
@@ -418,6 +426,44 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "BOOL",
         switch=True,
     ),
+    Setting(
+        "kubernetes.node-condition",
+        "node_condition",
+        parse_bool,
+        "Keep a GPUHealthy condition on this node (PATCH of its nodes/NAME/status only): False "
+        "within seconds of a fatal XID (79, 48, 94, 95) or a lost GPU, True again after the "
+        "recovery period. Needs a cluster and RBAC get and patch on nodes/status.",
+        "BOOL",
+        switch=True,
+        file_key="kubernetes.node-condition.enabled",
+    ),
+    Setting(
+        "kubernetes.node-condition.recovery",
+        "node_condition_recovery",
+        duration_between(1.0, 7 * 86400.0),
+        "How long every GPU must answer, with no fatal XID, before GPUHealthy is True again "
+        "(1s to 7d). Needs --kubernetes.node-condition.",
+        "DURATION",
+    ),
+    Setting(
+        "kubernetes.events",
+        "events",
+        parse_bool,
+        "Post Events (events.k8s.io/v1) on the pods that matter: GPUXidError on every pod "
+        "holding or using a GPU hit by a fatal XID, GPUIdle on a pod holding a GPU with zero "
+        "busy time. Needs a cluster and RBAC create and patch on events.",
+        "BOOL",
+        switch=True,
+        file_key="kubernetes.events.enabled",
+    ),
+    Setting(
+        "kubernetes.events.idle-after",
+        "events_idle_after",
+        duration_between(1.0, 30 * 86400.0),
+        "How long a pod holds a GPU with zero busy time before a GPUIdle Event, and the least "
+        "time between two of them on one pod (1s to 30d). Needs --kubernetes.events.",
+        "DURATION",
+    ),
 )
 
 
@@ -444,6 +490,23 @@ def load(flags: Mapping[str, object], environ: Mapping[str, str] | None = None) 
         mismatch = version_mismatch(config.dcgm_counters, config.dcgm_version)
         if mismatch is not None:
             raise ConfigError("--compat.dcgm-counters", mismatch)
+    for switch, sub, tuned in (
+        ("node_condition", "node_condition_recovery", "--kubernetes.node-condition.recovery"),
+        ("events", "events_idle_after", "--kubernetes.events.idle-after"),
+    ):
+        if getattr(config, sub) != getattr(_DEFAULTS, sub) and not getattr(config, switch):
+            switch_flag = "--kubernetes." + switch.replace("node_", "node-")
+            raise ConfigError(tuned, f"it tunes {switch_flag}, and that is off")
+    if config.node_condition and not config.collector_events:
+        raise ConfigError(
+            "--kubernetes.node-condition",
+            "fatal XIDs come from the events collector, and --no-collector.events turns it off",
+        )
+    if config.events and not config.collector_attribution:
+        raise ConfigError(
+            "--kubernetes.events",
+            "Events go on pods, and --no-collector.attribution turns pods off",
+        )
     if config.process_names and not config.collector_processes:
         raise ConfigError(
             "--collect.process-names",

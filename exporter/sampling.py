@@ -220,6 +220,13 @@ class SamplingLoop:
         await self._loop.run_in_executor(self._executor, self._nvml.start)
 
     @property
+    def snapshot(self) -> Snapshot | None:
+        """The last snapshot published (None before the first cycle), for any thread: the
+        worker replaces `_published` whole, and a snapshot is immutable."""
+        published = self._published
+        return published[0] if published is not None else None
+
+    @property
     def task(self) -> asyncio.Task[None] | None:
         """The loop's task, once `begin` started it."""
         return self._task

@@ -127,6 +127,11 @@ class Setting:
     """The default as `--help` and the docs show it, where `str()` of the value would not do."""
     env_prefix: str = ENV_PREFIX
     """Set by the `SettingsTable` the setting is in."""
+    file_key: str | None = None
+    """Its dotted key in the config file where that is not its name: a switch whose name is also
+    the prefix of other settings (`kubernetes.node-condition` beside
+    `kubernetes.node-condition.recovery`) cannot be both a value and a mapping in YAML, so the
+    file spells it `kubernetes.node-condition.enabled`."""
 
     @property
     def flag(self) -> str:
@@ -241,13 +246,20 @@ class SettingsTable:
 
     def read_file(self, path: Path) -> dict[Setting, object]:
         """The settings a `--config.file` holds, nested at the dots; raises `ConfigError`."""
-        by_name = {setting.name: setting for setting in self.settings if not setting.flag_only}
+        by_name = {
+            setting.file_key or setting.name: setting
+            for setting in self.settings
+            if not setting.flag_only
+        }
+        respelled = {s.name: s.file_key for s in self.settings if s.file_key is not None}
 
         def settings_in(document: object) -> dict[Setting, object]:
             if document is None:
                 return {}
             found: dict[Setting, object] = {}
             for name, value in _flatten(documents.mapping(document, ""), ""):
+                if name in respelled:
+                    raise documents.Invalid(name, f"spelled {respelled[name]} in the file")
                 if name not in by_name:
                     raise documents.Invalid(name, "unknown setting")
                 found[by_name[name]] = value
@@ -266,6 +278,8 @@ class SettingsTable:
             flag = f"--[no-]{setting.name}" if setting.switch else f"--{setting.name}"
             default = f"`{shown}`" if shown else ""
             meaning = setting.help + (" Required." if setting.required else "")
+            if setting.file_key is not None:
+                meaning += f" In `--config.file`: `{setting.file_key}`."
             rows.append(f"| `{flag}` | `{setting.env}` | {default} | {meaning} |")
         return "\n".join(rows)
 

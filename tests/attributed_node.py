@@ -26,6 +26,7 @@ from tests.fake_kube.dra import (
 )
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
+from tests.fake_kube.writes import ClusterWrites, node_object, serve_writes
 from tests.fake_kubelet import ClaimDevice, FakeKubelet, claim_allocations, gpu_allocations
 from tests.helpers import FLEETS, series
 from tests.proc_fixture import PROC, container_id, pod_uid
@@ -88,12 +89,19 @@ class Node:
     kubelet: FakeKubelet
     args: list[str]
     """`gpuscope serve`'s flags for this node."""
+    writes: ClusterWrites | None = None
+    """The node's status and Events, when served (`cluster_writes`)."""
 
 
 @contextmanager
-def attributed_node(tmp_path: Path, *extra_args: str) -> Iterator[Node]:
-    """The API server with `PODS` and the kubelet with `ALLOCATIONS`, while in the block."""
-    with serve_pods(FakeKube(), *PODS) as api, FakeKubelet(tmp_path / "kubelet.sock") as kubelet:
+def attributed_node(
+    tmp_path: Path, *extra_args: str, cluster_writes: bool = False
+) -> Iterator[Node]:
+    """The API server with `PODS` and the kubelet with `ALLOCATIONS`, while in the block;
+    `cluster_writes`: the server also keeps the Node and takes its status patches and Events."""
+    api = serve_pods(FakeKube(), *PODS)
+    writes = serve_writes(api, node_object(NODE)) if cluster_writes else None
+    with api, FakeKubelet(tmp_path / "kubelet.sock") as kubelet:
         kubelet.set(ALLOCATIONS)
         yield Node(
             api,
@@ -106,6 +114,7 @@ def attributed_node(tmp_path: Path, *extra_args: str) -> Iterator[Node]:
                 f"--kubelet.pod-resources-socket={kubelet.socket}",
                 *extra_args,
             ],
+            writes,
         )
 
 

@@ -95,6 +95,8 @@ def test_shared_and_idle_gpus_are_attributed_per_pod(node: Node) -> None:
     for collector in ("nvml", "kubernetes", "podresources", "cgroups"):
         assert value(text, "gpuscope_collector_success", collector=collector) == 1, collector
     assert any("pod attribution on" in line for line in daemon.log_lines)
+    # without --kubernetes.node-condition and --kubernetes.events nothing is written: reads only
+    assert {method for method, _ in node.api.calls} == {"GET"}
 
     assert_promtool_accepts(text)
 

@@ -265,6 +265,31 @@ def test_daemonset_defaults() -> None:
     }, "pods, and DRA's objects (tests/test_dra_deploy.py)"
 
 
+def test_node_condition_and_events_add_their_rbac_and_flags_only_when_enabled() -> None:
+    def rules_and_args(*switches: str) -> tuple[list[dict[str, Any]], list[str]]:
+        documents = render(switches)
+        (role,) = find(documents, "ClusterRole")
+        return role["rules"], daemon_container(documents)["args"]
+
+    rules, args = rules_and_args()
+    assert not [r for r in rules if "nodes/status" in r["resources"] or "events" in r["resources"]]
+    assert not [
+        a for a in args if a.startswith(("--kubernetes.node-condition", "--kubernetes.events"))
+    ]
+    rules, args = rules_and_args("nodeCondition.enabled=true", "nodeCondition.recovery=10m")
+    assert {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["get", "patch"]} in rules
+    assert not [r for r in rules if "events" in r["resources"]]
+    assert args[-2:] == ["--kubernetes.node-condition", "--kubernetes.node-condition.recovery=10m"]
+    rules, args = rules_and_args("events.enabled=true", "events.idleAfter=30m")
+    assert {
+        "apiGroups": ["events.k8s.io"],
+        "resources": ["events"],
+        "verbs": ["create", "patch"],
+    } in rules
+    assert not [r for r in rules if "nodes/status" in r["resources"]]
+    assert args[-2:] == ["--kubernetes.events", "--kubernetes.events.idle-after=30m"]
+
+
 def test_without_pod_resources_the_daemon_runs_as_non_root() -> None:
     documents = render(("daemon.podResources.enabled=false",))
     (daemonset,) = find(documents, "DaemonSet")
@@ -544,7 +569,7 @@ def test_plain_manifests_are_the_charts_render() -> None:
         )
 
 
-@pytest.mark.parametrize("overlay", ["base", "prometheus-operator"])
+@pytest.mark.parametrize("overlay", ["base", "prometheus-operator", "node-health"])
 def test_kustomize_builds_and_validates(overlay: str, tmp_path: Path) -> None:
     kubectl = require_tool("kubectl")
     built = subprocess.run(

@@ -2,7 +2,8 @@
 raw GET requests. Which configuration to use is `exporter.attribution.access`'s.
 
 The daemon asks the API server for three things only (its node's pods and ResourceSlices, list
-and watch, and a claim or DeviceClass now and then), as GETs answered with JSON, so it speaks
+and watch, and a claim or DeviceClass now and then), as GETs answered with JSON, and, only when
+asked to (`exporter.actions`), writes two: its node's status and Events, PATCH and POST of JSON; so it speaks
 HTTP through urllib3 itself and reads the service account and kubeconfigs itself
 (`exporter.attribution.kubeconfig`): the `kubernetes` package would cost every GPU node ~16 MiB
 of resident memory for that (its client, models and configuration loaders). Only a kubeconfig
@@ -17,6 +18,7 @@ kept (`exporter.attribution.jsonstream`).
 from __future__ import annotations
 
 import contextlib
+import json
 import ssl
 import threading
 import time
@@ -32,7 +34,7 @@ from exporter.attribution.jsonstream import CHUNK_BYTES, JsonStream
 from exporter.documents import memory_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from urllib3 import BaseHTTPResponse
 
@@ -203,7 +205,36 @@ class KubernetesClient:
         """The response to `GET path?query`; raises `ApiError` for a status outside 2xx,
         `CredentialError` when there are no credentials to send, and urllib3's errors for a
         connection that fails."""
-        headers = {"Accept": "application/json", "User-Agent": "gpuscope"}
+        url = self._config.host + path + (f"?{urlencode(query)}" if query else "")
+        return self._request("GET", url, None, {}, timeout)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, object],
+        *,
+        content_type: str,
+        timeout: tuple[float, float],
+    ) -> None:
+        """`method` (POST, PATCH) of `body` as JSON to `path`; the answer is read and dropped
+        (the writes' callers need only its status). Raises as `get` does."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        response = self._request(
+            method, self._config.host + path, data, {"Content-Type": content_type}, timeout
+        )
+        response.drain_conn()
+        response.release_conn()
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        extra_headers: dict[str, str],
+        timeout: tuple[float, float],
+    ) -> BaseHTTPResponse:
+        headers = {"Accept": "application/json", "User-Agent": "gpuscope", **extra_headers}
         authorization = self._config.authorization()
         if authorization:
             headers["Authorization"] = authorization
@@ -213,10 +244,10 @@ class KubernetesClient:
                 self._pool.clear()
                 self._pool = self._new_pool(tls)
                 self._tls = tls
-        url = self._config.host + path + (f"?{urlencode(query)}" if query else "")
         response = self._pool.request(
-            "GET",
+            method,
             url,
+            body=body,
             headers=headers,
             timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
             preload_content=False,

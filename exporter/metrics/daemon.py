@@ -40,7 +40,8 @@ COLLECTOR_SUCCESS: Final = Family(
     "[Collectors](../guide/daemon.md#collectors)); `calibration` with `--calibration.path` (0 while a profile is "
     "rejected or the path is unreadable); with attribution also `kubernetes`, `podresources`, "
     "`cgroups`; and the background tasks, 0 from a crash until they are restarted: `events` "
-    "(the XID/ECC event thread), `web_config` (the web-config watch, with `--web.config.file`)",
+    "(the XID/ECC event thread), `web_config` (the web-config watch, with `--web.config.file`), "
+    "`node_condition` and `pod_events` (with `--kubernetes.node-condition`, `--kubernetes.events`)",
 )
 COLLECTOR_DURATION: Final = Family(
     "gpuscope_collector_duration_seconds",

@@ -101,6 +101,10 @@ class FakeKube:
         """Answer an expired watch with 200 and an ERROR event instead of a 410 status line."""
         self.requests: list[str] = []
         """Every request path with its query, in order."""
+        self.calls: list[tuple[str, str]] = []
+        """(method, path) of every request, writes included, in order."""
+        self.route_hooks: list[Callable[[web.Application], None]] = []
+        """More routes (`tests/fake_kube/writes.py`), added each time the server listens."""
         self.withheld: set[str] = set()
         """API groups not served at all (`resource.k8s.io`): an older cluster."""
         self.forbidden: set[str] = set()
@@ -171,6 +175,10 @@ class FakeKube:
     def put(self, plural: str, obj: dict[str, Any]) -> None:
         """Create or replace an object (ADDED or MODIFIED for watchers)."""
         self._call(self._change(plural, obj, delete=False))
+
+    async def store(self, plural: str, obj: dict[str, Any]) -> None:
+        """`put` from a handler running on the server's own loop."""
+        await self._change(plural, obj, delete=False)
 
     def delete(self, plural: str, namespace: str, name: str) -> None:
         obj = self._objects[plural].get((namespace, name))
@@ -245,6 +253,8 @@ class FakeKube:
 
     async def _listen(self) -> None:
         app = web.Application(middlewares=[self._older_cluster])
+        for hook in self.route_hooks:
+            hook(app)
         for collection in self._collections.values():
             handler = self._handler(collection)
             one = self._one(collection)
@@ -297,6 +307,7 @@ class FakeKube:
     @web.middleware
     async def _older_cluster(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """What a cluster answers for an API group it does not serve: the server's plain 404."""
+        self.calls.append((request.method, request.path))
         group = request.path.split("/")[2] if request.path.startswith("/apis/") else ""
         if group in self.withheld:
             self.requests.append(request.path_qs)
