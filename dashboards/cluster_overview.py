@@ -157,7 +157,7 @@ def make() -> Json:
         7,
         table(
             "Nodes",
-            "GPUs per node and model; utilization is the average over the dashboard's time range. Click a node for its dashboard.",
+            "GPUs per node and model; utilization is the average over the dashboard's time range; the price of one of its GPUs per hour and who priced it (OpenCost's node_gpu_hourly_cost for the node, else the catalog), and whether OpenCost knows the node as spot (- without OpenCost). Click a node for its dashboard.",
             ("node", "model"),
             Column("GPUs", f"sum by (node, model) (node_model:gpu_info:count{{{scope}}})"),
             Column(
@@ -175,6 +175,25 @@ def make() -> Json:
                 "Power",
                 f"sum by (node, model) (node_model:gpu_power_watts:sum{{{scope}}})",
                 unit="watt",
+            ),
+            Column(
+                "Price / GPU-hour",
+                f"max by (node, model, price_source) (gpu:gpu_price_usd_per_hour:effective{{{scope}}})",
+                unit="currencyUSD",
+            ),
+            Column(
+                "Spot",
+                f"max by (node, model) (node_model:gpu_info:count{{{scope}}} * 0 "
+                "+ on (node) group_left () node:kubecost_node_is_spot:max) "
+                f"or max by (node, model) (node_model:gpu_info:count{{{scope}}} * 0 - 1)",
+                mappings=((1, "spot", "orange"), (0, "on demand", "green"), (-1, "-", "text")),
+            ),
+            label_columns=(
+                LabelColumn(
+                    "price_source",
+                    "Priced by",
+                    (("opencost", "OpenCost", "green"), ("catalog", "catalog", "text")),
+                ),
             ),
             links={"node": ("Node dashboard", NODE_DASHBOARD_LINK)},
             sort_by="GPUs",

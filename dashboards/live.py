@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import http.server
 import json
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from types import TracebackType
 
 Json = dict[str, Any]
@@ -52,6 +54,54 @@ class Node:
     cluster: Callable[[Path], AbstractContextManager[Sequence[str]]] | None = None
     """Stand-ins the node's daemon attributes pods from (API server, kubelet, procfs), started
     with the stack in a directory of their own; they give the daemon more flags."""
+    opencost: tuple[float, bool] | None = None
+    """OpenCost's price of one GPU on this node (USD per hour) and whether the node is spot,
+    served by the stack's OpenCost stand-in; None: OpenCost does not list the node."""
+
+
+def opencost_exposition(nodes: Sequence[Node]) -> bytes:
+    """What OpenCost's /metrics says of these nodes: node_gpu_hourly_cost and
+    kubecost_node_is_spot, with OpenCost's own `node` and `instance` labels."""
+    lines = ["# TYPE node_gpu_hourly_cost gauge"]
+    priced = [(node.name, *node.opencost) for node in nodes if node.opencost is not None]
+    labels = 'node="{0}",instance="{0}",instance_type="p5.48xlarge",region="us-east-1"'
+    lines += [
+        f"node_gpu_hourly_cost{{{labels.format(name)}}} {price:g}" for name, price, _ in priced
+    ]
+    lines.append("# TYPE kubecost_node_is_spot gauge")
+    lines += [
+        f"kubecost_node_is_spot{{{labels.format(name)}}} {int(spot)}" for name, _, spot in priced
+    ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@contextlib.contextmanager
+def opencost_stand_in(nodes: Sequence[Node]) -> Iterator[str]:
+    """An HTTP server on a free loopback port serving `opencost_exposition`, in a thread of its
+    own until the context ends; yields its host:port."""
+    body = opencost_exposition(nodes)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            # Prometheus scrapes it every second: nothing worth a line.
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="opencost-stand-in", daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 @dataclass(slots=True)
@@ -196,6 +246,8 @@ class LiveStack:
     )
     prometheus: Prometheus = field(init=False)
     ports: dict[str, int] = field(init=False, default_factory=dict)
+    opencost: str | None = field(init=False, default=None)
+    """host:port of the OpenCost stand-in, when a node has an OpenCost price."""
     _processes: Processes = field(init=False, default_factory=Processes)
     _stand_ins: ExitStack = field(init=False, default_factory=ExitStack)
 
@@ -249,6 +301,8 @@ class LiveStack:
                 log,
             )
 
+        if any(node.opencost is not None for node in self.nodes):
+            self.opencost = self._stand_ins.enter_context(opencost_stand_in(self.nodes))
         config = self.workdir / "prometheus.yml"
         config.write_text(json.dumps(self.config(), indent=2), encoding="utf-8")
         port = free_port()
@@ -268,7 +322,8 @@ class LiveStack:
         wait_until("prometheus", lambda: answers(f"{self.prometheus.url}/-/ready"), 30, log)
 
     def config(self) -> Json:
-        """prometheus.yml (JSON is YAML): one job, a `node` label per target, the rules loaded."""
+        """prometheus.yml (JSON is YAML): one job, a `node` label per target, the rules loaded; the
+        OpenCost stand-in's job when there is one."""
         return {
             "global": {
                 "scrape_interval": self.interval,
@@ -286,7 +341,19 @@ class LiveStack:
                         }
                         for node in self.nodes
                     ],
-                }
+                },
+                *(
+                    # As OpenCost's docs scrape it: its own `node` and `instance` labels kept.
+                    [
+                        {
+                            "job_name": "opencost",
+                            "honor_labels": True,
+                            "static_configs": [{"targets": [self.opencost]}],
+                        }
+                    ]
+                    if self.opencost
+                    else []
+                ),
             ],
         }
 

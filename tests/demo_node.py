@@ -268,6 +268,7 @@ DEMO_NODES: Final = (
             "--collector.processes",  # off by default; the Node dashboard's Processes table
         ),
         cluster=demo_cluster,
+        opencost=(2.5, True),  # a spot node OpenCost prices: the Nodes table's price and spot
     ),
     Node("sim-b", FLEETS / "broken-node.yaml"),  # NVML never initialises
     Node("sim-c", None),  # a daemon that is down

@@ -417,7 +417,10 @@ def test_every_metric_read_is_exported_recorded_or_prometheus_own() -> None:
     served = {name for names in SERVING_FAMILIES.values() for name in names}
     # what `gpuscope rightsize serve` exports, as it declares it
     rightsized = {family.exposed_name for family in (*RECOMMENDATION_FAMILIES, *SERVER_FAMILIES)}
+    # what OpenCost exports, as the price rules read it (docs/guide/dashboards.md#prices)
+    opencost = {"node_gpu_hourly_cost", "kubecost_node_is_spot"}
     known = exported | documented | own | recorded_names() | PROMETHEUS_OWN | served | rightsized
+    known |= opencost
     referenced = referenced_names()
     assert not referenced - known, f"unknown metric names (typos?): {sorted(referenced - known)}"
 

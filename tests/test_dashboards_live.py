@@ -257,6 +257,24 @@ def test_gpus_held_through_dra_claims_count_like_the_device_plugins(
     assert [row["value"][1] for row in slices["data"]["result"]] == ["1"]
 
 
+def test_opencosts_node_price_prices_every_gpu_of_its_node_and_each_allocation_its_share(
+    prometheus: Prometheus,
+) -> None:
+    # the OpenCost stand-in prices sim-a's GPUs at $2.50 each, a spot node (tests/demo_node.py)
+    now = time.time()
+    prices = prometheus.query('gpu:gpu_price_usd_per_hour:effective{node="sim-a"}', at=now)
+    rows = prices["data"]["result"]
+    gpus = prometheus.query('count(gpu_info{node="sim-a"})', at=now)["data"]["result"]
+    assert len(rows) == int(gpus[0]["value"][1]) > 0
+    assert {(row["metric"]["price_source"], row["value"][1]) for row in rows} == {
+        ("opencost", "2.5")
+    }
+    shares = prometheus.query('allocation:gpu_price_usd_per_hour:share{claim="ranker-gpu"}', at=now)
+    assert sorted(float(row["value"][1]) for row in shares["data"]["result"]) == [1.25, 1.25]
+    spot = prometheus.query("node:kubecost_node_is_spot:max", at=now)["data"]["result"]
+    assert [(row["metric"]["node"], row["value"][1]) for row in spot] == [("sim-a", "1")]
+
+
 def test_hours_over_the_range_are_the_recorded_samples_times_the_evaluation_interval(
     prometheus: Prometheus,
 ) -> None:

@@ -201,3 +201,24 @@ def test_table_is_plain_off_a_terminal_and_coloured_on_one(report) -> None:  # t
     coloured = FORMATTERS["table"](report, Output(terminal=True, width=200))
     assert ANSI.search(coloured)
     assert ANSI.sub("", coloured).replace(" ", "") == plain.replace(" ", "")
+
+
+def test_every_format_says_which_rows_opencost_priced(report) -> None:  # type: ignore[no-untyped-def]
+    first, *others = report.rows
+    priced = replace(
+        report,
+        rows=(replace(first, price_source="opencost", option_price_scale=0.5), *others),
+    )
+    document = json.loads(FORMATTERS["json"](priced, Output()))
+    sources = [row["price_source"] for row in document["workloads"]]
+    assert sources[0] == "opencost"
+    assert document["workloads"][0]["option_price_scale"] == 0.5
+    assert "opencost" not in sources[1:]
+    name = first.history.name
+    for form in ("markdown", "table"):
+        lines = FORMATTERS[form](priced, Output(width=250)).splitlines()
+        noted = [line for line in lines if "(OpenCost)" in line]
+        assert len(noted) == 1, form
+        assert name in noted[0], form
+    assert FORMATTERS["html"](priced, Output()).count("priced by OpenCost") == 1
+    assert "priced by OpenCost" not in FORMATTERS["html"](report, Output())

@@ -20,6 +20,8 @@ FIXED_NAMES = re.compile(r"workload:[a-z0-9_]+")
 report read them): a workload's ratio of two recorded rates, which no operation names."""
 ROLLUP_TESTS = ROOT / "tests" / "prometheus" / "rollups.rules.test.yaml"
 """The fleet rollups' tests: a file of their own, beside the alerts' and the other recordings'."""
+PRICE_TESTS = ROOT / "tests" / "prometheus" / "prices.rules.test.yaml"
+"""The price rules' tests: OpenCost's node prices, the catalog's, and the rules that read them."""
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://github.com/gpuscope/gpuscope/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
@@ -37,7 +39,7 @@ def alerts() -> list[dict[str, Any]]:
 def unit_tests() -> list[dict[str, Any]]:
     return [
         test
-        for path in (RULE_TESTS, ROLLUP_TESTS, SERVING_RULE_TESTS)
+        for path in (RULE_TESTS, ROLLUP_TESTS, SERVING_RULE_TESTS, PRICE_TESTS)
         for test in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]
     ]
 
@@ -60,9 +62,10 @@ def test_promtool_check_rules_with_every_lint() -> None:
 
 
 def test_promtool_unit_tests_pass() -> None:
-    result = promtool("test", "rules", str(RULE_TESTS), str(ROLLUP_TESTS), str(SERVING_RULE_TESTS))
+    files = (RULE_TESTS, ROLLUP_TESTS, SERVING_RULE_TESTS, PRICE_TESTS)
+    result = promtool("test", "rules", *map(str, files))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("SUCCESS") == 3
+    assert result.stdout.count("SUCCESS") == len(files)
 
 
 def test_rule_file_is_a_plain_prometheus_rule_file() -> None:

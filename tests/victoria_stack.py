@@ -122,6 +122,15 @@ def served(workdir: Path) -> list[Series]:
                     found.append(
                         Series(sample.name, {**sample.labels, **target}, sample.value, family.type)
                     )
+    for node in DEMO_NODES:
+        if node.opencost is not None:
+            # What the stack's OpenCost stand-in serves, with its own labels (honor_labels).
+            price, spot = node.opencost
+            labels = {"node": node.name, "instance": node.name, "job": "opencost"}
+            found += [
+                Series("node_gpu_hourly_cost", labels, price, "gauge"),
+                Series("kubecost_node_is_spot", labels, float(spot), "gauge"),
+            ]
     return found
 
 

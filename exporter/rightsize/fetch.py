@@ -5,7 +5,8 @@ One cheap query goes first, so an unreachable or unauthorized server is one clea
 `held` signal says which pods held GPUs, and the per-pod signals (cAdvisor, kube-state-metrics)
 are then asked about those pods only, in batches. A failed required signal fails the report, a
 failed optional one costs only its own fields, and a term's query that fails costs only that
-term. Once per run the job also reads which GPU resource names the cluster's pods hold
+term. Whatever the source, OpenCost's GPU prices for the nodes of the GPUs held are read last
+(`opencost.py`). Once per run the job also reads which GPU resource names the cluster's pods hold
 (`gpu_allocation_info{resource}`: the names a patch must use) and kube-state-metrics'
 HorizontalPodAutoscalers.
 """
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from exporter.rightsize.dcgm_history import fetch_dcgm, source_of_history
 from exporter.rightsize.history import LONG_TERM, TERMS, History, assemble
+from exporter.rightsize.opencost import node_prices
 from exporter.rightsize.prometheus import PrometheusQueryError
 from exporter.rightsize.signals import SIGNALS, Signal, pod_batches, render
 from exporter.rightsize.terms import Answers, ask_terms, with_terms
@@ -51,17 +54,34 @@ async def fetch(
     if source == "auto":
         await client.query("vector(1)", at=end, name="connectivity check")
         source = await source_of_history(client, end=end, window=window)
-    if source == "dcgm-exporter":
-        return await fetch_dcgm(
-            client,
-            selection=selection,
-            end=end,
-            window=window,
-            step=step,
-            quantile=quantile,
-            cluster_label=cluster_label,
-            terms=terms,
-        )
+    read = fetch_dcgm if source == "dcgm-exporter" else _fetch_gpuscope
+    history = await read(
+        client,
+        selection=selection,
+        end=end,
+        window=window,
+        step=step,
+        quantile=quantile,
+        cluster_label=cluster_label,
+        terms=terms,
+    )
+    prices = await node_prices(
+        client, source=history.source, end=end, window=window, cluster_label=cluster_label
+    )
+    return replace(history, node_prices=prices)
+
+
+async def _fetch_gpuscope(
+    client: PrometheusClient,
+    *,
+    selection: Selection,
+    end: float,
+    window: float,
+    step: float,
+    quantile: float,
+    cluster_label: str | None,
+    terms: Sequence[Term],
+) -> History:
 
     async def ask(seconds: float, name: str) -> tuple[Answers, list[str]]:
         return await _ask_window(

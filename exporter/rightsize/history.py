@@ -232,6 +232,9 @@ class History:
     limits: tuple[str, ...] = ()
     """What the source cannot tell, in words (dcgm-exporter has no calibration, ...): each
     recommendation made from it is at most of medium confidence."""
+    node_prices: Mapping[str, float] = field(default_factory=dict)
+    """OpenCost's price per GPU-hour of the GPUs on the nodes it prices, by uuid
+    (`opencost.py`): what those GPUs cost, instead of the catalog's price."""
 
 
 def assemble(

@@ -3,7 +3,9 @@
 Money is the window's spend scaled to a 730-hour month: a workload that held one GPU for the
 whole window costs one GPU-month, one that held it for a third of the window a third of that.
 A MIG instance costs the larger of its compute and memory share of the GPU's price; a
-time-sliced GPU is split evenly between the pods holding it.
+time-sliced GPU is split evenly between the pods holding it. A GPU on a node OpenCost prices
+costs OpenCost's price, else the catalog's (`opencost.py`); the options are priced from the
+catalog, scaled by the same factor, and each row says who priced it.
 
 Each row also carries how far to trust it (`confidence.py`), what the shorter terms recommend and
 the trend between them, its replicas and autoscaler, and the patch that applies it
@@ -36,6 +38,7 @@ from exporter.rightsize.confidence import (
 from exporter.rightsize.consolidation import Consolidation, Slot, consolidate
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Ceiling, Hardware, Option
 from exporter.rightsize.history import LONG_TERM
+from exporter.rightsize.opencost import CurrentCost, current_cost
 from exporter.rightsize.patches import Patch, build_patch
 from exporter.rightsize.strategy import (
     CLASSIFICATIONS,
@@ -50,6 +53,8 @@ from exporter.rightsize.strategy import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from exporter.catalog import GpuModel
     from exporter.rightsize.history import Autoscaler, DeviceHistory, History, WorkloadHistory
     from exporter.rightsize.replay.engine import PolicyResult
@@ -76,6 +81,10 @@ class WorkloadRow:
     tokens_per_month: float | None = None
     """Tokens (prompt + output) its inference servers serve, scaled to a month like the cost;
     None for a workload that serves none."""
+    price_source: str | None = None
+    """Who priced its current GPUs (`opencost.CurrentCost.source`)."""
+    option_price_scale: float = 1.0
+    """The factor its catalog-priced options were scaled by (OpenCost's over the catalog's)."""
 
     @property
     def cluster(self) -> str:
@@ -356,7 +365,7 @@ def _row(
         terms.append(TermAnswer(term.name, term.window_seconds, answer, term_label(answer)))
     terms.sort(key=lambda term: term.window_seconds)
     long_term = TermAnswer(LONG_TERM, window, recommendation, term_label(recommendation))
-    priced = _priced(workload, recommendation, hardware, window)
+    priced = _priced(workload, recommendation, hardware, window, history.node_prices)
     return replace(
         priced,
         confidence=_limited(assess(workload, recommendation, window, terms), history),
@@ -421,19 +430,25 @@ def _one_patch_per_owner(rows: list[WorkloadRow]) -> list[WorkloadRow]:
 
 
 def _priced(
-    workload: WorkloadHistory, recommendation: Recommendation, hardware: Hardware, window: float
+    workload: WorkloadHistory,
+    recommendation: Recommendation,
+    hardware: Hardware,
+    window: float,
+    node_prices: Mapping[str, float],
 ) -> WorkloadRow:
     devices = workload.devices
     months = [d.held_seconds / window * HOURS_PER_MONTH for d in devices]  # GPU-hours per month
     current = recommendation.current
-    price = hardware.price(current.model) if current is not None else None
-    cost_current = None
-    if current is not None and price is not None:
-        unshared = Option(current.model, current.mig_profile).share
-        cost_current = sum(
-            hours * price * unshared / device.holders
-            for hours, device in zip(months, devices, strict=True)
+    cost = CurrentCost(None, None)
+    if current is not None:
+        cost = current_cost(
+            devices,
+            months,
+            catalog_price=hardware.price(current.model),
+            unshared=Option(current.model, current.mig_profile).share,
+            node_prices=node_prices,
         )
+    cost_current = cost.usd_per_month
     cost_recommended = cost_current
     if recommendation.classification == IDLE:
         cost_recommended = 0.0 if cost_current is not None else None
@@ -444,6 +459,7 @@ def _priced(
     elif recommendation.classification == UNDERUSED and recommendation.target is not None:
         target_price = hardware.price(recommendation.target.model)
         if cost_current is not None and target_price is not None:
+            target_price *= cost.option_scale
             cost_recommended = sum(months) * target_price * recommendation.target.share
     tokens = workload.served_tokens
     return WorkloadRow(
@@ -452,6 +468,8 @@ def _priced(
         gpus_held=sum(d.held_seconds for d in devices) / window,
         cost_current=cost_current,
         cost_recommended=cost_recommended,
+        price_source=cost.source,
+        option_price_scale=cost.option_scale,
         tokens_per_month=None if tokens is None else tokens / window * HOURS_PER_MONTH * 3600,
     )
 

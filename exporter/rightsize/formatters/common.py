@@ -79,6 +79,24 @@ def usd(value: float | None) -> str:
     return "-" if value is None else money_text(value)
 
 
+PRICE_NOTES: Final = {
+    "opencost": "OpenCost",
+    "opencost+catalog": "OpenCost+catalog",
+}
+"""What a row's current cost says of who priced its GPUs; nothing for the catalog's alone."""
+
+
+def price_label(row: WorkloadRow) -> str:
+    """`OpenCost` for a current cost its nodes' OpenCost prices made, else nothing."""
+    return PRICE_NOTES.get(row.price_source or "", "")
+
+
+def price_note(row: WorkloadRow) -> str:
+    """` (OpenCost)` after such a cost in a table, else nothing."""
+    label = price_label(row)
+    return f" ({label})" if label else ""
+
+
 TOKENS_NOTE: Final = (
     "Cost per million tokens, for workloads whose inference servers Prometheus scrapes: the GPU "
     "cost over the tokens (prompt + output) they served in the window; after the recommendation "

@@ -61,6 +61,7 @@ def environment() -> jinja2.Environment:
         timestamp=common.timestamp,
         title=common.title,
         usd=common.usd,
+        price_label=common.price_label,
         workload_label=common.workload_label,
     )
     return env

@@ -61,7 +61,7 @@ def format_markdown(report: Report, _output: Output) -> str:
             common.recommendation_label(row),
             row.confidence_level,
             row.trend.direction if row.trend else "-",
-            common.usd(row.cost_current),
+            common.usd(row.cost_current) + common.price_note(row),
             common.usd(row.savings),
             common.per_million_tokens(row),
             row.recommendation.reason,

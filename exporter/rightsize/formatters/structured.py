@@ -153,6 +153,8 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         ],
         "cost_current_usd_per_month": _money(row.cost_current),
         "cost_recommended_usd_per_month": _money(row.cost_recommended),
+        "price_source": row.price_source,
+        "option_price_scale": round(row.option_price_scale, 4),
         "savings_usd_per_month": _money(row.savings),
         "cost_current_usd_per_month_per_replica": _money(row.cost_current_per_replica),
         "savings_usd_per_month_per_replica": _money(row.savings_per_replica),

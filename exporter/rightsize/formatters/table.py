@@ -59,7 +59,7 @@ def format_table(report: Report, output: Output) -> str:
             target,
             row.confidence_level
             + (f", {row.trend.direction}" if row.trend and row.trend.direction != "steady" else ""),
-            common.usd(row.cost_current),
+            common.usd(row.cost_current) + common.price_note(row),
             common.usd(row.savings),
         )
     console.print(table)
