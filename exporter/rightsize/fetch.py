@@ -82,6 +82,7 @@ async def _fetch_gpuscope(
     cluster_label: str | None,
     terms: Sequence[Term],
 ) -> History:
+    """gpuscope's own series over the window and each shorter term."""
 
     async def ask(seconds: float, name: str) -> tuple[Answers, list[str]]:
         return await _ask_window(
