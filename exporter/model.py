@@ -105,6 +105,9 @@ class Ceilings:
     datasheet_memory_bandwidth: float | None = None
     price_usd_per_hour: float | None = None
     """On-demand price of one such GPU (the catalog's default provider and region)."""
+    mig_gpu_shares: tuple[tuple[str, float], ...] = ()
+    """(MIG profile, the part of the GPU an instance of it blocks) for the profiles the catalog
+    lists for this model."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,6 +171,7 @@ def ceilings_for(model: str, catalog: Catalog, profiles: Iterable[Profile]) -> C
         datasheet_flops=tuple(sorted(entry.peak_flops.items())) if entry else (),
         datasheet_memory_bandwidth=entry.memory_bandwidth_bytes_per_second if entry else None,
         price_usd_per_hour=price.usd_per_hour if price is not None else None,
+        mig_gpu_shares=tuple((p.profile, p.gpu_share) for p in entry.mig_profiles) if entry else (),
     )
     if profile is None:
         return ceilings
@@ -184,6 +185,7 @@ def ceilings_for(model: str, catalog: Catalog, profiles: Iterable[Profile]) -> C
         datasheet_flops=ceilings.datasheet_flops,
         datasheet_memory_bandwidth=ceilings.datasheet_memory_bandwidth,
         price_usd_per_hour=ceilings.price_usd_per_hour,
+        mig_gpu_shares=ceilings.mig_gpu_shares,
     )
 
 

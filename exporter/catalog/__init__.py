@@ -56,6 +56,12 @@ class CatalogError(ValueError):
     (`models[2].memory_gib`) and what was wrong."""
 
 
+MIG_COMPUTE_SLICES: Final = 7
+"""A MIG-capable GPU's compute, in slices."""
+MIG_MEMORY_SLICES: Final = 8
+"""A MIG-capable GPU's memory, in slices."""
+
+
 @dataclass(frozen=True, slots=True)
 class MigProfile:
     profile: str
@@ -68,6 +74,12 @@ class MigProfile:
     """Usable memory, which is less than the name says."""
     max_instances: int
     sms: int | None = None
+
+    @property
+    def gpu_share(self) -> float:
+        """The part of its GPU an instance blocks, and so of the GPU's price: the larger of its
+        compute and memory parts (no other instance can use either)."""
+        return max(self.compute_slices / MIG_COMPUTE_SLICES, self.memory_slices / MIG_MEMORY_SLICES)
 
 
 @dataclass(frozen=True, slots=True)

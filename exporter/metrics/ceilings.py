@@ -10,11 +10,11 @@ from exporter.metrics.base import add, gpu_labels, new_metric
 from exporter.series import Family
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from prometheus_client.core import Metric
 
-    from exporter.model import Ceilings, Snapshot
+    from exporter.model import Ceilings, GpuIdentity, Snapshot
 
 CALIBRATED_FLOPS: Final = Family(
     "gpu_calibrated_flops",
@@ -77,6 +77,15 @@ PRICE: Final = Family(
     doc="on-demand price of one such GPU from the catalog (its `default_price` provider and "
     "region, else the first price listed)",
 )
+PRICE_SHARE: Final = Family(
+    "gpu_price_share_ratio",
+    "Part of its GPU's price this device costs: 1 for a whole GPU, for a MIG instance the larger "
+    "of its compute and memory parts of the GPU (the catalog's profile).",
+    doc="part of the GPU's price the device costs: 1 for a whole GPU; for a MIG instance the "
+    "larger of its compute (sevenths) and memory (eighths) parts, from the catalog's MIG profile; "
+    "absent for a profile the catalog does not list. The rules multiply every device price by "
+    "it, so that a GPU's instances cost at most the GPU",
+)
 CARBON_INTENSITY: Final = Family(
     "gpuscope_grid_carbon_intensity_grams_per_kwh",
     "Carbon intensity of the electricity grid the node draws from, in grams of CO2 equivalent "
@@ -95,6 +104,7 @@ FAMILIES: Final = (
     DATASHEET_FLOPS,
     DATASHEET_BANDWIDTH,
     PRICE,
+    PRICE_SHARE,
     CARBON_INTENSITY,
 )
 
@@ -134,7 +144,32 @@ def ceiling_families(snapshot: Snapshot) -> Iterator[Metric]:
     yield datasheet
     yield scalar(DATASHEET_BANDWIDTH, lambda c: c.datasheet_memory_bandwidth)
     yield scalar(PRICE, lambda c: c.price_usd_per_hour)
+    yield _price_shares(snapshot, by_model)
     carbon = new_metric(CARBON_INTENSITY)
     if snapshot.carbon_intensity_grams_per_kwh is not None:
         add(carbon, {}, snapshot.carbon_intensity_grams_per_kwh)
     yield carbon
+
+
+def _price_shares(snapshot: Snapshot, by_model: Mapping[str, Ceilings]) -> Metric:
+    """1 for a whole GPU; for a MIG instance the part of its GPU it blocks, scaled down where a
+    GPU's instances block more than all of it together (the larger of two parts is not additive:
+    3g.40gb and two 2g.20gb fill a GPU and block 0.5 + 2 x 2/7 of it)."""
+    metric = new_metric(PRICE_SHARE)
+    parts: dict[GpuIdentity, float] = {}
+    for sample in snapshot.gpus:
+        known = by_model.get(sample.identity.model)
+        if not sample.up or known is None:
+            continue
+        identity = sample.identity
+        part = dict(known.mig_gpu_shares).get(identity.mig_profile) if identity.mig_profile else 1.0
+        if part is not None:
+            parts[identity] = part
+    per_gpu: dict[str, float] = {}
+    for identity, part in parts.items():
+        if identity.mig_profile:
+            per_gpu[identity.parent_uuid] = per_gpu.get(identity.parent_uuid, 0.0) + part
+    for identity, part in parts.items():
+        scale = max(1.0, per_gpu.get(identity.parent_uuid, 0.0)) if identity.mig_profile else 1.0
+        add(metric, gpu_labels(identity).base, part / scale)
+    return metric

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from exporter.rightsize.hardware import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
+from exporter.catalog import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter import documents
+from exporter.catalog import MIG_COMPUTE_SLICES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
 
 HOURS_PER_MONTH: Final = 730.0
 """24 x 365 / 12: the month cloud price sheets use."""
-MIG_COMPUTE_SLICES: Final = 7
-MIG_MEMORY_SLICES: Final = 8
 DTYPE_FALLBACKS: Final[Mapping[str, tuple[str, ...]]] = {
     "fp64": ("fp64",),
     "fp32": ("fp32",),
@@ -69,13 +68,7 @@ class Option:
     def share(self) -> float:
         """Fraction of the GPU's price it costs: a MIG instance blocks its compute and memory
         slices, whichever is the larger part of the GPU; a time-sliced GPU splits evenly."""
-        if self.mig_profile is None:
-            part = 1.0
-        else:
-            part = max(
-                self.mig_profile.compute_slices / MIG_COMPUTE_SLICES,
-                self.mig_profile.memory_slices / MIG_MEMORY_SLICES,
-            )
+        part = 1.0 if self.mig_profile is None else self.mig_profile.gpu_share
         return part / self.shared_by
 
     @property

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from operator import add
 from typing import TYPE_CHECKING, Final
 
-from exporter.rightsize.hardware import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
+from exporter.catalog import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
