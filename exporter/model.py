@@ -187,6 +187,10 @@ class Allocation:
     claim: str = ""
     """For a device allocated through Dynamic Resource Allocation: its ResourceClaim's name."""
     claim_namespace: str = ""
+    share: float = 1.0
+    """The part of the GPU it holds: what it reserved (HAMi, KAI, DRA capacity sharing; see
+    `exporter.attribution.shares`), else an equal part of what the GPU's other holders leave;
+    a GPU's holders' shares add up to 1 at most."""
 
 
 @dataclass(frozen=True, slots=True)

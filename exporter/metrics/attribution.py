@@ -98,6 +98,22 @@ ALLOCATION_SHARED: Final = Family(
     "several pods reserve, say)",
     collector="attribution",
 )
+ALLOCATION_SHARE: Final = Family(
+    "gpu_allocation_share_ratio",
+    "The part of the allocated GPU the holder holds: what it reserved (HAMi, KAI, DRA capacity "
+    "sharing), else an equal part of what the GPU's other holders leave; a GPU's add up to 1 at "
+    "most.",
+    unit="ratio",
+    labels=(*POD_LABELS, "resource"),
+    labels_doc="as `gpu_allocation_in_use`",
+    doc="the part of the GPU that container holds: 1 alone on it; what it reserved where HAMi "
+    "(`hami.io/vgpu-devices-allocated`), KAI Scheduler (`gpu-fraction`, `gpu-memory`) or DRA "
+    "capacity sharing (`consumedCapacity`) say so; else an equal part of what the GPU's other "
+    "holders leave (1/N of N time-sliced or MPS holders, or of one claim's pods); a GPU's "
+    "shares add up to 1 at most (see [Shared GPUs](../guide/attribution.md#shared-gpus)); "
+    "`allocation:gpu_allocation:share` is this series with `gpu_allocation_info`'s labels",
+    collector="attribution",
+)
 POD_INFO: Final = Family(
     "gpu_pod_info",
     "A pod that holds or uses a GPU on this node, its workload and chosen pod labels; always 1.",
@@ -192,6 +208,7 @@ FAMILIES: Final = (
     ALLOCATION_INFO,
     ALLOCATION_IN_USE,
     ALLOCATION_SHARED,
+    ALLOCATION_SHARE,
     POD_INFO,
     CONTAINER_INFO,
     UNATTRIBUTED_MEMORY,
@@ -245,6 +262,7 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     info = new_metric(ALLOCATION_INFO)
     in_use = new_metric(ALLOCATION_IN_USE)
     shared = new_metric(ALLOCATION_SHARED)
+    share = new_metric(ALLOCATION_SHARE)
     for allocation in attribution.allocations:
         row = _row_labels((allocation.gpu, allocation.pod, allocation.container))
         labels = row.with_pairs(("resource", allocation.resource))
@@ -262,7 +280,8 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         if allocation.in_use is not None:
             in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
         shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
-    yield from (info, in_use, shared)
+        share.samples.append(Sample(share.name, labels, allocation.share))
+    yield from (info, in_use, shared, share)
 
     pod_info = new_metric(POD_INFO)
     for pod in attribution.pods:
