@@ -316,7 +316,8 @@ class Join:
                                     "container_id": ref.container_id,
                                 },
                             )
-                if pod is None or name is None:
+                if pod is None or name is None or is_reservation(pod):
+                    # a KAI reservation pod only keeps the GPU for its group: no holder, no user
                     stray += 1
                     stray_memory += process.used_memory_bytes or 0
                     timing.processes += 1
