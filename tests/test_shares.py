@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
@@ -25,8 +26,15 @@ from exporter.attribution.shares import (
 from exporter.model import GpuIdentity, GpuSample, KubernetesStatus, ProcessSample
 from exporter.readings import ENERGY
 from exporter.readings.device import MEMORY_TOTAL
+from exporter.rightsize.answer import Sample
+from exporter.rightsize.history import History, assemble
+from exporter.rightsize.report import build_report
+from exporter.rightsize.settings import StrategySettings
+from exporter.rightsize.signals import SIGNALS
+from exporter.rightsize.strategy import STRATEGIES
 from tests.fake_kube.pods import pod
 from tests.proc_fixture import container_id, pod_uid
+from tests.rightsize_data import A100_80, END, WINDOW, device, hardware, workload
 
 if TYPE_CHECKING:
     from exporter.model import Attribution
@@ -418,3 +426,51 @@ def test_the_idle_energy_of_a_gpu_follows_the_reserved_shares() -> None:
     assert energy[("kai-32", "side")] == pytest.approx(100.0)
     (unattributed,) = result.unattributed_energy
     assert unattributed.joules_total == pytest.approx(200.0)
+
+
+# -- rightsizing -----------------------------------------------------------------------------------
+
+
+def test_rightsizing_costs_a_fractional_holder_what_it_reserved() -> None:
+    """Two pods share one A100: 0.75 and 0.25 reserved, not half each."""
+    big = device(uuid="GPU-s", model=A100_80, busy=0.2, memory_gib=10, shared=True, holders=2)
+    small = replace(big, share=0.25)
+    history = History(
+        END,
+        WINDOW,
+        300.0,
+        0.95,
+        (workload(replace(big, share=0.75), name="big"), workload(small, name="small")),
+    )
+    report = build_report(
+        history,
+        strategy=STRATEGIES["simple"],
+        hardware=hardware(),
+        settings=StrategySettings(),
+        source="test",
+    )
+    costs = {row.history.name: row.cost_current for row in report.rows}
+    assert costs == {
+        "big": pytest.approx(3.43 * 0.75 * 730.0),
+        "small": pytest.approx(3.43 * 0.25 * 730.0),
+    }
+
+
+def test_rightsizing_reads_each_devices_share_and_falls_back_to_its_holders() -> None:
+    held = {"namespace": "ml", "workload_kind": "Deployment", "workload": "tts", "pod": "tts-1"}
+    model = {"model": "NVIDIA H100 80GB HBM3", "resource": "nvidia.com/gpu"}
+    answers = {
+        "held": [
+            Sample({**held, **model, "uuid": "GPU-3"}, 10),
+            Sample({**held, **model, "uuid": "GPU-4"}, 10),
+        ],
+        "shared": [Sample({**held, "uuid": "GPU-3"}, 1), Sample({**held, "uuid": "GPU-4"}, 1)],
+        "sharers": [Sample({"uuid": "GPU-3"}, 4), Sample({"uuid": "GPU-4"}, 4)],
+        "share": [Sample({**held, "uuid": "GPU-3"}, 0.5)],
+    }
+    history = assemble(answers, end=1e9, window=3000.0, step=300.0, quantile=0.95)
+    (tts,) = history.workloads
+    parts = {d.uuid: (d.share, d.part) for d in tts.devices}
+    assert parts == {"GPU-3": (0.5, 0.5), "GPU-4": (None, 0.25)}
+    share = next(signal for signal in SIGNALS if signal.name == "share")
+    assert "gpu_allocation_share_ratio" in share.template

@@ -431,7 +431,7 @@ def _priced(
     if current is not None and price is not None:
         unshared = Option(current.model, current.mig_profile).share
         cost_current = sum(
-            hours * price * unshared / device.holders
+            hours * price * unshared * device.part
             for hours, device in zip(months, devices, strict=True)
         )
     cost_recommended = cost_current

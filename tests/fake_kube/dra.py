@@ -174,8 +174,8 @@ def resource_claim(
             pool=pool,
             device=device,
             share_id=share_ids[n] if n < len(share_ids) else None,
-            consumed_capacity={"memory": consumed_memory[n]}
-            if n < len(consumed_memory) and consumed_memory[n]
+            consumed_capacity={"memory": memory}
+            if n < len(consumed_memory) and (memory := consumed_memory[n])
             else None,
         )
         for n, device in enumerate(devices)
