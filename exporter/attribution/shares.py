@@ -25,12 +25,10 @@ import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-
-    from exporter.attribution.pod import Pod
 
 K = TypeVar("K")
 
@@ -73,6 +71,20 @@ _SUFFIXES: Final = {
 }
 OVER_ONE: Final = 1.0 + 1e-9
 """A sum of shares past this is more than the whole GPU (float sums of tenths miss 1 by ulps)."""
+
+
+class PodFields(Protocol):
+    """What is read of a pod here (`exporter.attribution.pod.Pod` has it): a protocol, so that
+    the pod module can take its annotation and label names from this one."""
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def annotations(self) -> Mapping[str, str]: ...
+    @property
+    def init_containers(self) -> tuple[str, ...]: ...
+    @property
+    def spec_containers(self) -> tuple[str, ...]: ...
 
 
 class ShareError(ValueError):
@@ -148,7 +160,7 @@ class KaiRequest:
         return memory_share(self.memory_mib or 0, memory_bytes)
 
 
-def kai_request(pod: Pod) -> KaiRequest | None:
+def kai_request(pod: PodFields) -> KaiRequest | None:
     """What a pod of a KAI GPU group asked for; None for a pod that asked nothing of one.
     Raises `ShareError`."""
     annotations = pod.annotations
@@ -178,7 +190,7 @@ def kai_request(pod: Pod) -> KaiRequest | None:
     return KaiRequest(container, None, memory)
 
 
-def is_reservation(pod: Pod) -> bool:
+def is_reservation(pod: PodFields) -> bool:
     """A KAI reservation pod: it keeps a GPU for its group and holds none of it itself."""
     return pod.labels.get(KAI_APP) == KAI_RESERVATION and KAI_GROUP in pod.labels
 
