@@ -89,13 +89,13 @@ ALLOCATION_IN_USE: Final = Family(
 )
 ALLOCATION_SHARED: Final = Family(
     "gpu_allocation_shared",
-    "1 when the allocated GPU is shared: time-sliced replicas, a share of a DRA device, or more "
-    "than one holder.",
+    "1 when the allocated GPU is shared: time-sliced replicas, a fraction (HAMi, KAI), a share "
+    "of a DRA device, or more than one holder.",
     labels=(*POD_LABELS, "resource"),
     labels_doc="as `gpu_allocation_in_use`",
-    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids), a share of a "
-    "DRA device's capacity (`share_id`), or more than one holding container (one ResourceClaim "
-    "several pods reserve, say)",
+    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids), a fraction "
+    "HAMi or KAI Scheduler handed out, a share of a DRA device's capacity (`share_id`), or more "
+    "than one holding container (one ResourceClaim several pods reserve, say)",
     collector="attribution",
 )
 ALLOCATION_SHARE: Final = Family(
