@@ -14,6 +14,7 @@ from exporter.attribution.shares import (
     HAMI_ALLOCATED,
     KAI_GROUP,
     KAI_RESERVED_GPU,
+    KaiRequest,
     Reserved,
     ShareError,
     divide,
@@ -59,13 +60,16 @@ class Reservations:
 
     def __init__(self) -> None:
         self._once = LogOnce(log)
-        self._hami_cache: dict[
-            str, tuple[str, tuple[str, ...], dict[str, tuple[Reserved, ...]] | None]
-        ] = {}
-        """Pod UID -> HAMi's annotation, the pod's containers, what it gives each (None: it
-        cannot be read), so that it is read once, not every cycle."""
-        self._kai_pods: tuple[PodIndex | None, list[Pod]] = (None, [])
-        """The pods of KAI GPU groups in the last pod index."""
+        self._hami_cache: dict[str, tuple[Pod, dict[str, tuple[Reserved, ...]] | None]] = {}
+        """Pod UID -> the pod (a new object whenever it changes) and what HAMi's annotation
+        gives each of its containers (None: it cannot be read): read once, not every cycle."""
+        self._kai_pods: tuple[PodIndex | None, list[tuple[Pod, KaiRequest]], dict[str, Pod]] = (
+            None,
+            [],
+            {},
+        )
+        """Of the last pod index: the pods asking for a fraction of their KAI GPU group's GPU,
+        what each asked, and each group's reservation pod."""
 
     def divide(self, resolved: list[Holding]) -> tuple[dict[str, set[tuple[str, str]]], Shares]:
         """The (pod UID, container) holding each GPU, and each holding's share."""
@@ -101,14 +105,14 @@ class Reservations:
         """What HAMi's annotation gives the allocation's container: it wins over the kubelet's
         slot. None when it cannot be read, or gives the container nothing (the slot's GPU then
         stands, an equal part of what others leave)."""
-        text = pod.annotations[HAMI_ALLOCATED]
-        order = (*pod.init_containers, *pod.spec_containers)
         cached = self._hami_cache.get(pod.uid)
-        if cached is not None and cached[0] == text and cached[1] == order:
-            given = cached[2]
+        if cached is not None and cached[0] is pod:
+            given = cached[1]  # the same pod object: its annotation and containers unchanged
         else:
             try:
-                given = hami_devices(text, order)
+                given = hami_devices(
+                    pod.annotations[HAMI_ALLOCATED], (*pod.init_containers, *pod.spec_containers)
+                )
             except ShareError as error:
                 given = None
                 self._once(
@@ -120,7 +124,7 @@ class Reservations:
                 )
             if len(self._hami_cache) > MAX_CACHED:
                 self._hami_cache.clear()  # bounded: pods come and go
-            self._hami_cache[pod.uid] = (text, order, given)
+            self._hami_cache[pod.uid] = (pod, given)
         devices = given.get(allocation.container) if given is not None else None
         if not devices:
             return None
@@ -150,26 +154,19 @@ class Reservations:
                 )
                 continue
             share = device.share(memory.get(device.uuid))
-            holding = allocation._replace(device_id=device.uuid)
-            found.append(Holding(pod, holding, identity, replica=True, reserved=share))
+            found.append(Holding(pod, allocation, identity, replica=True, reserved=share))
         return found
 
-    def kai(
-        self,
-        pods: PodIndex,
-        groups: Mapping[str, tuple[GpuIdentity, str]],
-        by_uuid: Mapping[str, GpuIdentity],
-        memory: Mapping[str, float | None],
-    ) -> list[Holding]:
-        """The pods holding a fraction of their KAI GPU group's GPU."""
-        if self._kai_pods[0] is not pods:
-            fractional = [pod for pod in pods.by_name.values() if KAI_GROUP in pod.labels]
-            self._kai_pods = (pods, fractional)
-        found: list[Holding] = []
-        reservations = {
-            pod.labels[KAI_GROUP]: pod for pod in self._kai_pods[1] if is_reservation(pod)
-        }
-        for pod in self._kai_pods[1]:
+    def _kai_members(self, pods: PodIndex) -> tuple[list[tuple[Pod, KaiRequest]], dict[str, Pod]]:
+        """The pods of KAI GPU groups: those asking for a fraction, and the reservation pods."""
+        requests: list[tuple[Pod, KaiRequest]] = []
+        reservations: dict[str, Pod] = {}
+        for pod in pods.by_name.values():
+            if KAI_GROUP not in pod.labels:
+                continue
+            if is_reservation(pod):
+                reservations[pod.labels[KAI_GROUP]] = pod
+                continue
             try:
                 request = kai_request(pod)
             except ShareError as error:
@@ -180,8 +177,23 @@ class Reservations:
                     fields={"namespace": pod.namespace, "pod": pod.name},
                 )
                 continue
-            if request is None:
-                continue
+            if request is not None:
+                requests.append((pod, request))
+        return requests, reservations
+
+    def kai(
+        self,
+        pods: PodIndex,
+        groups: Mapping[str, tuple[GpuIdentity, str]],
+        by_uuid: Mapping[str, GpuIdentity],
+        memory: Mapping[str, float | None],
+    ) -> list[Holding]:
+        """The pods holding a fraction of their KAI GPU group's GPU."""
+        if self._kai_pods[0] is not pods:
+            self._kai_pods = (pods, *self._kai_members(pods))
+        _, requests, reservations = self._kai_pods
+        found: list[Holding] = []
+        for pod, request in requests:
             group = pod.labels[KAI_GROUP]
             gpu, resource = groups.get(group, (None, KAI_RESOURCE))
             if gpu is None:
