@@ -53,14 +53,15 @@ POD_BUSY: Final = Family(
 POD_ENERGY: Final = Family(
     "gpu_pod_energy_joules",
     "A container's part of this GPU's energy: all of it alone on the GPU; on a shared one the "
-    "busy part by per-process utilization, the idle part in equal parts to the holders.",
+    "busy part by per-process utilization, the idle part by the share each holder holds.",
     kind="counter",
     unit="joules",
     labels=POD_LABELS,
     labels_doc="as above (never on MIG instances)",
     doc="that container's part of the GPU's energy (see [Energy and carbon](../guide/attribution.md#energy-and-carbon)): "
     "all of it when the container is alone on the GPU, else the busy part by per-process "
-    "utilization and the idle part in equal parts to the holders; with "
+    "utilization and the idle part by the share of the GPU each holder holds "
+    "(`gpu_allocation_share_ratio`; equal parts on a time-sliced GPU); with "
     "`gpu_unattributed_energy_joules_total` it adds up to the GPU's energy; never goes down "
     "while the pod lives; absent on MIG instances (NVML measures the whole GPU only)",
     collector="attribution",
