@@ -185,11 +185,16 @@ class Allocation:
     """At least one process of the holding container runs on the GPU; None while the GPU or its
     process list does not answer."""
     shared: bool
-    """Time-sliced (`<uuid>::N` ids), a share of a DRA device's capacity (a `share_id`), or held
-    by more than one container (a DRA claim several pods reserve, say)."""
+    """Time-sliced (`<uuid>::N` ids), a fraction HAMi or KAI handed out, a share of a DRA
+    device's capacity (a `share_id`), or held by more than one container (a DRA claim several
+    pods reserve, say)."""
     claim: str = ""
     """For a device allocated through Dynamic Resource Allocation: its ResourceClaim's name."""
     claim_namespace: str = ""
+    share: float = 1.0
+    """The part of the GPU it holds: what it reserved (HAMi, KAI, DRA capacity sharing; see
+    `exporter.attribution.shares`), else an equal part of what the GPU's other holders leave;
+    a GPU's holders' shares add up to 1 at most."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,15 @@ def running_prometheus(
     ready_timeout: float = 90.0,
     scrape: tuple[str, float] | None = None,
     receive: bool = False,
+    rules: Path | None = None,
 ) -> Iterator[str]:
     """`prometheus` serving `data_dir` on a free loopback port; yields its base URL.
 
     Retention counts back from the newest block, so backfilled history stays whatever its date.
     `scrape` is a (host:port, interval in seconds) it scrapes `/metrics` of, as job `target`.
     `receive` accepts remote write (`/api/v1/write`), samples of the last 30 days too, inside
-    the time its blocks already cover (as vmalert's replay of rules writes them).
+    the time its blocks already cover (as vmalert's replay of rules writes them). `rules` is a
+    rule file it evaluates, every scrape interval (with `scrape`).
     """
     binary = require_tool("prometheus")
     config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
@@ -46,8 +48,10 @@ def running_prometheus(
         config.write_text(f"global:\n  scrape_interval: 1m\nscrape_configs: []\n{storage}")
     else:
         target, interval = scrape
+        rule_files = f"rule_files: ['{rules}']\n" if rules is not None else ""
         config.write_text(
             f"global:\n  scrape_interval: {interval:g}s\n  scrape_timeout: {interval:g}s\n"
+            f"  evaluation_interval: {interval:g}s\n{rule_files}"
             f"scrape_configs:\n  - job_name: target\n    static_configs:\n"
             f"      - targets: ['{target}']\n{storage}"
         )

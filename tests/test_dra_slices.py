@@ -55,7 +55,7 @@ def test_a_slice_names_each_devices_gpu() -> None:
     )
     assert (piece.driver, piece.pool, piece.generation) == (DRIVER, NODE, 3)
     assert dict(piece.devices) == {
-        "gpu-0": DraDevice(UUID0),
+        "gpu-0": DraDevice(UUID0, memory=80 * 2**30),  # its capacity.memory, 80Gi
         "gpu-1-mig-1g10gb-19-0": DraDevice(MIG0, UUID1, "1g.10gb"),
         "gpu-1-mig-3g40gb-9-4": DraDevice("", UUID1, "3g.40gb"),
     }

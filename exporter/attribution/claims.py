@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Final
 import urllib3
 
 from exporter.attribution.cluster import MAX_OBJECT_BYTES, ApiError, CredentialError
-from exporter.attribution.jsonstream import TEXT, Fields, Items, nested
+from exporter.attribution.dra import MEMORY
+from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, nested
+from exporter.attribution.shares import ShareError, quantity
 from exporter.logs import LogOnce
 
 if TYPE_CHECKING:
@@ -49,7 +51,12 @@ _REQUEST: Final = Fields(
         ),
     }
 )
-_RESULT: Final = Fields(dict.fromkeys(("request", "driver", "pool", "device", "shareID"), TEXT))
+_RESULT: Final = Fields(
+    {
+        **dict.fromkeys(("request", "driver", "pool", "device", "shareID"), TEXT),
+        "consumedCapacity": Entries(TEXT, keep=MEMORY.__eq__, max_entries=1),
+    }
+)
 CLAIM_SHAPE: Final = nested(
     "spec.devices.requests", Items(_REQUEST, max_items=MAX_REQUESTS)
 ).merged(nested("status.allocation.devices.results", Items(_RESULT, max_items=MAX_REQUESTS)))
@@ -74,6 +81,8 @@ DeviceKey = tuple[str, str, str, str]
 class _Claim:
     classes: Mapping[DeviceKey, str] = field(default_factory=dict)
     """The DeviceClass of each device allocated to the claim."""
+    consumed: Mapping[DeviceKey, int] = field(default_factory=dict)
+    """The memory (bytes) each share of a device the claim holds consumes."""
     retry_at: float | None = None
     """When reading it failed: when to try again."""
 
@@ -127,22 +136,25 @@ class ClaimResources:
         self._due = None
         self._budget = READS_PER_ROUND
         resolved = tuple(
-            allocation._replace(resource=self._resource(allocation, now))
-            if allocation.driver
-            else allocation
+            self._resolved(allocation, now) if allocation.driver else allocation
             for allocation in allocations
         )
         self._last = (allocations, resolved)
         return resolved
 
-    def _resource(self, allocation: DeviceAllocation, now: float) -> str:
+    def _resolved(self, allocation: DeviceAllocation, now: float) -> DeviceAllocation:
+        """The allocation with its DeviceClass's resource name and, for a share of a device,
+        the memory it consumes."""
         claim = self._claim(allocation.claim_namespace, allocation.claim, now)
         device = (allocation.driver, allocation.pool, allocation.device_id, allocation.share_id)
         class_name = claim.classes.get(device) if claim is not None else None
-        if class_name is None:
-            return allocation.driver
-        found = self._class(class_name, now)
-        return found.extended_resource if found and found.extended_resource else allocation.driver
+        consumed = claim.consumed.get(device) if claim is not None else None
+        resource = allocation.driver
+        if class_name is not None:
+            found = self._class(class_name, now)
+            if found and found.extended_resource:
+                resource = found.extended_resource
+        return allocation._replace(resource=resource, consumed_memory=consumed)
 
     def _claim(self, namespace: str, name: str, now: float) -> _Claim | None:
         known = self._claims.get((namespace, name))
@@ -161,7 +173,7 @@ class ClaimResources:
             claim = _Claim(retry_at=now + RETRY_SECONDS)
             self._wake(claim.retry_at)
         else:
-            claim = _Claim(claim_classes(document))
+            claim = _Claim(claim_classes(document), claim_consumed(document))
         self._claims[(namespace, name)] = claim
         return claim
 
@@ -258,6 +270,27 @@ def claim_classes(document: object) -> dict[DeviceKey, str]:
         class_name = classes.get(_text(result.get("request")))
         if class_name is not None:
             found[(driver, pool, device, share)] = class_name
+    return found
+
+
+def claim_consumed(document: object) -> dict[DeviceKey, int]:
+    """The memory (bytes) each allocation result of a claim (v1 JSON) consumes of its device's
+    capacity (`consumedCapacity.memory`, DRA capacity sharing). Pure; a result without one, or
+    with one that is not a quantity, is left out."""
+    results = _get(_get(document, "status"), "allocation", "devices", "results")
+    found: dict[DeviceKey, int] = {}
+    for result in results if isinstance(results, list) else ():
+        memory = _get(result, "consumedCapacity", MEMORY)
+        if not isinstance(memory, str):
+            continue
+        try:
+            consumed = quantity(memory)
+        except ShareError:
+            continue
+        driver, pool, device, share = (
+            _text(_get(result, name)) for name in ("driver", "pool", "device", "shareID")
+        )
+        found[(driver, pool, device, share)] = consumed
     return found
 
 

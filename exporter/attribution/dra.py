@@ -12,7 +12,8 @@ pool's newest generation only, as the API asks consumers to. The ResourceSlice w
 (`exporter.simulator.cluster`) from a fleet file.
 
 `SLICE_SHAPE` is what the watch reads of a slice as it arrives: its name, driver and pool, and of
-each device its name and the attributes above (at most `MAX_DEVICES` devices, as many as the API
+each device its name, the attributes above and its `capacity.memory` (what a share of it is
+measured against when DRA shares its capacity) (at most `MAX_DEVICES` devices, as many as the API
 lets a slice hold); the rest of a slice is scanned past, never built.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
+from exporter.attribution.shares import ShareError, quantity
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 UUID: Final = "uuid"
 PARENT_UUID: Final = "parentUUID"
 PROFILE: Final = "profile"
+MEMORY: Final = "memory"
 MAX_DEVICES: Final = 128
 """Devices a ResourceSlice may list (the API's limit)."""
 _NAMING: Final = frozenset({UUID, PARENT_UUID, PROFILE})
@@ -52,6 +55,9 @@ SLICE_SHAPE: Final = Fields(
                             "name": TEXT,
                             "attributes": Entries(
                                 Fields({"string": TEXT}), keep=_names_a_gpu, max_entries=16
+                            ),
+                            "capacity": Entries(
+                                Fields({"value": TEXT}), keep=MEMORY.__eq__, max_entries=1
                             ),
                         }
                     ),
@@ -77,6 +83,8 @@ class DraDevice:
     """For a MIG device: its GPU's UUID."""
     profile: str = ""
     """For a MIG device: its profile as NVIDIA names it (`1g.10gb`)."""
+    memory: int | None = None
+    """Its `capacity.memory` in bytes; None when the slice gives none (or one unreadable)."""
 
     @property
     def named(self) -> bool:
@@ -123,8 +131,22 @@ def slice_from_api(obj: Mapping[str, object]) -> ResourceSlice:
         uuid, parent, profile = (
             _string_attribute(attributes, driver, key) for key in (UUID, PARENT_UUID, PROFILE)
         )
-        devices.append((device_name, DraDevice(uuid, parent, profile)))
+        devices.append(
+            (device_name, DraDevice(uuid, parent, profile, _memory(device.get("capacity"))))
+        )
     return ResourceSlice(driver, name, generation, tuple(devices))
+
+
+def _memory(capacity: object) -> int | None:
+    """A device's `capacity.memory` in bytes; None for none, or one that is not a quantity."""
+    value = capacity.get(MEMORY) if isinstance(capacity, dict) else None
+    text = value.get("value") if isinstance(value, dict) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        return quantity(text)
+    except ShareError:
+        return None
 
 
 def _string_attribute(attributes: Mapping[str, object], driver: str, key: str) -> str:

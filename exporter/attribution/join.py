@@ -11,13 +11,15 @@ between this cycle's reading and the last one's) is divided among the containers
 whatever is not given to one goes to the GPU's unattributed energy, so that the parts always add
 up to the GPU's increase:
 
-- one container alone on the GPU (it holds it or runs on it, and no process outside a pod runs
-  there): all of it;
-- several (time-slicing, MPS, a shared claim, processes outside pods): the busy part (the energy
-  times the GPU's busy fraction: (the per-process utilization of every process there, summed and
-  capped at 1) in proportion to each container's per-process utilization — the part of processes
-  outside pods is unattributed; the idle part (the rest) in equal parts to the containers holding
-  the GPU (to those running on it when nobody holds it);
+- one container alone on the GPU (it holds all of it or runs on it, and no process outside a pod
+  runs there): all of it;
+- several (time-slicing, MPS, a shared claim, fractions, processes outside pods): the busy part
+  (the energy times the GPU's busy fraction: (the per-process utilization of every process there,
+  summed and capped at 1) in proportion to each container's per-process utilization — the part
+  of processes outside pods is unattributed; the idle part (the rest) by the share of the GPU
+  each holder holds (`Allocation.share`: equal parts but where HAMi, KAI or DRA capacity sharing
+  say what each reserved), the part nobody reserved unattributed (to the containers running on
+  it in equal parts when nobody holds it);
 - unattributed: a GPU no container holds or runs on, a GPU in MIG mode (NVML measures the whole
   GPU, never an instance: a MIG instance's rows carry no energy), a GPU whose process list or
   processes' utilization could not be read this cycle, and energy that spans cycles without a
@@ -35,6 +37,8 @@ from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.dra import NO_DEVICES
 from exporter.attribution.pod import revision
+from exporter.attribution.reserved import Holding, Reservations, capacity_share, hami_slot
+from exporter.attribution.shares import HAMI_ALLOCATED, KAI_GROUP, is_reservation
 from exporter.logs import LogOnce
 from exporter.model import (
     Allocation,
@@ -47,9 +51,10 @@ from exporter.model import (
     UnattributedEnergy,
 )
 from exporter.readings import ENERGY, SM_ACTIVE, UTILIZATION
+from exporter.readings.device import MEMORY_TOTAL
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Mapping
 
     from exporter.attribution.cgroups import ContainerRef
     from exporter.attribution.dra import DeviceIndex
@@ -60,9 +65,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _MINOR_DEVICE: Final = re.compile(r"nvidia(\d+)")
+_WHOLE: Final = 1.0 - 1e-9
+"""Shares adding up to this hold the whole GPU (a sum of thirds misses 1 by ulps)."""
 _REPLICA_SEPARATOR: Final = "::"
 """Time-slicing device plugins hand out `<uuid>::N`: replica N of one GPU."""
 _INVALID_LABEL_CHARACTERS: Final = re.compile(r"[^A-Za-z0-9_]")
+
 
 Key = tuple[str, str, str]
 """(pod UID, container name, GPU UUID)"""
@@ -119,6 +127,7 @@ class Join:
         self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
         self._held: dict[tuple[str, str, str, str], Allocation] = {}
         """Last cycle's allocations, reused while unchanged (most cycles change none)."""
+        self._reservations = Reservations()
         self._once = LogOnce(log)
 
     def __call__(
@@ -136,8 +145,11 @@ class Join:
         uses, unattributed, strays = self._uses(gpus, containers, pods)
         held = self._allocations(allocations or (), pods, gpus, uses, devices)
 
-        holders = {(a.pod.uid, a.container, a.gpu.uuid) for a in held.values()}
-        for key in uses.keys() | holders:
+        holders: dict[Key, float] = {}
+        for allocation in held.values():
+            key = (allocation.pod.uid, allocation.container, allocation.gpu.uuid)
+            holders[key] = min(1.0, holders.get(key, 0.0) + allocation.share)
+        for key in uses.keys() | holders.keys():
             self._busy.setdefault(key, _Busy())
         self._cycle += 1
         shares, spare = self._energy_shares(gpus, uses, holders, strays)
@@ -193,7 +205,7 @@ class Join:
         self,
         gpus: tuple[GpuSample, ...],
         uses: Mapping[Key, _Use],
-        holders: Collection[Key],
+        holders: Mapping[Key, float],
         strays: Mapping[str, _Strays],
     ) -> tuple[dict[Key, float], dict[str, float]]:
         """This cycle's energy of each physical GPU: (joules per row, joules unattributed per
@@ -204,11 +216,11 @@ class Join:
             gpu.identity.parent_uuid for gpu in gpus if gpu.identity.is_mig_instance
         }  # GPUs in MIG mode: NVML measures none of their instances
         rows: dict[str, list[Key]] = {}
-        held: dict[str, list[Key]] = {}
+        held: dict[str, dict[Key, float]] = {}
         for key in uses:
             rows.setdefault(key[2], []).append(key)
-        for key in holders:
-            held.setdefault(key[2], []).append(key)
+        for key, share in holders.items():
+            held.setdefault(key[2], {})[key] = share
             if key not in uses:
                 rows.setdefault(key[2], []).append(key)
         for gpu in gpus:
@@ -230,13 +242,14 @@ class Join:
             here, stray = rows.get(uuid, []), strays.get(uuid)
             if not contiguous or uuid in split or stray is None or not here:
                 spare[uuid] = joules  # a gap, a MIG GPU, no process list, nobody there
-            elif len(here) == 1 and not stray.processes:
+            elif len(here) == 1 and not stray.processes and holders.get(here[0], 1.0) >= 1.0:
                 shares[here[0]] = joules
             elif not stray.timed:
                 spare[uuid] = joules  # not every process was timed: no basis for a split
             else:
+                idle_takers = held.get(uuid) or dict.fromkeys(here, 1.0 / len(here))
                 parts, spare[uuid] = _split(
-                    joules, here=here, idle_takers=held.get(uuid) or here, uses=uses, stray=stray
+                    joules, here=here, idle_takers=idle_takers, uses=uses, stray=stray
                 )
                 shares.update(parts)
         return shares, spare
@@ -303,7 +316,8 @@ class Join:
                                     "container_id": ref.container_id,
                                 },
                             )
-                if pod is None or name is None:
+                if pod is None or name is None or is_reservation(pod):
+                    # a KAI reservation pod only keeps the GPU for its group: no holder, no user
                     stray += 1
                     stray_memory += process.used_memory_bytes or 0
                     timing.processes += 1
@@ -336,13 +350,15 @@ class Join:
     ) -> dict[tuple[str, str, str, str], Allocation]:
         by_uuid = {gpu.identity.uuid: gpu.identity for gpu in gpus if gpu.identity.uuid}
         answering = {gpu.identity.uuid for gpu in gpus if gpu.up and gpu.processes is not None}
+        memory = {gpu.identity.uuid: gpu.value(MEMORY_TOTAL) for gpu in gpus}
         by_minor = {
             gpu.identity.minor_number: gpu.identity
             for gpu in gpus
             if gpu.identity.minor_number is not None
         }
-        resolved: list[tuple[Pod, DeviceAllocation, GpuIdentity, bool]] = []
-        holders: dict[str, set[tuple[str, str]]] = {}
+        resolved: list[Holding] = []
+        groups: dict[str, tuple[GpuIdentity, str]] = {}
+        """KAI GPU group -> the GPU its reservation pod holds, and under which resource."""
         for allocation in allocations:
             pod = pods.by_name.get((allocation.namespace, allocation.pod))
             if pod is None:
@@ -353,19 +369,23 @@ class Join:
                 )
                 replica = allocation.share_id
             else:
-                device, replica, _ = allocation.device_id.partition(_REPLICA_SEPARATOR)
-                identity = by_uuid.get(device)
-                if identity is None:
-                    minor = _MINOR_DEVICE.fullmatch(device)
-                    identity = by_minor.get(int(minor[1])) if minor else None
-                if identity is None:
-                    self._unknown(allocation, "a device this node's NVML does not show")
+                identity, replica = self._plugin_device(allocation, by_uuid, by_minor)
             if identity is None:
                 continue
-            resolved.append((pod, allocation, identity, bool(replica)))
-            holders.setdefault(identity.uuid, set()).add((pod.uid, allocation.container))
+            if is_reservation(pod):
+                groups[pod.labels[KAI_GROUP]] = (identity, allocation.resource)
+                continue  # it keeps the GPU for its group's pods: they are the holders
+            if HAMI_ALLOCATED in pod.annotations and not allocation.driver:
+                given = self._reservations.hami(pod, allocation, identity, by_uuid, memory)
+                if given is not None:
+                    resolved.extend(given)
+                    continue
+            reserved = capacity_share(allocation, devices) if allocation.share_id else None
+            resolved.append(Holding(pod, allocation, identity, bool(replica), reserved))
+        resolved.extend(self._reservations.kai(pods, groups, by_uuid, memory))
+        holders, shares = self._reservations.divide(resolved)
         held: dict[tuple[str, str, str, str], Allocation] = {}
-        for pod, allocation, identity, is_replica in resolved:
+        for pod, allocation, identity, is_replica, _ in resolved:
             use = uses.get((pod.uid, allocation.container, identity.uuid))
             key = (pod.uid, allocation.container, identity.uuid, allocation.resource)
             previous = held.get(key)
@@ -387,6 +407,7 @@ class Join:
                 or known.shared != shared
                 or known.claim != allocation.claim
                 or known.claim_namespace != allocation.claim_namespace
+                or known.share != shares[key]
             ):
                 known = Allocation(
                     pod_identity,
@@ -397,10 +418,30 @@ class Join:
                     shared,
                     allocation.claim,
                     allocation.claim_namespace,
+                    shares[key],
                 )
             held[key] = known
         self._held = held
         return held
+
+    def _plugin_device(
+        self,
+        allocation: DeviceAllocation,
+        by_uuid: Mapping[str, GpuIdentity],
+        by_minor: Mapping[int, GpuIdentity],
+    ) -> tuple[GpuIdentity | None, str]:
+        """The GPU a device plugin's id names (`<uuid>`, `nvidia<minor>`, a time-sliced replica
+        `<uuid>::<n>`, a HAMi slot `<uuid>-<n>`), and the replica's number ("" for none)."""
+        device, replica, _ = allocation.device_id.partition(_REPLICA_SEPARATOR)
+        identity = by_uuid.get(device)
+        if identity is None:
+            minor = _MINOR_DEVICE.fullmatch(device)
+            identity = by_minor.get(int(minor[1])) if minor else None
+        if identity is None:
+            identity = hami_slot(device, by_uuid)
+        if identity is None:
+            self._unknown(allocation, "a device this node's NVML does not show")
+        return identity, replica
 
     def _dra_device(
         self,
@@ -500,23 +541,26 @@ def _split(
     joules: float,
     *,
     here: list[Key],
-    idle_takers: list[Key],
+    idle_takers: Mapping[Key, float],
     uses: Mapping[Key, _Use],
     stray: _Strays,
 ) -> tuple[dict[Key, float], float]:
-    """A shared GPU's energy, every process timed: (joules per row, joules of the processes
-    outside pods). The busy part by per-process utilization, the idle part in equal parts to
-    the holders (or, with none, to the containers running there)."""
+    """A shared GPU's energy, every process timed: (joules per row, joules unattributed). The
+    busy part by per-process utilization (the part of processes outside pods unattributed), the
+    idle part by the share of the GPU each holder holds (or, with none, in equal parts to the
+    containers running there); the idle part no holder holds is unattributed."""
     timed = {key: uses[key].utilization or 0.0 for key in here if key in uses}
     total = sum(timed.values()) + stray.utilization
     active = joules * min(1.0, total)
-    idle = (joules - active) / len(idle_takers)
-    shares = dict.fromkeys(idle_takers, idle)
+    idle = joules - active
+    shares = {key: idle * share for key, share in idle_takers.items()}
+    held = sum(idle_takers.values())
+    unheld = idle * (1.0 - held) if held < _WHOLE else 0.0
     if total <= 0.0:
-        return shares, 0.0
+        return shares, unheld
     for key, value in timed.items():
         shares[key] = shares.get(key, 0.0) + active * value / total
-    return shares, active * stray.utilization / total
+    return shares, unheld + active * stray.utilization / total
 
 
 def _device_busy(gpu: GpuSample) -> float | None:

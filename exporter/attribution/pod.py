@@ -8,9 +8,10 @@ name. The pod watch (`exporter.attribution.pods`) feeds them from the API server
 `pod_shape` is what the watch reads of a pod as it arrives, and so all a tenant's pod can make the
 daemon hold: the fields above, each string cut (`jsonstream.MAX_TEXT`), at most
 `MAX_CONTAINERS` containers and statuses of each kind, two owner references (the first and the
-controller), the mirror annotation, and only the labels gpuscope reads (the revision labels and
-those `--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes, managed fields,
-other labels and annotations are scanned past, never built.
+controller), the mirror annotation and those that say what a pod reserved of a shared GPU
+(`exporter.attribution.shares`), and only the labels gpuscope reads (the revision labels, KAI's
+GPU group labels and those `--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes,
+managed fields, other labels and annotations are scanned past, never built.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
+from exporter.attribution.shares import MAX_ANNOTATION, SHARE_ANNOTATIONS, SHARE_LABELS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +69,11 @@ class Pod:
     static_uid: str | None = None
     ended: bool = False
     """Succeeded or Failed: its containers are gone and it attributes nothing."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """Those of `shares.SHARE_ANNOTATIONS` the pod has: what it reserved of a shared GPU."""
+    init_containers: tuple[str, ...] = ()
+    spec_containers: tuple[str, ...] = ()
+    """The names of its init containers and containers, in spec order."""
     problems: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """(cause, detail) of container ids that cannot be matched, for the log."""
 
@@ -110,6 +117,7 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
                 problems.append(("runtime", runtime))
             containers[container_id] = container_name
     spec = obj.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
     mirror = annotations.get(MIRROR_ANNOTATION)
     return Pod(
         uid=uid,
@@ -118,10 +126,13 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
         labels=labels,
         workload=workload_of(name, owners, labels),
         containers=containers,
-        images=_images(spec if isinstance(spec, dict) else {}),
+        images=_images(spec),
         static_uid=mirror or None,
         ended=status.get("phase") in _ENDED_PHASES,
         problems=tuple(problems),
+        annotations={key: value for key, value in annotations.items() if key in SHARE_ANNOTATIONS},
+        init_containers=_names(spec.get("initContainers")),
+        spec_containers=_names(spec.get("containers")),
     )
 
 
@@ -130,7 +141,14 @@ def pod_shape(*, labels: re.Pattern[str] | None = None) -> Fields:
     gpuscope reads (the revision labels, and those `labels` matches in full)."""
 
     def read_label(name: str) -> bool:
-        return name in REVISION_LABELS or (labels is not None and bool(labels.fullmatch(name)))
+        return (
+            name in REVISION_LABELS
+            or name in SHARE_LABELS
+            or (labels is not None and bool(labels.fullmatch(name)))
+        )
+
+    def read_annotation(name: str) -> bool:
+        return name == MIRROR_ANNOTATION or name in SHARE_ANNOTATIONS
 
     container = Fields({"name": TEXT, "image": TEXT})
     container_status = Fields({"name": TEXT, "containerID": TEXT})
@@ -143,7 +161,11 @@ def pod_shape(*, labels: re.Pattern[str] | None = None) -> Fields:
                     "namespace": TEXT,
                     "name": TEXT,
                     "labels": Entries(TEXT, keep=read_label, max_entries=MAX_LABELS),
-                    "annotations": Entries(TEXT, keep=MIRROR_ANNOTATION.__eq__, max_entries=1),
+                    "annotations": Entries(
+                        Scalar(max_length=MAX_ANNOTATION),
+                        keep=read_annotation,
+                        max_entries=1 + len(SHARE_ANNOTATIONS),
+                    ),
                     "ownerReferences": Items(owner, max_items=2, select=_first_or_controller),
                 }
             ),
@@ -191,6 +213,16 @@ def _images(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
             if isinstance(name, str) and name and isinstance(image, str) and image:
                 images.append((name, image_reference(image)))
     return tuple(images)
+
+
+def _names(containers: object) -> tuple[str, ...]:
+    if not isinstance(containers, list):
+        return ()
+    return tuple(
+        name
+        for container in containers[:MAX_CONTAINERS]
+        if isinstance(container, dict) and isinstance(name := container.get("name"), str) and name
+    )
 
 
 def _string_map(value: object) -> dict[str, str]:

@@ -78,6 +78,9 @@ class DeviceAllocation(NamedTuple):
     claim_namespace: str = ""
     share_id: str = ""
     """Set when DRA shares the device's capacity between claims."""
+    consumed_memory: int | None = None
+    """With a `share_id`: the bytes of the device's memory the claim's allocation consumes
+    (`consumedCapacity.memory`), once its claim is read (`exporter.attribution.claims`)."""
 
 
 _Held = tuple[str, str, str, str, str, str, str]

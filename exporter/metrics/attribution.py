@@ -53,14 +53,15 @@ POD_BUSY: Final = Family(
 POD_ENERGY: Final = Family(
     "gpu_pod_energy_joules",
     "A container's part of this GPU's energy: all of it alone on the GPU; on a shared one the "
-    "busy part by per-process utilization, the idle part in equal parts to the holders.",
+    "busy part by per-process utilization, the idle part by the share each holder holds.",
     kind="counter",
     unit="joules",
     labels=POD_LABELS,
     labels_doc="as above (never on MIG instances)",
     doc="that container's part of the GPU's energy (see [Energy and carbon](../guide/attribution.md#energy-and-carbon)): "
     "all of it when the container is alone on the GPU, else the busy part by per-process "
-    "utilization and the idle part in equal parts to the holders; with "
+    "utilization and the idle part by the share of the GPU each holder holds "
+    "(`gpu_allocation_share_ratio`; equal parts on a time-sliced GPU); with "
     "`gpu_unattributed_energy_joules_total` it adds up to the GPU's energy; never goes down "
     "while the pod lives; absent on MIG instances (NVML measures the whole GPU only)",
     collector="attribution",
@@ -89,13 +90,29 @@ ALLOCATION_IN_USE: Final = Family(
 )
 ALLOCATION_SHARED: Final = Family(
     "gpu_allocation_shared",
-    "1 when the allocated GPU is shared: time-sliced replicas, a share of a DRA device, or more "
-    "than one holder.",
+    "1 when the allocated GPU is shared: time-sliced replicas, a fraction (HAMi, KAI), a share "
+    "of a DRA device, or more than one holder.",
     labels=(*POD_LABELS, "resource"),
     labels_doc="as `gpu_allocation_in_use`",
-    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids), a share of a "
-    "DRA device's capacity (`share_id`), or more than one holding container (one ResourceClaim "
-    "several pods reserve, say)",
+    doc="1 when the GPU is shared: time-sliced replicas (`<uuid>::N` device ids), a fraction "
+    "HAMi or KAI Scheduler handed out, a share of a DRA device's capacity (`share_id`), or more "
+    "than one holding container (one ResourceClaim several pods reserve, say)",
+    collector="attribution",
+)
+ALLOCATION_SHARE: Final = Family(
+    "gpu_allocation_share_ratio",
+    "The part of the allocated GPU the holder holds: what it reserved (HAMi, KAI, DRA capacity "
+    "sharing), else an equal part of what the GPU's other holders leave; a GPU's add up to 1 at "
+    "most.",
+    unit="ratio",
+    labels=(*POD_LABELS, "resource"),
+    labels_doc="as `gpu_allocation_in_use`",
+    doc="the part of the GPU that container holds: 1 alone on it; what it reserved where HAMi "
+    "(`hami.io/vgpu-devices-allocated`), KAI Scheduler (`gpu-fraction`, `gpu-memory`) or DRA "
+    "capacity sharing (`consumedCapacity`) say so; else an equal part of what the GPU's other "
+    "holders leave (1/N of N time-sliced or MPS holders, or of one claim's pods); a GPU's "
+    "shares add up to 1 at most (see [Shared GPUs](../guide/attribution.md#shared-gpus)); "
+    "`allocation:gpu_allocation:share` is this series with `gpu_allocation_info`'s labels",
     collector="attribution",
 )
 POD_INFO: Final = Family(
@@ -192,6 +209,7 @@ FAMILIES: Final = (
     ALLOCATION_INFO,
     ALLOCATION_IN_USE,
     ALLOCATION_SHARED,
+    ALLOCATION_SHARE,
     POD_INFO,
     CONTAINER_INFO,
     UNATTRIBUTED_MEMORY,
@@ -245,6 +263,7 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     info = new_metric(ALLOCATION_INFO)
     in_use = new_metric(ALLOCATION_IN_USE)
     shared = new_metric(ALLOCATION_SHARED)
+    share = new_metric(ALLOCATION_SHARE)
     for allocation in attribution.allocations:
         row = _row_labels((allocation.gpu, allocation.pod, allocation.container))
         labels = row.with_pairs(("resource", allocation.resource))
@@ -262,7 +281,8 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         if allocation.in_use is not None:
             in_use.samples.append(Sample(in_use.name, labels, 1 if allocation.in_use else 0))
         shared.samples.append(Sample(shared.name, labels, 1 if allocation.shared else 0))
-    yield from (info, in_use, shared)
+        share.samples.append(Sample(share.name, labels, allocation.share))
+    yield from (info, in_use, shared, share)
 
     pod_info = new_metric(POD_INFO)
     for pod in attribution.pods:

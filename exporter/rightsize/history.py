@@ -97,6 +97,9 @@ class DeviceHistory:
     """Time-sliced or MPS-shared with other containers at some point in the window."""
     holders: int = 1
     """Pods sharing it at a time, on average while shared (1 when exclusive)."""
+    share: float | None = None
+    """The part of the GPU it held, on average while held (`gpu_allocation_share_ratio`: what it
+    reserved where a scheduler hands out fractions); None where the series is absent."""
     in_use_ratio: float | None = None
     """Share of the held time during which a process of the pod ran on it."""
     busy_mean: float | None = None
@@ -111,6 +114,11 @@ class DeviceHistory:
     dram_mean: float | None = None
     container: str = ""
     """The container it was allocated to (the one a patch changes)."""
+
+    @property
+    def part(self) -> float:
+        """The part of the device its cost is: what it held where known, else 1/holders."""
+        return self.share if self.share is not None else 1.0 / self.holders
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +318,7 @@ def assemble(
             present=get("present", key) is not None,
             shared=shared,
             holders=max(2, round(sharers)) if shared and sharers else (2 if shared else 1),
+            share=get("share", key),
             in_use_ratio=in_use,
             busy_mean=_mean(busy_seconds, held_seconds),
             busy_quantile=busy["busy_quantile"],

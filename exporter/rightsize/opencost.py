@@ -118,7 +118,7 @@ def current_cost(
 ) -> CurrentCost:
     """Each device at OpenCost's price for its node, else the catalog's: GPU-hours per month
     (`months`, one per device) times the price, times `unshared` (a MIG instance's part of the
-    GPU), split between the pods sharing it."""
+    GPU), times the part of it the workload reserved (`DeviceHistory.part`)."""
     total = catalog_total = 0.0
     sources: set[str] = set()
     for hours, device in zip(months, devices, strict=True):
@@ -127,8 +127,8 @@ def current_cost(
         price = catalog_price if price is None else price
         if price is None:
             return CurrentCost(None, None)
-        total += hours * price * unshared / device.holders
+        total += hours * price * unshared * device.part
         if catalog_price is not None:
-            catalog_total += hours * catalog_price * unshared / device.holders
+            catalog_total += hours * catalog_price * unshared * device.part
     scale = total / catalog_total if catalog_total > 0 else 1.0
     return CurrentCost(total, "+".join(sorted(sources, key=(OPENCOST, CATALOG).index)), scale)

@@ -132,6 +132,13 @@ SIGNALS: Final = (
         measures="holders",
     ),
     Signal(
+        # What the holder reserved of the GPU (HAMi, KAI, DRA capacity sharing), averaged while
+        # held; absent from a daemon older than the series (1/holders stands in).
+        "share",
+        "max by ({D}) (avg_over_time(gpu_allocation_share_ratio{{{m}}}[{w}])){f}",
+        measures="ratio",
+    ),
+    Signal(
         "in_use",
         "max by ({D}) (avg_over_time(gpu_allocation_in_use{{{m}}}[{w}])){f}",
         measures="ratio",

@@ -140,10 +140,12 @@ def resource_claim(
     driver: str = DRIVER,
     reserved_for: Iterable[tuple[str, str]] = (),
     share_ids: Sequence[str | None] = (),
+    consumed_memory: Sequence[str | None] = (),
 ) -> dict[str, Any]:
     """An allocated claim: one request (`gpus`; `gpus/whole` when `device_class` was chosen
     among `firstAvailable` classes) given `devices` of `driver`'s pool, reserved for the
-    (pod name, uid) consumers; `share_ids` gives each device a share of its capacity."""
+    (pod name, uid) consumers; `share_ids` gives each device a share of its capacity, and
+    `consumed_memory` the memory that share consumes (a quantity, `20Gi`)."""
     request = (
         V1DeviceRequest(
             name="gpus",
@@ -172,6 +174,9 @@ def resource_claim(
             pool=pool,
             device=device,
             share_id=share_ids[n] if n < len(share_ids) else None,
+            consumed_capacity={"memory": memory}
+            if n < len(consumed_memory) and (memory := consumed_memory[n])
+            else None,
         )
         for n, device in enumerate(devices)
     ]
