@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from tests.helpers import require_tool
 from tests.prometheus_server import running_prometheus
@@ -19,6 +20,7 @@ from tests.synthetic_history import backfill
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -182,3 +184,27 @@ def test_markdown_and_table_say_it_in_a_line_per_policy_and_a_sentence(prometheu
     table = _run(prometheus, "staggered", "table")
     assert "Policy replay" in table
     assert "time-slicing the serving workloads: 8 → 3" in table
+
+
+def test_the_patches_directory_holds_the_winning_placement(prometheus: str, tmp_path: Path) -> None:
+    result = rightsize(
+        "--prometheus",
+        prometheus,
+        f"--end={END}",
+        f"--window={STEPS * STEP}s",
+        f"--step={STEP}s",
+        "--namespace=staggered",
+        "--models=a100-sxm4-80gb",
+        "--simulate=current,timeslice",
+        "--format=patches",
+        f"--output={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    script = tmp_path / "apply-placement.sh"
+    assert script.stat().st_mode & 0o100
+    assert "8 pods of 8 workloads on 3 GPUs, 3 per GPU" in script.read_text()
+    configmap = yaml.safe_load((tmp_path / "placement.device-plugin-config.yaml").read_text())
+    [config] = configmap["data"].values()
+    slicing = yaml.safe_load(config)["sharing"]["timeSlicing"]
+    assert slicing["resources"] == [{"name": "nvidia.com/gpu", "replicas": 3}]
+    assert len(list(tmp_path.glob("placement.staggered.deployment.svc-*.yaml"))) == 8

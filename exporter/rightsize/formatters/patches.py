@@ -122,7 +122,7 @@ def placement_files(placement: PlacementPatches, report: Report, files: dict[str
                 MARK,
                 *(f"# {comment_text(line)}" for line in manifest.heading),
                 f"# Apply: {comment_text(command)}",
-                yaml.safe_dump(manifest.body, sort_keys=False, allow_unicode=True),
+                yaml.dump(manifest.body, Dumper=_Blocks, sort_keys=False, allow_unicode=True),
             ]
         )
         script += ["", *(f"# {comment_text(line)}" for line in manifest.heading), command]
@@ -152,6 +152,20 @@ def placement_files(placement: PlacementPatches, report: Report, files: dict[str
         )
         script.append(command if patch.live else f"# {comment_text(command)}")
     files[PLACEMENT_SCRIPT] = "\n".join(script) + "\n"
+
+
+class _Blocks(yaml.SafeDumper):
+    """Safe YAML with text of several lines as a literal block: a ConfigMap's config file reads
+    as the file it is, not as one escaped line."""
+
+
+def _block(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar(
+        "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None
+    )
+
+
+_Blocks.add_representer(str, _block)
 
 
 def _context(cluster: str) -> list[str]:

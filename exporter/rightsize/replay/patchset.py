@@ -62,7 +62,7 @@ CANNOT: Final = (
         "the window, and then its GPU's neighbours fail"
     ),
     "per-pod compute limits: time-sliced pods take turns, none is held to its share",
-    "which nodes to use: label (and partition) nodes holding as many GPUs as each step says",
+    "which nodes to use: label (for MIG, partition) nodes holding the GPUs each node step counts",
 )
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
