@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Final
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Option
 from exporter.rightsize.replay.cut import NEVER
 from exporter.rightsize.replay.placement import (
+    CHECK_EVERY,
     EPSILON,
     Item,
     pack,
@@ -503,7 +504,9 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
     contended: set[int] = set()
     overcommitted = False
     busy = 0.0
-    for gpu in gpus:
+    for number, gpu in enumerate(gpus):
+        if number % CHECK_EVERY == 0:
+            context.cut.check()
         if any(profile is not None for _, profile in gpu.members):
             for shard, profile in gpu.members:
                 option = Option(gpu.model, profile)
