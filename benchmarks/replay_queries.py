@@ -5,7 +5,7 @@ against a real Prometheus holding N workloads x 14 days of backfilled history.
         [--interval 5m] [--step 10m] [--concurrency 4] [--keep DIR]
 
 1. Builds the history as `benchmarks/rightsize.py` does (the same fleet of ten behaviours,
-   promtool blocks; reused from --keep DIR when it holds them).
+   promtool blocks; reused from --keep DIR when it holds them, its `end` file the window's end).
 2. Serves it from Prometheus (loopback, default query limits), runs the report's own history
    fetch once (`fetch.fetch`: it sizes the replay's queries by the workload rows), then the
    replay's fetch alone, through the report's client at --concurrency.
@@ -66,11 +66,14 @@ def peak_memory_mib() -> float:
     return 0.0
 
 
-async def measure(url: str, end: float, step: str, concurrency: int) -> dict[str, Any]:
+async def measure(
+    url: str, end: float, *, window: float, step: str, concurrency: int
+) -> dict[str, Any]:
     config = load(
         [
             f"--prometheus={url}",
             f"--end={end:.0f}",
+            f"--window={window:.0f}s",
             f"--step={step}",
             f"--prometheus.concurrency={concurrency}",
             "--simulate=current,exclusive,mig,timeslice,binpack",
@@ -149,7 +152,15 @@ def main() -> None:
             built = build(data, fleet(args.workloads), end, duration, interval)
             marker.write_text(f"{end:.0f}")
         with running_prometheus(data, retention="15d", ready_timeout=600) as url:
-            measured = asyncio.run(measure(url, end, args.step, args.concurrency))
+            measured = asyncio.run(
+                measure(
+                    url,
+                    end,
+                    window=args.days * 86400,
+                    step=args.step,
+                    concurrency=args.concurrency,
+                )
+            )
     print(
         json.dumps(
             {
