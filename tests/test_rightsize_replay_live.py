@@ -17,6 +17,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from dashboards import promql
 from dashboards.live import Prometheus
@@ -302,3 +303,27 @@ def test_the_served_page_draws_the_replay_in_a_browser(server: Server, tmp_path:
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (WIDTH, HEIGHT)
+
+
+def test_the_patches_directory_holds_the_winning_placement(prometheus: str, tmp_path: Path) -> None:
+    result = rightsize(
+        "--prometheus",
+        prometheus,
+        f"--end={END}",
+        f"--window={STEPS * STEP}s",
+        f"--step={STEP}s",
+        "--namespace=staggered",
+        "--models=a100-sxm4-80gb",
+        "--simulate=current,timeslice",
+        "--format=patches",
+        f"--output={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr
+    script = tmp_path / "apply-placement.sh"
+    assert script.stat().st_mode & 0o100
+    assert "8 pods of 8 workloads on 3 GPUs, 3 per GPU" in script.read_text()
+    configmap = yaml.safe_load((tmp_path / "placement.device-plugin-config.yaml").read_text())
+    [config] = configmap["data"].values()
+    slicing = yaml.safe_load(config)["sharing"]["timeSlicing"]
+    assert slicing["resources"] == [{"name": "nvidia.com/gpu", "replicas": 3}]
+    assert len(list(tmp_path.glob("placement.staggered.deployment.svc-*.yaml"))) == 8

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from exporter import logs
 from exporter.rightsize.configmap import ConfigMapError, write_report
 from exporter.rightsize.formatters import DIRECTORIES, EXTENSIONS, FORMATTERS, Output
-from exporter.rightsize.formatters.patches import MARK, SCRIPT
+from exporter.rightsize.formatters.patches import MARK
 from exporter.rightsize.notify import notify
 from exporter.rightsize.options import PROG, RightsizeConfig, load
 from exporter.rightsize.produce import produce
@@ -122,7 +122,7 @@ def write_file(path: Path, text: str) -> None:
 
 
 def write_directory(directory: Path, files: dict[str, str]) -> int:
-    """Write `files` into `directory` (made if need be), `apply.sh` executable; patch files of an
+    """Write `files` into `directory` (made if need be), its scripts executable; patch files of an
     earlier run that this one no longer has are removed, so the directory holds this report's
     changes only. The number of files written."""
     directory.mkdir(exist_ok=True)
@@ -136,7 +136,7 @@ def write_directory(directory: Path, files: dict[str, str]) -> int:
             "w", encoding="utf-8", dir=directory, prefix=".gpuscope-", delete=False
         ) as file:
             file.write(text)
-        os.chmod(file.name, 0o755 if name == SCRIPT else 0o644)
+        os.chmod(file.name, 0o755 if name.endswith(".sh") else 0o644)
         os.replace(file.name, directory / name)
     return len(files)
 

@@ -160,6 +160,59 @@ def build_patch(
         return None
     if change is None:
         return None
+    return _patch(workload, change)
+
+
+def placement_patch(
+    workload: WorkloadHistory,
+    current: Option | None,
+    target: Option,
+    inventory: Iterable[ResourceUse],
+    seen_models: Iterable[str] = (),
+    *,
+    shared_resource: str | None = None,
+    selector: dict[str, str] | None = None,
+    note: str = "",
+) -> Patch | None:
+    """The patch that moves a workload where a simulated placement puts it (None when nothing
+    changes): `target`'s resource as a recommendation's move would name it, or `shared_resource`
+    (a time-sliced pool's) with as many of it as the pod holds GPUs now; `selector` joins the
+    node selector."""
+    devices = workload.devices
+    if not devices:
+        return None
+    resource = Counter(d.resource for d in devices).most_common(1)[0][0] or WHOLE_GPU
+    container = Counter(d.container for d in devices).most_common(1)[0][0]
+    count = max(gpus_per_pod(workload), 1)
+    chosen: dict[str, str] = {}
+    if shared_resource is not None:
+        name, number, why = shared_resource, count, ""
+    else:
+        held = [use for use in inventory if use.cluster == workload.cluster]
+        name, number, chosen, why = _target_resource(
+            current, target, resource, count, inventory=held, seen_models=list(seen_models)
+        )
+    chosen = {**chosen, **(selector or {})}
+    if name == resource and number == count and not chosen:
+        return None
+    gpu = _gpu(resource, None) if name != resource else {"limits": {}, "requests": {}}
+    gpu["limits"][name] = number
+    gpu["requests"][name] = number
+    changes = (
+        *(
+            (f"{resource}: {count} -> {name}: {number}",)
+            if (name, number) != (resource, count)
+            else ()
+        ),
+        *(f"nodeSelector {key}: {value}" for key, value in chosen.items()),
+    )
+    return _patch(
+        workload, _Change({container: gpu}, changes, chosen, " ".join(filter(None, (why, note))))
+    )
+
+
+def _patch(workload: WorkloadHistory, change: _Change) -> Patch:
+    """The patch of the workload's owner object that makes `change`, or what to do by hand."""
     containers = list(change.resources)
     problem = name_problem(
         cluster=workload.cluster,

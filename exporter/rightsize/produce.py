@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from exporter.rightsize.fetch import fetch
 from exporter.rightsize.hardware import Hardware
 from exporter.rightsize.prometheus import PrometheusClient
+from exporter.rightsize.replay.cut import NEVER
+from exporter.rightsize.replay.express import placement_patches
 from exporter.rightsize.replay.run import simulate
 from exporter.rightsize.replay.steps import fetch_steps
 from exporter.rightsize.report import build_report
@@ -18,13 +20,15 @@ from exporter.rightsize.strategy import STRATEGIES
 
 if TYPE_CHECKING:
     from exporter.rightsize.options import RightsizeConfig
+    from exporter.rightsize.replay.cut import Cut
     from exporter.rightsize.report import Report
 
 log = logging.getLogger("exporter.rightsize")
 
 
-async def produce(config: RightsizeConfig) -> Report:
-    """History from the PromQL API, then the report (the only I/O is the client's)."""
+async def produce(config: RightsizeConfig, *, cut: Cut = NEVER) -> Report:
+    """History from the PromQL API, then the report (the only I/O is the client's); `cut` may
+    stop the policy replay part-way (`ReplayCut`)."""
     started = time.monotonic()
     async with PrometheusClient(config.connection) as client:
         history = await fetch(
@@ -64,8 +68,14 @@ async def produce(config: RightsizeConfig) -> Report:
         min_confidence=config.min_confidence,
     )
     if steps is not None:
-        simulation = simulate(report, steps, hardware=hardware, policies=config.simulate)
+        simulation = simulate(report, steps, hardware=hardware, policies=config.simulate, cut=cut)
         report = replace(report, simulation=simulation)
+        report = replace(
+            report,
+            placement_patches=placement_patches(
+                report, hardware=hardware, inventory=history.resources, seen_models=hardware.seen
+            ),
+        )
     elif config.simulate:
         report = replace(report, missing_signals=(*report.missing_signals, "replay"))
     log.info(

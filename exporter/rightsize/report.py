@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from exporter.catalog import GpuModel
     from exporter.rightsize.history import Autoscaler, DeviceHistory, History, WorkloadHistory
     from exporter.rightsize.replay.engine import PolicyResult
+    from exporter.rightsize.replay.patchset import PlacementPatches
     from exporter.rightsize.settings import StrategySettings
 
 log = logging.getLogger("exporter.rightsize.report")
@@ -271,6 +272,8 @@ class Report:
     """Whose series the history was read from (`--source`): `gpuscope` or `dcgm-exporter`."""
     simulation: tuple[PolicyResult, ...] = ()
     """Each policy `--simulate` asked for, replayed over the window (`replay/`)."""
+    placement_patches: PlacementPatches | None = None
+    """The winning placement's patches, where Kubernetes can express it (`replay/patchset.py`)."""
 
     @property
     def classification_counts(self) -> dict[str, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -35,6 +36,7 @@ import logging
 import os
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
@@ -63,6 +65,7 @@ from exporter.rightsize.notify import SERVICES, notify
 from exporter.rightsize.options import PROG, ServeConfig, load_serve
 from exporter.rightsize.produce import produce
 from exporter.rightsize.prometheus import PrometheusError
+from exporter.rightsize.replay.cut import Cut, ReplayCut
 from exporter.settings import ConfigError
 from exporter.supervise import DaemonExecutor, TaskHealth, background_task, supervised
 from exporter.web.config import WebConfigError
@@ -123,11 +126,15 @@ def refresh_deadline(refresh: float) -> float:
     return min(refresh, MAX_DEADLINE_SECONDS)
 
 
-def make_report(config: ServeConfig) -> Published:
-    """One refresh, start to finish; blocking (its own event loop): the refresh thread's."""
+def make_report(config: ServeConfig, *, stop: threading.Event | None = None) -> Published:
+    """One refresh, start to finish; blocking (its own event loop): the refresh thread's. The
+    deadline cuts the queries (`wait_for`) and the policy replay, which computes without
+    yielding to the loop, as does `stop` once set (`ReplayCut`)."""
     started, began = time.time(), time.monotonic()
     run = config.run if config.run.fixed_end else replace(config.run, end=started)
-    report = asyncio.run(asyncio.wait_for(produce(run), refresh_deadline(config.refresh)))
+    deadline = refresh_deadline(config.refresh)
+    cut = Cut(stop or threading.Event(), began + deadline)
+    report = asyncio.run(asyncio.wait_for(produce(run, cut=cut), deadline))
     seconds = time.monotonic() - began
     status = (
         f"made {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(time.time()))} in "
@@ -181,6 +188,8 @@ class Refresher:
         }
         # A daemon thread: a refresh under way never keeps a stopping server from exiting.
         self._thread = DaemonExecutor("gpuscope-refresh")
+        self._stop = threading.Event()
+        """Set once on close: the refresh thread's replay stops at its next look (`Cut`)."""
 
     async def run(self) -> None:
         """Refresh forever: every `--refresh` after a success, sooner after a failure."""
@@ -197,8 +206,10 @@ class Refresher:
         self.started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
-            published = await loop.run_in_executor(self._thread, make_report, self.config)
-        except (PrometheusError, TimeoutError) as error:
+            published = await loop.run_in_executor(
+                self._thread, functools.partial(make_report, self.config, stop=self._stop)
+            )
+        except (PrometheusError, TimeoutError, ReplayCut) as error:
             reason = str(error) or (
                 f"not done within {format_duration(refresh_deadline(self.config.refresh))}"
             )
@@ -288,6 +299,7 @@ class Refresher:
         yield sent
 
     def close(self) -> None:
+        self._stop.set()
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 

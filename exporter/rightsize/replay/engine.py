@@ -36,7 +36,16 @@ from operator import add
 from typing import TYPE_CHECKING, Final
 
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Option
-from exporter.rightsize.replay.placement import EPSILON, Item, pack, pack_instances, shareable
+from exporter.rightsize.replay.cut import NEVER
+from exporter.rightsize.replay.placement import (
+    CHECK_EVERY,
+    EPSILON,
+    Item,
+    pack,
+    pack_instances,
+    safe_replicas,
+    shareable,
+)
 from exporter.rightsize.replay.policies import (
     BINPACK,
     CURRENT,
@@ -51,6 +60,7 @@ if TYPE_CHECKING:
 
     from exporter.catalog import GpuModel, MigProfile
     from exporter.rightsize.hardware import Hardware
+    from exporter.rightsize.replay.cut import Cut
     from exporter.rightsize.settings import StrategySettings
 
 UNPRICED: Final = math.inf
@@ -74,6 +84,7 @@ class Workload:
     roofline_side: str | None = None
     shared_uuid: str | None = None
     """The time-sliced GPU it holds today, if any."""
+    gpus_per_pod: int = 1
 
     @property
     def demand(self) -> Sequence[float]:
@@ -116,6 +127,38 @@ class GpuCount:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedPool:
+    """The time-sliced GPUs of one model in one cluster in a placement, as the NVIDIA device
+    plugin could make them: every GPU of the pool's nodes shared `replicas` ways, and the
+    scheduler free to put any `replicas` of the pool's pods on one GPU."""
+
+    cluster: str
+    model_key: str
+    gpu_model: str
+    gpus: int
+    """Time-sliced GPUs the placement uses for them."""
+    members: tuple[tuple[str, str, str], ...]
+    """(namespace, kind, workload) of each workload with a pod in the pool, sorted."""
+    pods: int
+    """Devices the pool hands out: one per replica and GPU asked."""
+    largest_group: int
+    """The most devices the placement puts on one GPU."""
+    replicas: int
+    """The safe sharing: any `replicas` of the pool's devices together fit the GPU's memory and
+    keep within `--saturation` at every step (0: not even one fits)."""
+    multi_gpu_pods: bool
+    """Some pod of the pool asks for more than one GPU (the plugin may give it two replicas of
+    one GPU)."""
+
+    @property
+    def gpus_needed(self) -> int:
+        """GPUs the pool needs shared `replicas` ways (at least the placement's)."""
+        if self.replicas <= 0:
+            return self.pods
+        return max(self.gpus, math.ceil(self.pods / self.replicas))
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyResult:
     policy: str
     gpus: GpuCount
@@ -132,6 +175,9 @@ class PolicyResult:
     busy_by_step: tuple[float, ...] = ()
     """Busy GPU-equivalents at each step: the demand the GPUs carry, in GPUs of the models they
     are (summed over the placement's GPUs)."""
+    pools: tuple[SharedPool, ...] = ()
+    """Its time-sliced GPUs per cluster and model, with the sharing that is safe for any of
+    their pods together (`placement.safe_replicas`)."""
 
 
 @dataclass(slots=True)
@@ -161,10 +207,13 @@ class _Gpu:
 
 
 class _Context:
-    def __init__(self, hardware: Hardware, settings: StrategySettings, steps: int) -> None:
+    def __init__(
+        self, hardware: Hardware, settings: StrategySettings, steps: int, *, cut: Cut = NEVER
+    ) -> None:
         self.hardware = hardware
         self.settings = settings
         self.steps = steps
+        self.cut = cut
         self.allowed = hardware.target_models(settings.models)
 
     def price(self, model: GpuModel) -> float:
@@ -199,10 +248,12 @@ def replay(
     hardware: Hardware,
     settings: StrategySettings,
     policies: Sequence[str],
+    cut: Cut = NEVER,
 ) -> tuple[PolicyResult, ...]:
-    """The requested policies' results, in the order asked."""
+    """The requested policies' results, in the order asked. `cut` is asked between policies
+    and within their placement passes (`ReplayCut` ends the replay there)."""
     steps = len(current.held)
-    context = _Context(hardware, settings, steps)
+    context = _Context(hardware, settings, steps, cut=cut)
     shards = []
     for workload in workloads:
         demand = workload.demand
@@ -215,6 +266,7 @@ def replay(
         vectors are alive at a time)."""
         if policy in done:
             return done[policy]
+        context.cut.check()
         if policy == CURRENT:
             done[policy] = _current(workloads, current, context)
         elif policy == BINPACK:
@@ -383,7 +435,12 @@ def _timeslice(shards: list[_Shard], context: _Context) -> list[_Gpu]:
 def _shared(members: list[_Shard], model: GpuModel, cluster: str, context: _Context) -> list[_Gpu]:
     """Shards (their demand already in GPUs of `model`) packed onto time-sliced GPUs."""
     items = [Item(shard.demand, shard.workload.memory_bytes) for shard in members]
-    groups = pack(items, capacity=context.settings.saturation, memory=model.nvml_memory_bytes)
+    groups = pack(
+        items,
+        capacity=context.settings.saturation,
+        memory=model.nvml_memory_bytes,
+        cut=context.cut,
+    )
     gpus = []
     for number, indexes in enumerate(groups, start=1):
         group = _group_name(cluster, model.key, number, "shared") if len(indexes) > 1 else None
@@ -420,6 +477,7 @@ def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> 
     for bound, _, _, model in sorted(bounds, key=lambda entry: entry[:3]):
         if best is not None and bound >= len(best):
             break
+        context.cut.check()
         fitting, rest = [], []
         for shard in members:
             scale = context.scale(shard, model) or 0.0
@@ -460,7 +518,9 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
     overcommitted = False
     busy = 0.0
     busy_by_step = array("d", bytes(8 * steps))
-    for gpu in gpus:
+    for number, gpu in enumerate(gpus):
+        if number % CHECK_EVERY == 0:
+            context.cut.check()
         if any(profile is not None for _, profile in gpu.members):
             for shard, profile in gpu.members:
                 option = Option(gpu.model, profile)
@@ -498,7 +558,49 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
         models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
         gpus_by_step=(float(count),) * steps,
         busy_by_step=tuple(busy_by_step),
+        pools=_pools(gpus, context),
     )
+
+
+def _pools(gpus: Sequence[_Gpu], context: _Context) -> tuple[SharedPool, ...]:
+    """The time-sliced GPUs (a group of several shards, none on a MIG instance), per cluster
+    and model."""
+    pooled: dict[tuple[str, str], list[_Gpu]] = defaultdict(list)
+    for gpu in gpus:
+        if len(gpu.members) > 1 and all(profile is None for _, profile in gpu.members):
+            pooled[(gpu.cluster, gpu.model.key)].append(gpu)
+    pools = []
+    for (cluster, key), shared in sorted(pooled.items()):
+        # Every pod of a member workload goes to the pool (one pod template for them all),
+        # also those the search put elsewhere: each counts in the safe sharing.
+        one: dict[int, _Shard] = {}
+        for gpu in shared:
+            for shard, _ in gpu.members:
+                one.setdefault(id(shard.workload), shard)
+        shards = [shard for shard in one.values() for _ in range(shard.workload.devices)]
+        model = shared[0].model
+        items = [Item(shard.demand, shard.workload.memory_bytes) for shard in shards]
+        replicas = safe_replicas(
+            items,
+            capacity=context.settings.saturation,
+            memory=model.nvml_memory_bytes,
+            cut=context.cut,
+        )
+        members = sorted({(s.workload.namespace, s.workload.kind, s.workload.name) for s in shards})
+        pools.append(
+            SharedPool(
+                cluster,
+                key,
+                model.name,
+                gpus=len(shared),
+                members=tuple(members),
+                pods=len(shards),
+                largest_group=max(len(gpu.members) for gpu in shared),
+                replicas=replicas,
+                multi_gpu_pods=any(s.workload.gpus_per_pod > 1 for s in shards),
+            )
+        )
+    return tuple(pools)
 
 
 def _placements(gpus: Sequence[_Gpu]) -> list[Placement]:

@@ -16,6 +16,7 @@ and no more instances of a profile than the model allows.
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ from operator import add
 from typing import TYPE_CHECKING, Final
 
 from exporter.catalog import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
+from exporter.rightsize.replay.cut import NEVER
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from exporter.catalog import MigProfile
+    from exporter.rightsize.replay.cut import Cut
 
 EPSILON: Final = 1e-9
 """Sums of floats that are equal on paper may differ in the last bit."""
@@ -36,6 +39,8 @@ BLOCK: Final = 32
 STRIKES: Final = 16
 """Items in a row an open GPU may refuse before first fit stops trying it: a GPU refusing that
 many is as good as full, and trying it again for every item would make the search quadratic."""
+CHECK_EVERY: Final = 256
+"""Items placed between two looks at the replay's `Cut`: a few milliseconds of work."""
 IMPROVEMENT_ROUNDS: Final = 1
 """Rounds of iterated first fit after the first: each is one more first-fit pass (as long as
 the first), kept only if it saves a GPU."""
@@ -112,9 +117,12 @@ def shareable(item: Item, *, capacity: float, memory: float) -> bool:
     return item.peak <= capacity + EPSILON and item.memory <= memory + EPSILON * max(memory, 1.0)
 
 
-def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[int]]:
+def pack(
+    items: Sequence[Item], *, capacity: float, memory: float, cut: Cut = NEVER
+) -> list[list[int]]:
     """The items' indexes grouped by GPU: every group's summed demand within `capacity` at every
-    step and summed memory within `memory`, except an item that cannot share, alone."""
+    step and summed memory within `memory`, except an item that cannot share, alone. `cut` is
+    asked every `CHECK_EVERY` items placed."""
     steps = max((len(item.demand) for item in items), default=0)
     order = sorted(
         range(len(items)),
@@ -122,14 +130,16 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
     )
     alone = [[i] for i in order if not shareable(items[i], capacity=capacity, memory=memory)]
     single = {i for [i] in alone}
-    best = _first_fit([i for i in order if i not in single], items, capacity, memory, steps)
+    best = _first_fit(
+        [i for i in order if i not in single], items, capacity, memory, steps, cut=cut
+    )
     for _ in range(IMPROVEMENT_ROUNDS):
         # Iterated first fit: the GPUs' items again, a GPU's together, the fullest GPUs first.
         # Each GPU's items fit one GPU, so an unbounded first fit in this order never needs more
         # GPUs; the bounded one might, and is then not kept.
         ranked = sorted(best, key=lambda gpu: (-gpu.total, gpu.members[0]))
         again = _first_fit(
-            [i for gpu in ranked for i in gpu.members], items, capacity, memory, steps
+            [i for gpu in ranked for i in gpu.members], items, capacity, memory, steps, cut=cut
         )
         if len(again) >= len(best):
             break
@@ -138,7 +148,13 @@ def pack(items: Sequence[Item], *, capacity: float, memory: float) -> list[list[
 
 
 def _first_fit(
-    order: Sequence[int], items: Sequence[Item], capacity: float, memory: float, steps: int
+    order: Sequence[int],
+    items: Sequence[Item],
+    capacity: float,
+    memory: float,
+    steps: int,
+    *,
+    cut: Cut,
 ) -> list[_Bin]:
     """First fit over the open GPUs, the oldest first. A GPU closes once it cannot hold the
     smallest item still to come (by memory, or by total demand over the window), or after it
@@ -155,6 +171,8 @@ def _first_fit(
         smallest_total[position] = min(smallest_total[position + 1], item.total)
     room = capacity * steps + EPSILON * steps
     for position, index in enumerate(order):
+        if position % CHECK_EVERY == 0:
+            cut.check()
         item = items[index]
         chosen = None
         refused = []
@@ -179,6 +197,42 @@ def _first_fit(
         ):
             open_gpus.remove(chosen)
     return gpus
+
+
+def safe_replicas(
+    items: Sequence[Item], *, capacity: float, memory: float, cut: Cut = NEVER
+) -> int:
+    """The most items that fit one GPU together whichever of them they are: the largest R such
+    that the R largest memory peaks fit `memory` and, at every step, the R largest demands add up
+    within `capacity` (at a step, no R items can ask for more than its R largest). At most
+    `len(items)`; 0 when not even one item fits. Block maxima decide most blocks of steps at
+    once: when the R largest maxima of a block fit, every step of it does."""
+    peaks = sorted((item.memory for item in items), reverse=True)
+    most, held = 0, 0.0
+    for peak in peaks:
+        if held + peak > memory + EPSILON * max(memory, 1.0):
+            break
+        held += peak
+        most += 1
+    limit = capacity + EPSILON
+    steps = max((len(item.demand) for item in items), default=0)
+    for number in range(len(items[0].blocks) if items and most else 0):
+        if number % CHECK_EVERY == 0:
+            cut.check()
+        if sum(heapq.nlargest(most, (item.blocks[number] for item in items))) <= limit:
+            continue
+        for step in range(number * BLOCK, min((number + 1) * BLOCK, steps)):
+            largest = heapq.nlargest(most, (item.demand[step] for item in items))
+            total, fitting = 0.0, 0
+            for value in largest:
+                if total + value > limit:
+                    break
+                total += value
+                fitting += 1
+            most = fitting
+            if most == 0:
+                return 0
+    return most
 
 
 @dataclass(slots=True)

@@ -6,18 +6,25 @@ from array import array
 from typing import TYPE_CHECKING
 
 from exporter.rightsize.hardware import Option
+from exporter.rightsize.replay.cut import NEVER
 from exporter.rightsize.replay.engine import CurrentSteps, PolicyResult, Workload, replay
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from exporter.rightsize.hardware import Hardware
+    from exporter.rightsize.replay.cut import Cut
     from exporter.rightsize.replay.steps import StepHistory
     from exporter.rightsize.report import Report
 
 
 def simulate(
-    report: Report, history: StepHistory, *, hardware: Hardware, policies: Sequence[str]
+    report: Report,
+    history: StepHistory,
+    *,
+    hardware: Hardware,
+    policies: Sequence[str],
+    cut: Cut = NEVER,
 ) -> tuple[PolicyResult, ...]:
     """Replay `policies` for the report's workload rows (those with a GPU model the catalog
     knows: the others cannot be moved or priced, and are left out of every policy)."""
@@ -45,6 +52,7 @@ def simulate(
                 devices=max(1, row.replicas * row.gpus_per_replica),
                 roofline_side=demand.roofline_side if demand else None,
                 shared_uuid=shared,
+                gpus_per_pod=max(1, row.gpus_per_replica),
             )
         )
     return replay(
@@ -53,6 +61,7 @@ def simulate(
         hardware=hardware,
         settings=report.settings,
         policies=policies,
+        cut=cut,
     )
 
 
