@@ -148,6 +148,10 @@ class PodIdentity:
     images: tuple[tuple[str, str], ...] = ()
     """(container, image) of its containers, each image without its digest and cut to
     `exporter.attribution.pod.MAX_IMAGE_LENGTH`; "" where --kubernetes.image-pattern hides it."""
+    queue: str = ""
+    """The queue it was admitted through (`exporter.attribution.localqueues`); "" for none."""
+    queue_kind: str = ""
+    """`kueue` (a ClusterQueue) or `kai` (a KAI Scheduler queue); "" for none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.dra import NO_DEVICES
+from exporter.attribution.localqueues import NO_LOCAL_QUEUES, queue_of
 from exporter.attribution.pod import revision
 from exporter.logs import LogOnce
 from exporter.model import (
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
     from exporter.attribution.cgroups import ContainerRef
     from exporter.attribution.dra import DeviceIndex
+    from exporter.attribution.localqueues import LocalQueueIndex
     from exporter.attribution.pod import Pod, PodIndex
     from exporter.attribution.podresources import DeviceAllocation
     from exporter.model import GpuSample
@@ -116,7 +118,9 @@ class Join:
         self._busy: dict[Key, _Busy] = {}
         self._energy: dict[str, _Energy] = {}
         self._cycle = 0
-        self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
+        self._identities: dict[str, tuple[Pod, tuple[str, str] | None, PodIdentity]] = {}
+        """Each pod's identity, made again when the pod or its queue changes."""
+        self._local_queues = NO_LOCAL_QUEUES
         self._held: dict[tuple[str, str, str, str], Allocation] = {}
         """Last cycle's allocations, reused while unchanged (most cycles change none)."""
         self._once = LogOnce(log)
@@ -130,8 +134,10 @@ class Join:
         kubernetes: KubernetesStatus,
         *,
         devices: DeviceIndex = NO_DEVICES,
+        local_queues: LocalQueueIndex = NO_LOCAL_QUEUES,
         now: float,
     ) -> Attribution:
+        self._local_queues = local_queues
         by_uuid = {gpu.identity.uuid: gpu for gpu in gpus if gpu.identity.uuid}
         uses, unattributed, strays = self._uses(gpus, containers, pods)
         held = self._allocations(allocations or (), pods, gpus, uses, devices)
@@ -464,9 +470,10 @@ class Join:
         )
 
     def _identity(self, pod: Pod) -> PodIdentity:
+        queue = queue_of(pod.namespace, pod.labels, self._local_queues)
         cached = self._identities.get(pod.uid)
-        if cached is not None and cached[0] is pod:
-            return cached[1]
+        if cached is not None and cached[0] is pod and cached[1] == queue:
+            return cached[2]
         labels: dict[str, str] = {}
         if self._pod_labels is not None:
             for name in sorted(pod.labels):
@@ -485,10 +492,12 @@ class Join:
             images=tuple(
                 (container, image if self._shown(image) else "") for container, image in pod.images
             ),
+            queue=queue[0] if queue else "",
+            queue_kind=queue[1] if queue else "",
         )
         if len(self._identities) > 4 * len(self._busy) + 1024:
             self._identities.clear()  # bounded: pods come and go
-        self._identities[pod.uid] = (pod, identity)
+        self._identities[pod.uid] = (pod, queue, identity)
         return identity
 
     def _shown(self, image: str) -> bool:

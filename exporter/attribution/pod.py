@@ -8,9 +8,10 @@ name. The pod watch (`exporter.attribution.pods`) feeds them from the API server
 `pod_shape` is what the watch reads of a pod as it arrives, and so all a tenant's pod can make the
 daemon hold: the fields above, each string cut (`jsonstream.MAX_TEXT`), at most
 `MAX_CONTAINERS` containers and statuses of each kind, two owner references (the first and the
-controller), the mirror annotation, and only the labels gpuscope reads (the revision labels and
-those `--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes, managed fields,
-other labels and annotations are scanned past, never built.
+controller), the mirror annotation, and only the labels gpuscope reads (the revision labels,
+the queue labels `exporter.attribution.localqueues` reads, and those `--kubernetes.pod-labels`
+exports, at most `MAX_LABELS`). Env, volumes, managed fields, other labels and annotations are
+scanned past, never built.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
+from exporter.attribution.localqueues import QUEUE_LABELS
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 
 if TYPE_CHECKING:
@@ -127,10 +129,14 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
 
 def pod_shape(*, labels: re.Pattern[str] | None = None) -> Fields:
     """What is read of a pod as the API serves it: what `pod_from_api` uses, with the labels
-    gpuscope reads (the revision labels, and those `labels` matches in full)."""
+    gpuscope reads (the revision labels, the queue labels, and those `labels` matches in full)."""
 
     def read_label(name: str) -> bool:
-        return name in REVISION_LABELS or (labels is not None and bool(labels.fullmatch(name)))
+        return (
+            name in REVISION_LABELS
+            or name in QUEUE_LABELS
+            or (labels is not None and bool(labels.fullmatch(name)))
+        )
 
     container = Fields({"name": TEXT, "image": TEXT})
     container_status = Fields({"name": TEXT, "containerID": TEXT})
