@@ -213,7 +213,7 @@ class UnattributedEnergy:
 
 @dataclass(frozen=True, slots=True)
 class WatchStatus:
-    """One list + watch of the Kubernetes API (`pods`, `resourceslices`)."""
+    """One list + watch of the Kubernetes API (`pods`, `resourceslices`, `localqueues`)."""
 
     resource: str
     up: bool
@@ -228,7 +228,8 @@ class WatchStatus:
 @dataclass(frozen=True, slots=True)
 class KubernetesStatus:
     watches: tuple[WatchStatus, ...]
-    """Every watch running: the pods', and the ResourceSlices' while DRA is on."""
+    """Every watch running: the pods', the ResourceSlices' while DRA is on, the LocalQueues'
+    while the cluster serves them."""
     pods_cached: int
     dra_devices: int | None = None
     """Devices the node's ResourceSlices publish (each pool's newest generation); None while
