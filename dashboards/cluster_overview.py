@@ -260,6 +260,43 @@ def make() -> Json:
         ),
     )
 
+    layout.add(
+        12,
+        8,
+        table(
+            "Showback per queue",
+            "Devices held now and what they cost per hour, per Kueue ClusterQueue or KAI Scheduler queue (a shared device's share split between its holders). Pods in no queue are one row, so the rows add up to the cluster's total. Cluster-wide: the node and model selection does not apply.",
+            ("queue",),
+            Column("GPUs held", "queue:gpu_allocation:share_sum"),
+            Column("Cost / hour", "queue:gpu_price_usd_per_hour:share_sum", unit="currencyUSD"),
+            label_columns=(
+                LabelColumn(
+                    "queue_kind",
+                    "Scheduler",
+                    (
+                        ("kueue", "Kueue", "blue"),
+                        ("kai", "KAI", "purple"),
+                        ("none", "no queue", "text"),
+                    ),
+                ),
+            ),
+            sort_by="Cost / hour",
+        ),
+    )
+    layout.add(
+        12,
+        8,
+        bargauge(
+            "Top queues by GPU-hours held",
+            "Device-hours allocated per queue over the dashboard's time range (a shared device's hours are split between its holders; unqueued pods under \"none\"). Cluster-wide.",
+            Query(
+                f"topk(10, {range_hours('queue:gpu_allocation:share_sum', 'queue, queue_kind')})",
+                "{{queue}} {{queue_kind}}",
+            ),
+            unit=GPU_HOURS,
+        ),
+    )
+
     layout.row("Health")
     layout.add(
         6,

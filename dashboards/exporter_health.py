@@ -88,8 +88,8 @@ def make() -> Json:
         4,
         stat(
             "Kubernetes watches down",
-            "Daemons' watches on the Kubernetes API (pods; ResourceSlices where DRA is on) that "
-            "are down.",
+            "Daemons' watches on the Kubernetes API (pods; ResourceSlices where DRA is on; "
+            "LocalQueues where Kueue is) that are down.",
             Query(f"count(gpuscope_kubernetes_watch_up{{{scope}}} == 0) or vector(0)"),
             thresholds=BAD_FROM_ONE,
             sparkline=False,
@@ -268,7 +268,7 @@ def make() -> Json:
         state_timeline(
             "Kubernetes watches",
             "Whether each daemon's list+watch of its node's pods (and, where DRA is on, "
-            "ResourceSlices) is connected.",
+            "ResourceSlices; where Kueue is, LocalQueues) is connected.",
             Query(f"gpuscope_kubernetes_watch_up{{{scope}}}", "{{node}} {{resource}}"),
             states=((1, "watching", "green"), (0, "down", "red")),
         ),
@@ -278,8 +278,8 @@ def make() -> Json:
         8,
         timeseries(
             "Kubernetes cache age",
-            "Seconds since each daemon's caches of pods (and ResourceSlices) last heard from the "
-            "API server.",
+            "Seconds since each daemon's caches of pods (and ResourceSlices, LocalQueues) last "
+            "heard from the API server.",
             Query(f"gpuscope_kubernetes_cache_age_seconds{{{scope}}}", "{{node}} {{resource}}"),
             unit="s",
         ),

@@ -151,6 +151,10 @@ class PodIdentity:
     images: tuple[tuple[str, str], ...] = ()
     """(container, image) of its containers, each image without its digest and cut to
     `exporter.attribution.pod.MAX_IMAGE_LENGTH`; "" where --kubernetes.image-pattern hides it."""
+    queue: str = ""
+    """The queue it was admitted through (`exporter.attribution.localqueues`); "" for none."""
+    queue_kind: str = ""
+    """`kueue` (a ClusterQueue) or `kai` (a KAI Scheduler queue); "" for none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +221,7 @@ class UnattributedEnergy:
 
 @dataclass(frozen=True, slots=True)
 class WatchStatus:
-    """One list + watch of the Kubernetes API (`pods`, `resourceslices`)."""
+    """One list + watch of the Kubernetes API (`pods`, `resourceslices`, `localqueues`)."""
 
     resource: str
     up: bool
@@ -232,7 +236,8 @@ class WatchStatus:
 @dataclass(frozen=True, slots=True)
 class KubernetesStatus:
     watches: tuple[WatchStatus, ...]
-    """Every watch running: the pods', and the ResourceSlices' while DRA is on."""
+    """Every watch running: the pods', the ResourceSlices' while DRA is on, the LocalQueues'
+    while the cluster serves them."""
     pods_cached: int
     dra_devices: int | None = None
     """Devices the node's ResourceSlices publish (each pool's newest generation); None while

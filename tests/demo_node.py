@@ -2,8 +2,8 @@
 tests/fixtures/fleets/dashboards.yaml, with its processes in pods.
 
 `demo_cluster(workdir)` starts the stand-ins the daemon attributes pods from — the Kubernetes API
-(tests/fake_kube) serving the node's pods, ResourceSlices, ResourceClaims and NVIDIA's
-DeviceClasses, the kubelet's PodResources API (tests/fake_kubelet) with their GPU allocations
+(tests/fake_kube) serving the node's pods, ResourceSlices, ResourceClaims, NVIDIA's
+DeviceClasses and a Kueue LocalQueue (pods in Kueue's and KAI's queues, and in none), the kubelet's PodResources API (tests/fake_kubelet) with their GPU allocations
 (some through the device plugin, some through DRA claims), and a procfs whose cgroup files put
 each process in its container — and yields the `gpuscope serve` flags that point the daemon at
 them.
@@ -21,6 +21,7 @@ from exporter.simulator.activity import mig_uuid
 from exporter.simulator.cluster import dra_device_name, resource_slice_document
 from exporter.simulator.spec import SimDevice
 from tests.fake_kube.dra import resource_claim, serve_dra
+from tests.fake_kube.kueue import local_queue, serve_kueue
 from tests.fake_kube.pods import NODE, pod, serve_pods
 from tests.fake_kube.server import FakeKube
 from tests.fake_kubelet import ClaimDevice, FakeKubelet, claim_allocations, gpu_allocations
@@ -62,7 +63,7 @@ PODS: Final = (
         ("StatefulSet", "llm-pretrain"),
         (6101,),
         ((GPU, "gpu:0"),),
-        (("team", "research"),),
+        (("team", "research"), ("kueue.x-k8s.io/cluster-queue-name", "research")),
         claim="llm-pretrain-0-gpu-x7k2p",
     ),
     DemoPod(
@@ -73,7 +74,11 @@ PODS: Final = (
         ("ReplicaSet", "chat-api-6b9f7c5d4"),
         (6201,),
         ((GPU, "gpu:1::0"),),
-        (("team", "serving"), ("pod-template-hash", "6b9f7c5d4")),
+        (
+            ("team", "serving"),
+            ("pod-template-hash", "6b9f7c5d4"),
+            ("kai.scheduler/queue", "serving"),
+        ),
     ),
     DemoPod(
         103,
@@ -83,7 +88,11 @@ PODS: Final = (
         ("ReplicaSet", "embedder-5c8d9f7b6"),
         (6202,),
         ((GPU, "gpu:1::1"),),
-        (("team", "serving"), ("pod-template-hash", "5c8d9f7b6")),
+        (
+            ("team", "serving"),
+            ("pod-template-hash", "5c8d9f7b6"),
+            ("kai.scheduler/queue", "serving"),
+        ),
     ),
     DemoPod(
         104,
@@ -103,6 +112,7 @@ PODS: Final = (
         ("Job", "vision-finetune-29471040"),
         (6401,),
         ((GPU, "gpu:3"),),
+        (("kueue.x-k8s.io/queue-name", "finetune"),),  # resolved through its LocalQueue
     ),
     DemoPod(
         106,
@@ -132,7 +142,7 @@ PODS: Final = (
         ("StatefulSet", "llm-pretrain"),
         (6601,),
         ((GPU, "gpu:5"),),
-        (("team", "research"),),
+        (("team", "research"), ("kueue.x-k8s.io/cluster-queue-name", "research")),
     ),
     DemoPod(
         109,
@@ -245,7 +255,10 @@ def demo_cluster(workdir: Path) -> Iterator[list[str]]:
     )
     node_slice = resource_slice_document(load_fleet(FLEET), NODE)
     with (
-        serve_dra(serve_pods(FakeKube(), *pods), ("resourceslices", node_slice), *_claims()) as api,
+        serve_kueue(
+            serve_dra(serve_pods(FakeKube(), *pods), ("resourceslices", node_slice), *_claims()),
+            local_queue("train", "finetune", "batch"),
+        ) as api,
         FakeKubelet(workdir / "kubelet.sock") as kubelet,
     ):
         kubelet.set(allocations, claims)

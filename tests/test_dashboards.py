@@ -231,6 +231,7 @@ ROLLUP_LEVELS = {
     "node_namespace_model",
     "namespace_workload_model",
     "namespace_utilization",
+    "queue",  # a series per Kueue or KAI queue: tens, whatever the fleet's size
     "gpuscope",
 }
 SPARSE_SERIES = {

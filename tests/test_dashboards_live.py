@@ -275,6 +275,53 @@ def test_opencosts_node_price_prices_every_gpu_of_its_node_and_each_allocation_i
     assert [(row["metric"]["node"], row["value"][1]) for row in spot] == [("sim-a", "1")]
 
 
+def test_queues_and_unqueued_pods_add_up_to_the_clusters_allocations(
+    prometheus: Prometheus,
+) -> None:
+    """The demo node's pretraining pods carry Kueue's cluster-queue-name label, its finetuning
+    Job only queue-name (resolved through the stand-in API server's LocalQueue), its chat and
+    embedding pods KAI's queue label, the others none: each rule's queues plus the unqueued
+    series equal the cluster's total within 0.1%."""
+
+    def per_queue(rule: str, now: float) -> dict[tuple[str, str], float]:
+        rows = prometheus.query(rule, at=now)["data"]["result"]
+        return {
+            (row["metric"].get("queue", ""), row["metric"]["queue_kind"]): float(row["value"][1])
+            for row in rows
+        }
+
+    def total(rule: str, now: float) -> float:
+        rows = prometheus.query(f"sum({rule})", at=now)["data"]["result"]
+        return float(rows[0]["value"][1]) if rows else 0.0
+
+    def settled() -> tuple[dict[tuple[str, str], float], float] | None:
+        # the rollup and the allocations it sums are evaluated in two groups: wait for one
+        # evaluation of both after the same scrape
+        now = time.time()
+        for rule, allocations in (
+            ("queue:gpu_allocation:share_sum", "allocation:gpu_allocation:share"),
+            ("queue:gpu_price_usd_per_hour:share_sum", "allocation:gpu_price_usd_per_hour:share"),
+        ):
+            held, whole = per_queue(rule, now), total(allocations, now)
+            if len(held) != 4 or whole <= 0 or abs(sum(held.values()) / whole - 1) > 0.001:
+                return None
+        return per_queue("queue:gpu_allocation:share_sum", now), now
+
+    found, _ = eventually(settled, 100, "queues + unqueued = the cluster's total", every=1.0)
+    assert set(found) == {
+        ("research", "kueue"),
+        ("batch", "kueue"),
+        ("serving", "kai"),
+        ("", "none"),
+    }
+    assert found[("batch", "kueue")] == pytest.approx(1.0)  # the finetuning Job's GPU 3
+    assert found[("serving", "kai")] == pytest.approx(1.0)  # two pods time-slicing GPU 1
+    queues = prometheus.query(
+        'gpuscope_kubernetes_watch_up{resource="localqueues"}', at=time.time()
+    )
+    assert [row["value"][1] for row in queues["data"]["result"]] == ["1"]
+
+
 def test_hours_over_the_range_are_the_recorded_samples_times_the_evaluation_interval(
     prometheus: Prometheus,
 ) -> None:

@@ -29,6 +29,11 @@ DRA_RULES = [
     },
 ]
 PODS_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+QUEUES_RULE = {
+    "apiGroups": ["kueue.x-k8s.io"],
+    "resources": ["localqueues"],
+    "verbs": ["list", "watch"],
+}
 
 
 def render(*switches: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -51,13 +56,13 @@ def role_and_args(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], li
 
 def test_dra_is_on_by_default_with_the_rules_it_needs() -> None:
     rules, args = role_and_args(documents())
-    assert rules == [PODS_RULE, *DRA_RULES]
+    assert rules == [PODS_RULE, QUEUES_RULE, *DRA_RULES]
     assert "--kubernetes.dra-drivers=gpu.nvidia.com" in args
 
 
 def test_dra_off_drops_its_rules_and_tells_the_daemon() -> None:
     rules, args = role_and_args(documents("dra.enabled=false"))
-    assert rules == [PODS_RULE]
+    assert rules == [PODS_RULE, QUEUES_RULE]
     assert "--kubernetes.dra-drivers=" in args
     # the daemon reads an empty list as DRA off
     (flag,) = [arg for arg in args if arg.startswith("--kubernetes.dra-drivers")]
@@ -91,4 +96,4 @@ def test_the_plain_manifests_carry_the_dra_rules() -> None:
         if item
     ]
     (role,) = [item for item in items if item.get("kind") == "ClusterRole"]
-    assert role["rules"] == [PODS_RULE, *DRA_RULES]
+    assert role["rules"] == [PODS_RULE, QUEUES_RULE, *DRA_RULES]

@@ -259,10 +259,16 @@ def test_daemonset_defaults() -> None:
         "resources": ["pods"],
         "verbs": ["get", "list", "watch"],
     }
+    assert role["rules"][1] == {
+        "apiGroups": ["kueue.x-k8s.io"],
+        "resources": ["localqueues"],
+        "verbs": ["list", "watch"],
+    }, "Kueue's LocalQueues name a pod's ClusterQueue (showback per queue)"
     assert {group for rule in role["rules"] for group in rule["apiGroups"]} == {
         "",
+        "kueue.x-k8s.io",
         "resource.k8s.io",
-    }, "pods, and DRA's objects (tests/test_dra_deploy.py)"
+    }, "pods, Kueue's LocalQueues, and DRA's objects (tests/test_dra_deploy.py)"
 
 
 def test_node_condition_and_events_add_their_rbac_and_flags_only_when_enabled() -> None:

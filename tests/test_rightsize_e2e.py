@@ -205,9 +205,9 @@ def test_human_formats_on_the_real_report(prometheus: str, tmp_path: Path) -> No
     assert "serving/chat-small" in table.stdout
     assert "A100 80GB SXM MIG 1g.10gb" in table.stdout
     assert "\x1b[" not in table.stdout  # not a terminal: no colour codes
-    # 26 over the window, 17 over each shorter term (the last day and week), the check, and
+    # 27 over the window, 17 over each shorter term (the last day and week), the check, and
     # OpenCost's prices.
-    assert 'msg="report ready" workloads=9 queries=62' in table.stderr
+    assert 'msg="report ready" workloads=9 queries=63' in table.stderr
     for name, check in (
         (
             "markdown",

@@ -2,7 +2,7 @@
 kubelet's allocations, the DRA devices of the node's ResourceSlices, and which container each GPU
 process runs in — into who holds and who uses each GPU. It runs once per sampling cycle, in the
 sampler's worker thread; each source fails alone and reports itself as a collector
-(`kubernetes`: the pod and ResourceSlice watches; `podresources`; `cgroups`).
+(`kubernetes`: the pod, ResourceSlice and LocalQueue watches; `podresources`; `cgroups`).
 
 The sources are small protocols: on a node they are the pod and ResourceSlice watches, the
 kubelet's PodResources API and `/proc` (`exporter.attribution.live`); under `--simulate` they are
@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Final, Protocol
 
 from exporter.attribution.join import Join
+from exporter.attribution.localqueues import NoLocalQueues
 from exporter.logs import LogOnce
 from exporter.model import Attribution, CollectorStatus, KubernetesStatus
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from exporter.attribution.cgroups import ContainerRef
     from exporter.attribution.dra import DeviceIndex
+    from exporter.attribution.localqueues import LocalQueueIndex
     from exporter.attribution.pod import PodIndex
     from exporter.attribution.podresources import DeviceAllocation
     from exporter.model import GpuSample, WatchStatus
@@ -64,6 +66,14 @@ class DeviceSource(Background, Protocol):
         """None while DRA is off (no driver configured, or the cluster serves no slices)."""
 
 
+class QueueSource(Background, Protocol):
+    """The cluster's Kueue LocalQueues, kept current in the background."""
+
+    def view(self) -> LocalQueueIndex: ...
+    def status(self) -> WatchStatus | None:
+        """None while nothing is watched (no cluster, no Kueue, or no RBAC for it)."""
+
+
 class AllocationSource(Background, Protocol):
     """Which container was given which device, kept current in the background. A cycle takes
     the answer last published and never waits for the source."""
@@ -88,6 +98,7 @@ class Attributor:
         processes: ProcessSource,
         devices: DeviceSource,
         *,
+        queues: QueueSource | None = None,
         pod_labels: re.Pattern[str] | None = None,
         image_pattern: re.Pattern[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -97,6 +108,7 @@ class Attributor:
         self._allocations = allocations
         self._processes = processes
         self.devices = devices
+        self.queues: QueueSource = queues if queues is not None else NoLocalQueues()
         self._join = Join(node, pod_labels=pod_labels, image_pattern=image_pattern)
         self._clock = clock
         self._once = LogOnce(log)
@@ -105,13 +117,19 @@ class Attributor:
         """Start the sources' background work."""
         self.pods.start()
         self.devices.start()
+        self.queues.start()
         self._allocations.start()
 
     def stop(self, *, timeout: float = STOP_SECONDS) -> None:
         """Stop the sources' background work: every thread is told first, then all are waited
         for until one deadline, `timeout` from now; returns by then whatever they do."""
         deadline = time.monotonic() + timeout
-        sources: tuple[Background, ...] = (self._allocations, self.devices, self.pods)
+        sources: tuple[Background, ...] = (
+            self._allocations,
+            self.devices,
+            self.queues,
+            self.pods,
+        )
         for source in sources:
             source.request_stop()
         for source in sources:
@@ -119,9 +137,9 @@ class Attributor:
 
     def kubernetes(self) -> KubernetesStatus:
         """How current the watches are."""
-        pods, devices = self.pods.status(), self.devices.status()
+        pods, devices, queues = self.pods.status(), self.devices.status(), self.queues.status()
         return KubernetesStatus(
-            watches=tuple(status for status in (pods, devices) if status is not None),
+            watches=tuple(status for status in (pods, devices, queues) if status is not None),
             pods_cached=pods.objects if pods is not None else 0,
             dra_devices=None if devices is None else len(self.devices.view()),
         )
@@ -154,6 +172,7 @@ class Attributor:
     ) -> tuple[Attribution, tuple[CollectorStatus, ...]]:
         index = self.pods.view()
         devices = self.devices.view()
+        local_queues = self.queues.view()
         kubernetes = self.kubernetes()
         viewed = self._clock()
         allocations, allocations_ok = self._allocations.allocations()
@@ -164,7 +183,14 @@ class Attributor:
         containers, cgroups_ok = self._processes.lookup(pids)
         read = self._clock()
         attribution = self._join(
-            gpus, containers, index, allocations, kubernetes, devices=devices, now=read
+            gpus,
+            containers,
+            index,
+            allocations,
+            kubernetes,
+            devices=devices,
+            local_queues=local_queues,
+            now=read,
         )
         joined = self._clock()
         return attribution, (

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from exporter.attribution.dra import NO_DEVICES
+from exporter.attribution.localqueues import NO_LOCAL_QUEUES, queue_of
 from exporter.attribution.pod import revision
 from exporter.attribution.reserved import Holding, Reservations, capacity_share, hami_slot
 from exporter.attribution.shares import HAMI_ALLOCATED, KAI_GROUP, is_reservation
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 
     from exporter.attribution.cgroups import ContainerRef
     from exporter.attribution.dra import DeviceIndex
+    from exporter.attribution.localqueues import LocalQueueIndex
     from exporter.attribution.pod import Pod, PodIndex
     from exporter.attribution.podresources import DeviceAllocation
     from exporter.model import GpuSample
@@ -124,7 +126,9 @@ class Join:
         self._busy: dict[Key, _Busy] = {}
         self._energy: dict[str, _Energy] = {}
         self._cycle = 0
-        self._identities: dict[str, tuple[Pod, PodIdentity]] = {}
+        self._identities: dict[str, tuple[Pod, tuple[str, str] | None, PodIdentity]] = {}
+        """Each pod's identity, made again when the pod or its queue changes."""
+        self._local_queues = NO_LOCAL_QUEUES
         self._held: dict[tuple[str, str, str, str], Allocation] = {}
         """Last cycle's allocations, reused while unchanged (most cycles change none)."""
         self._reservations = Reservations()
@@ -139,8 +143,10 @@ class Join:
         kubernetes: KubernetesStatus,
         *,
         devices: DeviceIndex = NO_DEVICES,
+        local_queues: LocalQueueIndex = NO_LOCAL_QUEUES,
         now: float,
     ) -> Attribution:
+        self._local_queues = local_queues
         by_uuid = {gpu.identity.uuid: gpu for gpu in gpus if gpu.identity.uuid}
         uses, unattributed, strays = self._uses(gpus, containers, pods)
         held = self._allocations(allocations or (), pods, gpus, uses, devices)
@@ -505,9 +511,10 @@ class Join:
         )
 
     def _identity(self, pod: Pod) -> PodIdentity:
+        queue = queue_of(pod.namespace, pod.labels, self._local_queues)
         cached = self._identities.get(pod.uid)
-        if cached is not None and cached[0] is pod:
-            return cached[1]
+        if cached is not None and cached[0] is pod and cached[1] == queue:
+            return cached[2]
         labels: dict[str, str] = {}
         if self._pod_labels is not None:
             for name in sorted(pod.labels):
@@ -526,10 +533,12 @@ class Join:
             images=tuple(
                 (container, image if self._shown(image) else "") for container, image in pod.images
             ),
+            queue=queue[0] if queue else "",
+            queue_kind=queue[1] if queue else "",
         )
         if len(self._identities) > 4 * len(self._busy) + 1024:
             self._identities.clear()  # bounded: pods come and go
-        self._identities[pod.uid] = (pod, identity)
+        self._identities[pod.uid] = (pod, queue, identity)
         return identity
 
     def _shown(self, image: str) -> bool:

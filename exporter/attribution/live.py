@@ -1,5 +1,5 @@
-"""The attribution sources of a real node: the pod and ResourceSlice watches (list + watch of
-the API server, each in a thread of its own), the kubelet's PodResources API (asked by a poller
+"""The attribution sources of a real node: the pod, ResourceSlice and LocalQueue watches (list +
+watch of the API server, each in a thread of its own), the kubelet's PodResources API (asked by a poller
 thread of its own, so a slow kubelet never delays a cycle; the same thread reads the DRA claims
 it names, once each) and `/proc` (read in the cycle: one `stat` per GPU process, a file only for
 a process not seen before).
@@ -17,6 +17,7 @@ from exporter.attribution.attributor import Attributor
 from exporter.attribution.claims import ClaimResources
 from exporter.attribution.cluster import KubernetesClient
 from exporter.attribution.dra import NO_DEVICES
+from exporter.attribution.localqueues import local_queue_watch
 from exporter.attribution.podresources import PodResourcesClient
 from exporter.attribution.pods import pod_watch
 from exporter.attribution.procfs import ProcessContainers
@@ -139,6 +140,9 @@ def cluster_attributor(config: ServeConfig, access: ClusterAccess) -> Attributor
         ),
         ProcessContainers(config.procfs),
         devices,
+        queues=local_queue_watch(
+            KubernetesClient(access.configuration), batch_seconds=batch_seconds
+        ),
         pod_labels=config.pod_labels,
         image_pattern=config.image_pattern,
     )

@@ -10,8 +10,9 @@ daemon hold: the fields above, each string cut (`jsonstream.MAX_TEXT`), at most
 `MAX_CONTAINERS` containers and statuses of each kind, two owner references (the first and the
 controller), the mirror annotation and those that say what a pod reserved of a shared GPU
 (`exporter.attribution.shares`), and only the labels gpuscope reads (the revision labels, KAI's
-GPU group labels and those `--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes,
-managed fields, other labels and annotations are scanned past, never built.
+GPU group labels, the queue labels `exporter.attribution.localqueues` reads, and those
+`--kubernetes.pod-labels` exports, at most `MAX_LABELS`). Env, volumes, managed fields, other
+labels and annotations are scanned past, never built.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from exporter.attribution.jsonstream import TEXT, Entries, Fields, Items, Scalar
+from exporter.attribution.localqueues import QUEUE_LABELS
 from exporter.attribution.owners import OwnerReference, Workload, workload_of
 from exporter.attribution.shares import MAX_ANNOTATION, SHARE_ANNOTATIONS, SHARE_LABELS
 
@@ -138,12 +140,13 @@ def pod_from_api(obj: Mapping[str, Any]) -> Pod:
 
 def pod_shape(*, labels: re.Pattern[str] | None = None) -> Fields:
     """What is read of a pod as the API serves it: what `pod_from_api` uses, with the labels
-    gpuscope reads (the revision labels, and those `labels` matches in full)."""
+    gpuscope reads (the revision labels, the queue labels, and those `labels` matches in full)."""
 
     def read_label(name: str) -> bool:
         return (
             name in REVISION_LABELS
             or name in SHARE_LABELS
+            or name in QUEUE_LABELS
             or (labels is not None and bool(labels.fullmatch(name)))
         )
 

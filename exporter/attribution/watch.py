@@ -13,10 +13,13 @@ its `Kind.shape` names is built, so what a tenant puts in a pod (1.5 MiB of env 
 annotations) is scanned past, never held; each object read is bounded (`MAX_OBJECT_BYTES`), and
 so is a page (`PAGE_OBJECTS` of them).
 
-The pods of this node (`exporter.attribution.pods`) and its ResourceSlices
-(`exporter.attribution.resourceslices`) are both kept this way. A kind the cluster may not
-serve (`Kind.optional`: resource.k8s.io before Kubernetes 1.34, or without the RBAC for it)
-turns itself off at the first 404 or 403, with one log line, and costs nothing after.
+The pods of this node (`exporter.attribution.pods`), its ResourceSlices
+(`exporter.attribution.resourceslices`) and the cluster's Kueue LocalQueues
+(`exporter.attribution.localqueues`) are kept this way. A kind the cluster may not serve
+(`Kind.optional`: resource.k8s.io before Kubernetes 1.34, Kueue not installed, or without the
+RBAC for it) turns itself off at the first 404 or 403, with one log line, and costs nothing
+after; one served under several API versions (`Kind.older_paths`) tries the next older one at a
+404 first.
 
 Stopping is two steps, so that an owner stopping several watches waits once: `request_stop`
 tells the thread and cuts its open connection, `join` waits for it until a deadline. The thread
@@ -118,6 +121,9 @@ class Kind(Generic[T, V]):
     """For an optional kind: the one log line saying it is off, and what that costs."""
     page_objects: int = PAGE_OBJECTS
     max_object_bytes: int = MAX_OBJECT_BYTES
+    older_paths: tuple[str, ...] = ()
+    """For an optional kind: the same collection under the API versions to fall back to, newest
+    first, each tried when the one before answers 404 (the cluster serves an older version)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,10 @@ class _BadStream(Exception):
 
 class _Absent(Exception):
     """An optional kind the cluster does not serve (or not to this service account)."""
+
+
+class _OlderVersion(Exception):
+    """The kind's API version is not served: list again at the next older path."""
 
 
 class ListWatch(Generic[T, V]):
@@ -165,6 +175,9 @@ class ListWatch(Generic[T, V]):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = SupervisedThread(thread, self._run, on_crash=self._crashed)
+        self._path = kind.path
+        self._older_paths = list(kind.older_paths)
+        """The paths not tried yet; the watch thread's alone."""
         self._response: BaseHTTPResponse | None = None
         """The answer being read (a page of the list, or the watch), cut by `request_stop`."""
         self._objects: dict[str, T] = {}
@@ -277,6 +290,8 @@ class ListWatch(Generic[T, V]):
                 expired_before = True
             except _Absent:
                 return
+            except _OlderVersion:
+                continue
             except Exception as error:  # noqa: BLE001 - whatever broke, retry with backoff
                 if self._stopping.is_set():
                     break
@@ -297,13 +312,20 @@ class ListWatch(Generic[T, V]):
     ) -> BaseHTTPResponse:
         try:
             response = self._client.get(
-                self.kind.path,
+                self._path,
                 [("fieldSelector", self.kind.selector), *query],
                 timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
             )
         except ApiError as error:
             if error.status == GONE:
                 raise _Expired(what) from error
+            if self.kind.optional and error.status == 404 and self._older_paths:
+                log.info(
+                    "the Kubernetes API does not serve this version; trying an older one",
+                    extra={"path": self._path, "next": self._older_paths[0]},
+                )
+                self._path = self._older_paths.pop(0)
+                raise _OlderVersion from error
             if self.kind.optional and error.status in ABSENT_STATUS:
                 self._turn_off(error)
                 raise _Absent from error
@@ -473,7 +495,7 @@ class ListWatch(Generic[T, V]):
         log.log(
             logging.INFO if error.status == 404 else logging.WARNING,
             self.kind.absent,
-            extra={"status": error.status, "reason": str(error.reason), "path": self.kind.path},
+            extra={"status": error.status, "reason": str(error.reason), "path": self._path},
         )
 
     def _failed(self, error: Exception) -> float:

@@ -127,6 +127,20 @@ POD_INFO: Final = Family(
     "labels chosen by `--kubernetes.pod-labels`; always 1",
     collector="attribution",
 )
+QUEUE_INFO: Final = Family(
+    "gpu_pod_queue_info",
+    "The queue a pod that holds or uses a GPU on this node was admitted through (a Kueue "
+    "ClusterQueue or a KAI Scheduler queue); always 1.",
+    labels=("namespace", "pod", "queue", "queue_kind"),
+    gpu=False,
+    labels_doc="no GPU labels: `namespace`, `pod`, `queue`, `queue_kind` (`kueue` or `kai`)",
+    doc="the queue a pod that holds or uses a GPU of this node was admitted through: its Kueue "
+    'ClusterQueue (`queue_kind="kueue"`; the pod\'s `kueue.x-k8s.io/cluster-queue-name` label, '
+    "else its `kueue.x-k8s.io/queue-name` LocalQueue's `spec.clusterQueue`) or its KAI Scheduler "
+    'queue (`queue_kind="kai"`, the `kai.scheduler/queue` label); absent for a pod in no '
+    "queue; always 1 (see [Showback per queue](../guide/attribution.md#showback-per-queue))",
+    collector="attribution",
+)
 CONTAINER_INFO: Final = Family(
     "gpu_pod_container_info",
     "The image of a container that holds or uses a GPU on this node (digest dropped, cut to 128 "
@@ -169,7 +183,8 @@ WATCH_UP: Final = Family(
     "1 while a cache follows the Kubernetes API (list + watch of resource), 0 while it cannot.",
     labels=("resource",),
     gpu=False,
-    labels_doc="`resource`: `pods`, and `resourceslices` while DRA is on",
+    labels_doc="`resource`: `pods`, `resourceslices` while DRA is on, `localqueues` while the "
+    "cluster serves Kueue's LocalQueues",
     doc="1 while the cache of that resource follows the Kubernetes API (list + watch), 0 while "
     "it cannot reach it",
     collector="attribution",
@@ -211,6 +226,7 @@ FAMILIES: Final = (
     ALLOCATION_SHARED,
     ALLOCATION_SHARE,
     POD_INFO,
+    QUEUE_INFO,
     CONTAINER_INFO,
     UNATTRIBUTED_MEMORY,
     UNATTRIBUTED_PROCESSES,
@@ -297,6 +313,7 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
         }
         pod_info.samples.append(Sample(POD_INFO.name, pod_labels, 1))
     yield pod_info
+    yield _queue_info(attribution)
     yield _container_info(attribution)
     yield from _unattributed(attribution)
 
@@ -315,6 +332,21 @@ def attribution_families(attribution: Attribution | None) -> Iterator[Metric]:
     if kubernetes.dra_devices is not None:
         add(devices, {}, kubernetes.dra_devices)
     yield devices
+
+
+def _queue_info(attribution: Attribution) -> Metric:
+    """The queue of each pod in one (`exporter.attribution.localqueues`)."""
+    info = new_metric(QUEUE_INFO)
+    for pod in attribution.pods:
+        if pod.queue:
+            labels = {
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "queue": pod.queue,
+                "queue_kind": pod.queue_kind,
+            }
+            info.samples.append(Sample(info.name, labels, 1))
+    return info
 
 
 def _container_info(attribution: Attribution) -> Metric:

@@ -157,6 +157,11 @@ class WorkloadHistory:
     """Tokens (prompt + output) its inference servers served over the window, from
     `workload_model:serving_tokens:rate5m`; None when it serves none or holds GPUs of more than
     one configuration (the tokens cannot be told apart between them)."""
+    queue: str = ""
+    """The queue its pods were admitted through (`gpu_pod_queue_info`): a Kueue ClusterQueue or a
+    KAI Scheduler queue; "" for none. Pods in several queues over the window: the first by name."""
+    queue_kind: str = ""
+    """`kueue` or `kai`; "" for none."""
 
     @property
     def devices(self) -> tuple[DeviceHistory, ...]:
@@ -345,6 +350,8 @@ def assemble(
         )
 
     extra = len(grouping.extra)
+    queues = _queues(answers, grouping)
+    unit_queues: dict[tuple[str, ...], tuple[str, str]] = {}
     units: dict[tuple[str, ...], list[PodHistory]] = defaultdict(list)
     for pod_key, devices in sorted(pods.items()):
         cluster = pod_key[0] if extra else ""
@@ -360,6 +367,9 @@ def assemble(
                     pod, tuple(held_devices), tuple(cpu.get((*pod_key[:extra], namespace, pod), ()))
                 )
             )
+            queue = queues.get(pod_key[:-1])
+            if queue is not None:
+                unit_queues[unit] = min(queue, unit_queues.get(unit, queue))
 
     ceilings = Ceilings(
         flops={
@@ -397,6 +407,8 @@ def assemble(
                 pods=tuple(pod_list),
                 cluster=unit[0],
                 served_tokens=_served_tokens(keyed, unit, units, extra=extra, step=step),
+                queue=unit_queues.get(unit, ("", ""))[0],
+                queue_kind=unit_queues.get(unit, ("", ""))[1],
             )
             for unit, pod_list in sorted(units.items())
         ),
@@ -460,6 +472,19 @@ def _autoscalers(
 def _mean(seconds: float | None, held: float) -> float | None:
     """Busy (or active) seconds over the held time, as a ratio."""
     return None if seconds is None or held <= 0 else min(seconds / held, 1.0)
+
+
+def _queues(
+    answers: Mapping[str, Iterable[Sample]], grouping: Grouping
+) -> dict[tuple[str, ...], tuple[str, str]]:
+    """(queue, queue kind) by workload (cluster, namespace, kind, name); of several, the first."""
+    found: dict[tuple[str, ...], tuple[str, str]] = {}
+    for sample in answers.get("queue", ()):
+        queue = (sample.labels.get("queue", ""), sample.labels.get("queue_kind", ""))
+        if queue[0]:
+            key = _key(sample.labels, grouping.device[:-2])
+            found[key] = min(queue, found.get(key, queue))
+    return found
 
 
 def _key(labels: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:

@@ -225,6 +225,18 @@ class NamespaceMoney:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueMoney:
+    """Showback per queue: the money of the workloads admitted through one queue."""
+
+    cluster: str
+    queue: str
+    """"" for the workloads in no queue."""
+    queue_kind: str
+    """`kueue`, `kai`, or "" for none."""
+    money: Money
+
+
+@dataclass(frozen=True, slots=True)
 class RooflinePoint:
     workload: str
     classification: str
@@ -274,6 +286,8 @@ class Report:
     """Each policy `--simulate` asked for, replayed over the window (`replay/`)."""
     placement_patches: PlacementPatches | None = None
     """The winning placement's patches, where Kubernetes can express it (`replay/patchset.py`)."""
+    queues: tuple[QueueMoney, ...] = ()
+    """Per queue (the workloads in none as one more entry); empty when no workload is in one."""
 
     @property
     def classification_counts(self) -> dict[str, int]:
@@ -318,6 +332,7 @@ def build_report(
         settings=settings,
         rows=tuple(kept),
         namespaces=_per_namespace(kept),
+        queues=_per_queue(kept),
         total=_money(kept),
         consolidation=_consolidation(kept, hardware, settings),
         cluster_consolidations=tuple(
@@ -503,6 +518,17 @@ def _per_namespace(rows: list[WorkloadRow]) -> tuple[NamespaceMoney, ...]:
         for (cluster, namespace), members in grouped.items()
     ]
     totals.sort(key=lambda item: (-item.money.savings, item.cluster, item.namespace))
+    return tuple(totals)
+
+
+def _per_queue(rows: list[WorkloadRow]) -> tuple[QueueMoney, ...]:
+    if not any(row.history.queue for row in rows):
+        return ()
+    grouped: dict[tuple[str, str, str], list[WorkloadRow]] = defaultdict(list)
+    for row in rows:
+        grouped[(row.cluster, row.history.queue, row.history.queue_kind)].append(row)
+    totals = [QueueMoney(*key, _money(members)) for key, members in grouped.items()]
+    totals.sort(key=lambda item: (-item.money.current, item.cluster, item.queue))
     return tuple(totals)
 
 

@@ -227,6 +227,18 @@ SIGNALS: Final = (
         measures="tokens",
     ),
     Signal(
+        # The queue each workload's pods were admitted through (showback per queue): the daemon's
+        # gpu_pod_queue_info joined to the pods' workloads by gpu_pod_info; every value is 1.
+        "queue",
+        "max by ({K}namespace, workload_kind, workload, queue, queue_kind) ("
+        "last_over_time(gpu_pod_queue_info{{{m}}}[{w}])"
+        " * on ({K}namespace, pod) group_left (workload_kind, workload) "
+        "max by ({K}namespace, pod, workload_kind, workload) "
+        "(last_over_time(gpu_pod_info{{{m}}}[{w}])))",
+        per_term=False,
+        measures="ratio",
+    ),
+    Signal(
         "calibrated_flops",
         "avg by (model, dtype) (last_over_time(gpu_calibrated_flops[{w}]))",
         per_term=False,

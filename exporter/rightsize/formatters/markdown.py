@@ -95,6 +95,21 @@ def format_markdown(report: Report, _output: Output) -> str:
         f"{money_text(entry.money.savings)} |"
         for entry in report.namespaces
     )
+    if report.queues:
+        lines += [
+            "",
+            "## Queues",
+            "",
+            "| queue | scheduler | $/month now | recommended | savings |",
+            "|---|---|---|---|---|",
+        ]
+        lines.extend(
+            f"| {_cell(f'{entry.cluster}: ' if entry.cluster else '')}"
+            f"{_cell(entry.queue or '(no queue)')} | {entry.queue_kind or 'none'} | "
+            f"{money_text(entry.money.current)} | {money_text(entry.money.recommended)} | "
+            f"{money_text(entry.money.savings)} |"
+            for entry in report.queues
+        )
     changes = [(row, patch) for row in report.rows if (patch := row.patch) is not None]
     if changes:
         lines += ["", "## Changes to apply", ""]

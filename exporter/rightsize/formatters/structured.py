@@ -98,6 +98,7 @@ def workload_document(row: WorkloadRow) -> dict[str, Any]:
         "namespace": history.namespace,
         "kind": history.kind,
         "workload": history.name,
+        "queue": {"name": history.queue, "kind": history.queue_kind} if history.queue else None,
         "pods": [pod.name for pod in history.pods],
         "replicas": row.replicas,
         "replicas_mean": round(row.replicas_mean, 3),
@@ -199,6 +200,15 @@ def report_document(report: Report) -> dict[str, Any]:
                 **_money_document(entry.money),
             }
             for entry in report.namespaces
+        ],
+        "queues": [
+            {
+                **({"cluster": entry.cluster} if report.cluster_label else {}),
+                "queue": entry.queue,
+                "queue_kind": entry.queue_kind or "none",
+                **_money_document(entry.money),
+            }
+            for entry in report.queues
         ],
         "consolidation": {
             "gpus_before": consolidation.gpus_before,
