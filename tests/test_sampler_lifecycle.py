@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
 from prometheus_client.core import GaugeMetricFamily
 
 from exporter.config import ServeConfig
