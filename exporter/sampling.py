@@ -181,8 +181,8 @@ class SamplingLoop:
             interval=config.collect_interval,
         )
         self._once = LogOnce(log)
-        self._published: tuple[Snapshot, list[Metric]] | None = None
-        """The last snapshot and the daemon's own families with it (worker thread only)."""
+        self._published: Snapshot | None = None
+        """The last snapshot (worker thread only)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._republishing: asyncio.Task[None] | None = None
@@ -298,9 +298,8 @@ class SamplingLoop:
             attribution=cycle.attribution,
             carbon_intensity_grams_per_kwh=self._carbon_intensity,
         )
-        own = list(self._own_families()) if self._own_families is not None else []
-        self._published = (snapshot, own)
-        return self._expose(snapshot, own)
+        self._published = snapshot
+        return self._expose(snapshot)
 
     # -- health --------------------------------------------------------------------------------
 
@@ -364,22 +363,28 @@ class SamplingLoop:
         Worker thread."""
         if self._published is None:
             return None
-        snapshot, own = self._published
         snapshot = replace(
-            snapshot,
-            gpus=self._nvml.overlay_events(snapshot.gpus),
+            self._published,
+            gpus=self._nvml.overlay_events(self._published.gpus),
             errors_total=self._nvml.errors_total,
         )
-        self._published = (snapshot, own)
-        return self._expose(snapshot, own)
+        self._published = snapshot
+        return self._expose(snapshot)
 
-    def _expose(self, snapshot: Snapshot, own: list[Metric]) -> Exposition:
+    def _expose(self, snapshot: Snapshot) -> Exposition:
         """The snapshot's exposition, rendered now in the formats the previous one was scraped in:
         scrapes come at least once a cycle, so they get ready bytes. Otherwise the first scrape
-        renders it (scraped every 15 s, 14 of 15 snapshots then cost nothing to render)."""
+        renders it (scraped every 15 s, 14 of 15 snapshots then cost nothing to render). The
+        daemon's own families are read as the snapshot's families are made, in the thread that
+        renders it first: reading them (`/proc`, the collector's counts) is most of a cycle's own
+        work in the sampler thread, and a snapshot nobody scrapes needs none of it."""
         previous = self.exposition
+        own = self._own_families
         return Exposition(
-            lambda: [*snapshot_families(snapshot, self._build, dcgm=self._dcgm), *own],
+            lambda: [
+                *snapshot_families(snapshot, self._build, dcgm=self._dcgm),
+                *(own() if own is not None else ()),
+            ],
             formats=previous.served if previous is not None else (),
         )
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.core import GaugeMetricFamily
 
 from exporter.config import ServeConfig
 from exporter.metrics.families import BuildInfo
@@ -246,3 +247,34 @@ async def test_a_failing_republish_is_logged_counted_and_close_still_closes(
     await sampling.close()
     assert driver.shutdowns == [0], "close() must still shut NVML down"
     assert all(worker is not None and not worker._thread.is_alive() for worker in workers)
+
+
+async def test_a_cycle_nobody_scrapes_reads_none_of_the_daemons_own_families() -> None:
+    """The daemon's own families (`/proc/self`, the endpoint's counts) were read by every cycle,
+    most of the sampler thread's own work, though a snapshot nobody scrapes is never rendered.
+    They are read as its families are made: not at all for an unscraped cycle, once however
+    many formats a scraped one is rendered in."""
+    reads: list[int] = []
+
+    def own() -> list[Any]:
+        reads.append(len(reads))
+        return [GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", 7.0)]
+
+    sampling = SamplingLoop(
+        ServeConfig(),
+        _tracked(),  # type: ignore[arg-type]
+        build=BuildInfo("test"),
+        own_families=own,
+    )
+    await sampling.start()
+    try:
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            exposition = await loop.run_in_executor(sampling._executor, sampling.cycle)
+        assert reads == []
+        text = exposition.render("text").body
+        exposition.render("openmetrics")
+        assert reads == [0]
+        assert b"process_open_fds 7.0" in text
+    finally:
+        await sampling.close()

@@ -2,8 +2,10 @@
 `process_*` (resident memory, CPU seconds, open and maximum fds, start time), `python_gc_*` and
 `python_info`.
 
-They are read once per sampling cycle, in the worker thread, and served from the snapshot like
-every other series: a scrape does no new work for them (about 60 µs per cycle to read).
+They are read when a cycle's snapshot is first rendered, by the thread that renders it, and
+served with it like every other series: a second scrape of the same snapshot does no new work
+for them, and a cycle nobody scrapes reads none of it (`/proc/self`, the fd directory: most of
+what the sampler thread would otherwise do besides assembling the GPUs).
 """
 
 from __future__ import annotations

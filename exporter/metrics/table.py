@@ -17,8 +17,8 @@ _OWN_ROWS: Final = (
         "| `process_resident_memory_bytes`, `process_virtual_memory_bytes`, "
         "`process_cpu_seconds_total`, `process_open_fds`, `process_max_fds`, "
         "`process_start_time_seconds` | gauge, counter | no GPU labels | | the daemon's own "
-        "footprint, as every Prometheus client library reports it; read once per cycle (about "
-        "60 µs) and served from the snapshot like everything else |"
+        "footprint, as every Prometheus client library reports it; read when a cycle's snapshot "
+        "is first rendered (a cycle nobody scrapes reads none of it) and served with it |"
     ),
     (
         "| `python_gc_objects_collected_total`, `python_gc_objects_uncollectable_total`, "

@@ -9,6 +9,8 @@ one, in one `nvmlGpmMetricsGet` call. The buffers are allocated once and freed b
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,6 +27,22 @@ if TYPE_CHECKING:
 
 MIN_WINDOW_SECONDS: Final = 0.1
 """GPM needs samples at least this far apart; a cycle closer to the last one reuses it later."""
+
+
+def _results_layout(count: int) -> struct.Struct:
+    """`count` nvmlGpmMetric_t answers read in one call: (return code, value) for each; the
+    offsets are ctypes' own, so pynvml's layout is followed."""
+    metric = pynvml.c_nvmlGpmMetric_t
+    code, value = metric.nvmlReturn, metric.value
+    if code.size != 4 or value.size != 8 or value.offset < code.offset + 4:
+        raise RuntimeError("nvmlGpmMetric_t: unexpected layout of nvmlReturn and value")
+    gap = value.offset - code.offset - 4
+    tail = ctypes.sizeof(metric) - value.offset - 8
+    return struct.Struct("=" + f"{code.offset}xI{gap}xd{tail}x" * count)
+
+
+_RESULTS: Final = _results_layout(len(GPM_METRICS))
+_RESULTS_OFFSET: Final = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +72,15 @@ class GpmReader:
         self._request = pynvml.c_nvmlGpmMetricsGet_t()
         self._request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
         self._request.numMetrics = len(GPM_METRICS)
-        # Samples are set and results read through plain views of the request's memory: pynvml's
-        # own struct attributes are several times slower, and this runs for every GPU each cycle.
+        # Samples are set through a plain view of the request's memory (pynvml's own struct
+        # attributes are several times slower, and this runs for every GPU each cycle), results
+        # read with one `struct` call.
         self._samples: Any = plain_layout(pynvml.c_nvmlGpmMetricsGet_t).from_buffer(self._request)
-        self._metrics: Any = (
-            plain_layout(pynvml.c_nvmlGpmMetric_t) * len(GPM_METRICS)
-        ).from_buffer(self._request, pynvml.c_nvmlGpmMetricsGet_t.metrics.offset)
+        metrics: Any = (plain_layout(pynvml.c_nvmlGpmMetric_t) * len(GPM_METRICS)).from_buffer(
+            self._request, _RESULTS_OFFSET
+        )
         for slot, (metric_id, _, _, _) in enumerate(GPM_METRICS):
-            self._metrics[slot].metricId = metric_id
+            metrics[slot].metricId = metric_id
 
     def read(self, now: float) -> GpmReading | None:
         """Take a sample; the metrics since the previous one, or None for the very first sample.
@@ -81,11 +100,14 @@ class GpmReader:
         self._samples.sample1 = previous
         self._samples.sample2 = current
         self._nvml.nvmlGpmMetricsGet(self._request)
+        # Every metric's code and value in one C call, not through a ctypes view per metric.
+        results = _RESULTS.unpack_from(self._request, _RESULTS_OFFSET)
         values: dict[Series, float] = {}
-        for slot, (_, series, factor, ceiling) in enumerate(GPM_METRICS):
-            metric = self._metrics[slot]
-            if metric.nvmlReturn == pynvml.NVML_SUCCESS:
-                values[series] = min(max(float(metric.value), 0.0) * factor, ceiling)
+        for (_, series, factor, ceiling), code, value in zip(
+            GPM_METRICS, results[0::2], results[1::2], strict=True
+        ):
+            if code == pynvml.NVML_SUCCESS:
+                values[series] = min(max(value, 0.0) * factor, ceiling)
         return GpmReading(values, now - previous_at)
 
     def free(self) -> None:

@@ -10,6 +10,7 @@ while it stays listed.
 from __future__ import annotations
 
 import itertools
+import struct
 from typing import TYPE_CHECKING, Final
 
 import pynvml
@@ -23,6 +24,30 @@ if TYPE_CHECKING:
     from exporter.nvml.reads import Device, Reads
 
 COLLECTOR: Final = "processes"
+
+
+def _sample_layout() -> struct.Struct:
+    """An nvmlProcessUtilizationSample_t as `struct` reads it: pid, timestamp, SM and memory
+    utilization, the rest skipped; the offsets are ctypes' own, so pynvml's layout is followed."""
+    sample = pynvml.c_nvmlProcessUtilizationSample_t
+    fields = (
+        ("I", sample.pid),
+        ("Q", sample.timeStamp),
+        ("I", sample.smUtil),
+        ("I", sample.memUtil),
+    )
+    layout, end = "=", 0
+    for code, field in fields:
+        if field.offset < end or field.size != struct.calcsize("=" + code):
+            raise RuntimeError("nvmlProcessUtilizationSample_t: unexpected layout")
+        layout += f"{field.offset - end}x{code}"
+        end = field.offset + field.size
+    return struct.Struct(layout)
+
+
+_SAMPLE: Final = _sample_layout()
+"""Read in one C call: pynvml's struct attributes each go through a Python hook, four a process
+on every GPU each cycle."""
 
 
 def read_processes(
@@ -112,12 +137,15 @@ def _utilization(
         reads.failed(device, what, COLLECTOR, error)
         return None
     sums: dict[int, list[float]] = {}
+    newest = device.process_timestamp_us
     for sample in samples:
-        device.process_timestamp_us = max(device.process_timestamp_us, int(sample.timeStamp))
-        total = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
-        total[0] += sample.smUtil
-        total[1] += sample.memUtil
+        pid, stamp, sm, memory = _SAMPLE.unpack_from(sample)
+        newest = max(newest, stamp)
+        total = sums.setdefault(pid, [0.0, 0.0, 0.0])
+        total[0] += sm
+        total[1] += memory
         total[2] += 1
+    device.process_timestamp_us = newest
     return {
         pid: (min(sm / count / 100.0, 1.0), min(mem / count / 100.0, 1.0))
         for pid, (sm, mem, count) in sums.items()

@@ -26,6 +26,7 @@ import pynvml
 from exporter.nvml.driver import error_code, error_name, is_lifecycle_error, is_unavailable
 
 if TYPE_CHECKING:
+    import struct
     from collections.abc import Callable, Iterator
 
     from exporter.logs import LogOnce
@@ -112,6 +113,11 @@ class FieldRequest:
     """What each answer is, in the same order."""
     collectors: tuple[str, ...]
     """The collectors with a field in it: the call counts towards each."""
+    series: tuple[Series, ...]
+    """The one series each field fills, in the same order (empty unless `factors` is given)."""
+    factors: tuple[float, ...] | None
+    """Where every field fills one series with its number multiplied (`convert.Times`, or
+    `number`: times 1), the factor of each; then a GPU's answers are converted all at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +174,9 @@ class Device:
     """The names of the processes last listed, by pid (with `--collect.process-names`)."""
     fields: FieldRequest | None = None
     """Its field values' request, made on first use and again when a field drops out."""
+    field_layout: tuple[FieldRequest, tuple[int, ...], struct.Struct] | None = None
+    """The request its answers last all succeeded for, their value types, and how answers of
+    those types are read, each number as its type (`exporter.nvml.fields`)."""
     plan: Plan | None = None
     """Its plain readings' plan, made on first use and again when a reading drops out."""
     gpm: GpmReader | None = None

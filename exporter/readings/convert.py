@@ -6,6 +6,7 @@ returns the value, or None where the answer holds none (the series is then absen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -18,13 +19,20 @@ def number(value: float | None) -> float | None:
     return float(value) if value is not None else None
 
 
+@dataclass(frozen=True, slots=True)
+class Times:
+    """Multiplied by `factor`: a conversion a reader of many numbers at once can apply to all of
+    them in one call (`exporter.nvml.fields`)."""
+
+    factor: float
+
+    def __call__(self, value: Any) -> float | None:
+        return value * self.factor if value is not None else None
+
+
 def times(factor: float) -> Convert:
     """KiB to bytes, MHz to hertz: multiplied."""
-
-    def convert(value: Any) -> float | None:
-        return value * factor if value is not None else None
-
-    return convert
+    return Times(factor)
 
 
 def divided_by(divisor: float) -> Convert:

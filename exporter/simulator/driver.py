@@ -16,6 +16,7 @@ import itertools
 import struct
 import threading
 import time
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
@@ -90,9 +91,13 @@ _REFUSED: Final = struct.Struct("=I")
 _ULL: Final = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _DOUBLE: Final = pynvml.NVML_VALUE_TYPE_DOUBLE
 
-_TIMESTAMP: Final = struct.Struct("=q")
-"""(Each written alone: a pad byte in a `struct` format writes a zero over what lies there.)"""
-_TIMESTAMP_OFFSET: Final = pynvml.c_nvmlFieldValue_t.timestamp.offset
+_WORD: Final = 8
+if _FIELD_VALUE_SIZE % _WORD or pynvml.c_nvmlFieldValue_t.timestamp.offset % _WORD:
+    raise RuntimeError("nvmlFieldValue_t: its timestamp does not lie on a whole 8-byte word")
+_TIMESTAMP_WORD: Final = pynvml.c_nvmlFieldValue_t.timestamp.offset // _WORD
+_FIELD_VALUE_WORDS: Final = _FIELD_VALUE_SIZE // _WORD
+"""Where each answer's timestamp lies, counted in 8-byte words: all of them are written in one
+strided copy (a `struct` format cannot skip bytes without writing zeros over them)."""
 
 
 _Declared: TypeAlias = "tuple[int, int, tuple[int, bool, Any]]"
@@ -442,8 +447,8 @@ class SimulatedNvml:
         # Written with `struct` at each answer's offset: forty fields a GPU every cycle through
         # ctypes attributes would make the stand-in cost more than the sampler it serves.
         now_us = int(self._wall() * 1_000_000)
-        for offset in range(_TIMESTAMP_OFFSET, len(values) * _FIELD_VALUE_SIZE, _FIELD_VALUE_SIZE):
-            _TIMESTAMP.pack_into(values, offset, now_us)
+        words = memoryview(values).cast("B").cast("q")
+        words[_TIMESTAMP_WORD::_FIELD_VALUE_WORDS] = array("q", (now_us,)) * len(values)
         for offset, policy in throttled:
             _ANSWERED_INT.pack_into(
                 values, offset, _ULL, pynvml.NVML_SUCCESS, int(device.violation_ns[policy])

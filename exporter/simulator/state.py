@@ -73,6 +73,9 @@ class GpuState:
     """Perf policy -> nanoseconds the clocks were held down for it."""
     nvlink_links: int = 0
     """Its NVLink links, all up (0: a GPU without NVLink)."""
+    nvlink_bytes: tuple[float, float] = (0.0, 0.0)
+    """Bytes sent and received over all its links so far (`activity_total`'s NVLink part, kept
+    apart as it is integrated: every link's field value reads it, 36 a GPU each cycle)."""
     architecture: int = field(init=False)
     """Its architecture's place in `ARCHITECTURES` (what a reading's `since` is held against)."""
 
@@ -169,6 +172,8 @@ class GpuState:
     def _integrate(self, elapsed: float) -> None:
         for n, rate in enumerate(self.rates):
             self.activity_total[n] += rate * elapsed
+        total = self.activity_total
+        self.nvlink_bytes = total[activity.NVLINK_TX], total[activity.NVLINK_RX]
         for uuid, rates in self.instance_rates.items():
             totals = self.instance_activity[uuid]
             for n, rate in enumerate(rates):
@@ -205,10 +210,6 @@ class GpuState:
     @property
     def working(self) -> bool:
         return bool(self.shares)
-
-    @property
-    def nvlink_bytes(self) -> tuple[float, float]:
-        return self.activity_total[activity.NVLINK_TX], self.activity_total[activity.NVLINK_RX]
 
     def memory(self, position: int | None) -> tuple[int, int, int]:
         if position is not None:
