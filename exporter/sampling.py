@@ -223,8 +223,7 @@ class SamplingLoop:
     def snapshot(self) -> Snapshot | None:
         """The last snapshot published (None before the first cycle), for any thread: the
         worker replaces `_published` whole, and a snapshot is immutable."""
-        published = self._published
-        return published[0] if published is not None else None
+        return self._published
 
     @property
     def task(self) -> asyncio.Task[None] | None:
