@@ -136,3 +136,75 @@ async def test_a_label_value_longer_than_any_name_drops_its_series() -> None:
     body += '{"metric":{"pod":"b"},"value":[1,"2"]}]}}'
     with serving(answering(body)) as url:
         assert await query(url) == [Sample({"pod": "b"}, 2.0)]
+
+
+MATRIX_HEAD = '{"status":"success","data":{"resultType":"matrix","result":['
+
+
+async def query_range(url: str, promql: str = "max by (pod) (up)") -> list[Sample]:
+    async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
+        return await client.query_range(
+            promql, start=1700000000, end=1700000600, step=300, name="replay demand"
+        )
+
+
+async def test_a_matrix_is_read_a_sample_at_a_time_with_its_time() -> None:
+    body = MATRIX_HEAD + '{"metric":{"pod":"a","other":"x"},"values":[[1700000000,"0.5"],'
+    body += '[1700000300.5,"1"]]},{"metric":{"pod":"b"},"values":[[1700000600,"2"]]}]}}'
+    asked: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        form = await request.post()
+        asked.append(f"{request.path} {form['start']} {form['end']} {form['step']}")
+        return web.Response(body=body.encode(), content_type="application/json")
+
+    with serving(handle) as url:
+        found = await query_range(url)
+    assert asked == ["/api/v1/query_range 1700000000.000 1700000600.000 300"]
+    assert found == [
+        Sample({"pod": "a"}, 0.5, 1700000000),
+        Sample({"pod": "a"}, 1.0, 1700000300.5),
+        Sample({"pod": "b"}, 2.0, 1700000600),
+    ]
+
+
+async def test_a_vector_answering_a_range_query_is_refused() -> None:
+    with serving(answering(HEAD + "]}}")) as url, pytest.raises(PrometheusQueryError) as caught:
+        await query_range(url)
+    assert "returned vector, expected a range matrix" in str(caught.value)
+
+
+MATRIX_SHAPES = {
+    "a series carrying a long array": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":[[1,"1"]],"pad":['
+        + ",".join(["{}"] * (SIZE // 3))
+        + "]}]}}"
+    ),
+    "a sample of many empty arrays": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":[[1,"1",'
+        + ",".join(["[]"] * (SIZE // 3))
+        + "]]}]}}"
+    ),
+    "many samples": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":['
+        + ",".join(['[1,"NaN"]'] * (SIZE // 100))
+        + "]}]}}"
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", list(MATRIX_SHAPES))
+async def test_a_hostile_matrix_shape_costs_a_few_times_its_size(shape: str) -> None:
+    body = MATRIX_SHAPES[shape]
+    with serving(answering(body)) as url:
+        tracemalloc.start()
+        try:
+            found = await query_range(url)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 * len(body), f"{peak / 2**20:.0f} MiB for {len(body) / 2**20:.0f} MiB"
+    assert len(found) <= 1

@@ -12,10 +12,11 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from aiohttp import web
 
 from exporter.rightsize.fetch import fetch
 from exporter.rightsize.history import ContainerCpu
-from exporter.rightsize.prometheus import Connection, PrometheusClient, Sample
+from exporter.rightsize.prometheus import Bounds, Connection, PrometheusClient, Sample
 from exporter.rightsize.selection import Selection
 from exporter.rightsize.signals import SIGNALS, render
 from tests.helpers import require_tool
@@ -209,3 +210,42 @@ def test_a_real_prometheus_reads_the_escaped_names_and_matches_them(tmp_path: Pa
             document = json.load(answer)
     assert document["status"] == "success", document
     assert sorted(e["metric"]["pod"] for e in document["data"]["result"]) == sorted(odd)
+
+
+async def test_a_bad_sample_in_a_matrix_costs_only_itself(caplog: pytest.LogCaptureFixture) -> None:
+    """The replay's range answers are read with the vector's protections: a NaN, infinite,
+    out-of-bounds, malformed or off-shape sample is dropped (one warning naming the first), a
+    series whose samples precede its labels or with a label too long is dropped whole, one not
+    asked for is dropped unread, and only the labels the query groups by are kept."""
+    series = [
+        (
+            '{"metric":{"pod":"good","extra":"x"},"values":[[10,"0.5"],[20,"NaN"],[30,"+Inf"],'
+            '[40,"-1"],[50,"many"],["60","1"],[70],[80,"1",1],{"a":1},[90,"0.25"]]}'
+        ),
+        '{"values":[[10,"1"]],"metric":{"pod":"late"}}',
+        '{"metric":{"pod":"' + "p" * 5000 + '"},"values":[[10,"1"]]}',
+        '{"metric":{"pod":"foreign"},"values":[[10,"1"]]}',
+        '[{"metric":{"pod":"array"}}]',
+    ]
+    body = '{"status":"success","data":{"resultType":"matrix","result":['
+    body += ",".join(series) + "]}}"
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body.encode(), content_type="application/json")
+
+    with serving(handle) as url, caplog.at_level("DEBUG", "exporter.rightsize.prometheus"):
+        async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
+            found = await client.query_range(
+                "max by (pod) (up)",
+                start=10,
+                end=90,
+                step=10,
+                name="replay demand",
+                keep=lambda labels: labels.get("pod") != "foreign",
+                bounds=Bounds(0.0, 1e6, "busy GPUs"),
+            )
+    assert found == [Sample({"pod": "good"}, 0.5, 10), Sample({"pod": "good"}, 0.25, 90)]
+    (warning,) = [r for r in caplog.records if r.getMessage() == "prometheus series dropped"]
+    assert warning.dropped == 11  # type: ignore[attr-defined]
+    assert warning.reason == "value nan is not a finite number"  # type: ignore[attr-defined]

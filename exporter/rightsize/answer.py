@@ -38,10 +38,13 @@ MAX_WARNINGS: Final = 10
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One element of an instant vector: its labels and its value."""
+    """One element of an instant vector (its labels and its value), or one sample of a matrix
+    series (and its unix time)."""
 
     labels: Mapping[str, str]
     value: float
+    at: float = 0.0
+    """The sample's unix time in a matrix; 0 in a vector (its time is the query's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +128,14 @@ class Vector:
         keep: Callable[[Mapping[str, str]], bool] | None,
         bounds: Bounds,
         labels: frozenset[str] | None,
+        *,
+        kind: str = "vector",
     ) -> None:
         self.keep = keep
         self.bounds = bounds
         self.labels = labels
+        self.kind = kind
+        """The result type asked for: `vector` (an instant query) or `matrix` (a range query)."""
         """The label names kept (`answer_labels`); None: all."""
         self.samples: list[Sample] = []
         self.foreign = 0
@@ -139,14 +146,14 @@ class Vector:
 
     def fresh(self) -> Vector:
         """An empty one for another attempt at the same query."""
-        return Vector(self.keep, self.bounds, self.labels)
+        return Vector(self.keep, self.bounds, self.labels, kind=self.kind)
 
     def wants(self, label: str) -> bool:
         return self.labels is None or label in self.labels
 
-    def add(self, labels: dict[str, str], value_text: str | None) -> None:
-        """One well-formed element: its kept labels and its value's text (None: not text, or
-        too long to be a number)."""
+    def add(self, labels: dict[str, str], value_text: str | None, *, at: float = 0.0) -> None:
+        """One well-formed element (or matrix sample, at unix time `at`): its kept labels and
+        its value's text (None: not text, or too long to be a number)."""
         if self.keep is not None and not self.keep(labels):
             self.foreign += 1
             return
@@ -162,7 +169,7 @@ class Vector:
                 f"({self.bounds.what})",
             )
         else:
-            self.samples.append(Sample(labels, value))
+            self.samples.append(Sample(labels, value, at))
 
     def refuse(self, series: object, why: str) -> None:
         self.bad += 1
@@ -271,6 +278,8 @@ MAX_LABEL_VALUE: Final = 1024
 characters), GPU models and UUIDs. An element with a longer one is dropped as malformed."""
 MAX_VALUE_TEXT: Final = 64
 """The longest sample value read as a number: a longer one is not a number."""
+_POINT: Final = re.compile(rf'\[(-?[0-9][0-9.eE+-]{{0,40}}),"([^"\\]{{0,{MAX_VALUE_TEXT}}})"\]')
+"""A matrix sample as every PromQL server writes one: `[timestamp,"value"]`."""
 TEXT_LIMIT: Final = 400
 """How much of an error or warning is decoded (`cut` shows 200 characters)."""
 
@@ -478,6 +487,81 @@ class _Reader:
                 read.append(None)
         return sound and len(read) == 2, read[1] if len(read) > 1 else None
 
+    def series(self, vector: Vector) -> None:
+        """The next matrix element into `vector`, a sample at a time as it is read: its labels
+        first, as every server writes them (a series whose `values` come before its `metric`,
+        or that has either malformed, is dropped as malformed; so is each malformed sample)."""
+        self.peek()
+        start = self.at
+        labels: dict[str, str] | None = None
+        read = False
+        depth = 0
+        if self.peek() == "{":
+            for key in self.members():
+                if key == "metric" and labels is None and not read and self.peek() == "{":
+                    labels = self.walked_labels(vector)
+                    read = labels is None
+                elif key == "values" and labels is not None and self.peek() == "[":
+                    self.points(labels, vector)
+                    read = True
+                else:
+                    self.skip()
+        else:
+            depth = self.skip()
+        if labels is None or not read:
+            why = "nested too deeply" if depth > MAX_NESTING else "a malformed matrix series"
+            vector.refuse(self.text[start : min(self.at, start + TEXT_LIMIT)], why)
+
+    def points(self, labels: dict[str, str], vector: Vector) -> None:
+        """A series' samples: each in the flat shape every server writes matched at once (a
+        range answer holds a sample per step of each series), any other walked."""
+        self.expect("[")
+        if self.peek() == "]":
+            self.at += 1
+            return
+        while True:
+            found = _POINT.match(self.text, self.at)
+            if found is None:
+                self.point(labels, vector)
+            else:
+                self.at = found.end()
+                at = _number(found[1])
+                if at is None or not math.isfinite(at):
+                    vector.refuse(found[0], "a malformed sample")
+                else:
+                    vector.add(labels, found[2], at=at)
+            if self.peek() == ",":
+                self.at += 1
+                continue
+            self.expect("]")
+            return
+
+    def point(self, labels: dict[str, str], vector: Vector) -> None:
+        """One `[timestamp, text]` sample of a series with `labels`, walked."""
+        start = self.at
+        at: float | None = None
+        text: str | None = None
+        count = 0
+        if self.peek() == "[":
+            for _ in self.items():
+                if count == 0 and self.peek() in "-0123456789":
+                    number = self.decoded()
+                    at = float(number) if isinstance(number, (int, float)) else None
+                elif count == 1:
+                    text = self.string(MAX_VALUE_TEXT)
+                else:
+                    # However many more items: stepped over at once, not one at a time.
+                    self.skip_rest()
+                    count += 1
+                    break
+                count += 1
+        else:
+            self.skip()
+        if count == 2 and at is not None and math.isfinite(at):
+            vector.add(labels, text, at=at)
+        else:
+            vector.refuse(self.text[start : min(self.at, start + TEXT_LIMIT)], "a malformed sample")
+
     def end(self) -> None:
         if self.peek():
             raise _NotJson
@@ -530,12 +614,16 @@ def read_answer(body: bytearray, vector: Vector) -> Answer | None:
 
 
 def _read_data(reader: _Reader, answer: Answer, vector: Vector) -> None:
-    """`data`: its `resultType` into `answer`, a vector's elements into `vector`."""
+    """`data`: its `resultType` into `answer`, the elements of the result type asked for
+    (`vector.kind`) into `vector`."""
     for part in reader.members():
         if part == "resultType":
             answer.result_type = reader.text_value()
-        elif part == "result" and reader.peek() == "[" and answer.result_type in {None, "vector"}:
+        elif (
+            part == "result" and reader.peek() == "[" and answer.result_type in {None, vector.kind}
+        ):
+            read = reader.element if vector.kind == "vector" else reader.series
             for _ in reader.items():
-                reader.element(vector)
+                read(vector)
         else:
             reader.skip()

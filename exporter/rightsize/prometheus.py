@@ -1,6 +1,7 @@
 """A small client for the PromQL HTTP API (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-Only `POST /api/v1/query` (instant queries): every statistic the job needs is aggregated inside
+`POST /api/v1/query` (instant queries; the policy replay's per-step history alone asks
+`/api/v1/query_range`): every statistic the job needs is aggregated inside
 Prometheus, so no raw series cross the network. Retries follow a policy written as data —
 timeouts, connection failures, 5xx and 429 are retried after the delays in `BACKOFF_SECONDS`,
 logged as "attempt #2/4"; any other 4xx is final at once.
@@ -288,10 +289,34 @@ class PrometheusClient:
         outside `bounds` are dropped with one warning naming the first, once per `signal`
         (default: `name`) and series: the same signal asked over each term or batch warns once.
         """
+        form = {"query": promql, "time": f"{at:.3f}"}
+        vector = Vector(keep, bounds, answer_labels(promql))
+        return await self._asked(form, name, vector, signal=signal)
+
+    async def query_range(
+        self,
+        promql: str,
+        *,
+        start: float,
+        end: float,
+        step: float,
+        name: str = "query",
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+        bounds: Bounds = ANY_FINITE,
+        signal: str | None = None,
+    ) -> list[Sample]:
+        """The matrix `promql` evaluates to at `start`, `start + step`, ... up to `end` (unix
+        times, `POST /api/v1/query_range`): each sample with its time (`Sample.at`), every
+        sample read and checked as `query` reads and checks an element."""
+        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        vector = Vector(keep, bounds, answer_labels(promql), kind="matrix")
+        return await self._asked(form, name, vector, signal=signal)
+
+    async def _asked(
+        self, form: dict[str, str], name: str, vector: Vector, *, signal: str | None
+    ) -> list[Sample]:
         async with self._semaphore:
-            vector = await self._with_retries(
-                promql, at, name, Vector(keep, bounds, answer_labels(promql))
-            )
+            vector = await self._with_retries(form, name, vector)
         warned = (signal or name, vector.first_bad)
         first_time = vector.bad > 0 and warned not in self._warned
         if first_time and len(self._warned) < MAX_WARNED:
@@ -299,11 +324,11 @@ class PrometheusClient:
         vector.report(name, warn=first_time)
         return vector.samples
 
-    async def _with_retries(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
+    async def _with_retries(self, form: dict[str, str], name: str, vector: Vector) -> Vector:
         attempts = len(self._backoff) + 1
         for attempt in range(1, attempts + 1):
             try:
-                return await self._attempt(promql, at, name, vector.fresh())
+                return await self._attempt(form, name, vector.fresh())
             except _Transient as problem:
                 if attempt == attempts:
                     raise problem.final(attempts) from problem.__cause__
@@ -320,14 +345,14 @@ class PrometheusClient:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _attempt(self, promql: str, at: float, name: str, vector: Vector) -> Vector:
+    async def _attempt(self, form: dict[str, str], name: str, vector: Vector) -> Vector:
         if self._session is None:
             raise RuntimeError("PrometheusClient used outside `async with`")
         self.queries_sent += 1
         redirects: list[str] = []
         try:
             status, body, retry_after = await self._unless_silent(
-                self._post(self._session, {"query": promql, "time": f"{at:.3f}"}, redirects, name),
+                self._post(self._session, form, redirects, name, range_query="start" in form),
                 name,
             )
         except aiohttp.ConnectionTimeoutError as error:
@@ -423,10 +448,12 @@ class PrometheusClient:
         form: dict[str, str],
         redirects: list[str],
         name: str,
+        *,
+        range_query: bool = False,
     ) -> tuple[int, bytearray, str]:
         """Post the query, following redirects within the base URL's origin only (the query
         posted again); the status, the body (bounded) and the Retry-After header."""
-        target = URL(self._endpoint)
+        target = URL(self._endpoint + ("_range" if range_query else ""))
         origin = target.origin()
         for _ in range(MAX_REDIRECTS + 1):
             async with session.post(target, data=form, allow_redirects=False) as response:
@@ -546,9 +573,10 @@ def _answer(
         log.warning("prometheus warning", extra={"query": name, "warning": warning})
     if answer.more_warnings:
         log.warning("prometheus warnings not shown", extra={"query": name})
-    if answer.result_type != "vector":
-        shown = answer.result_type or "no vector"
-        raise PrometheusQueryError(f"the {name} query returned {shown}, expected an instant vector")
+    if answer.result_type != vector.kind:
+        shown = answer.result_type or f"no {vector.kind}"
+        expected = "an instant vector" if vector.kind == "vector" else "a range matrix"
+        raise PrometheusQueryError(f"the {name} query returned {shown}, expected {expected}")
     return vector
 
 
