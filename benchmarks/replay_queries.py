@@ -42,16 +42,16 @@ from exporter.rightsize.replay.steps import fetch_steps  # noqa: E402
 from tests.prometheus_server import running_prometheus  # noqa: E402
 
 ANSWERED = re.compile(
-    r'^prometheus_http_response_size_bytes_sum\{handler="/api/v1/query"\} (\S+)$', re.MULTILINE
+    r'^prometheus_http_response_size_bytes_sum\{handler="/api/v1/query(?:_range)?"\} (\S+)$',
+    re.MULTILINE,
 )
 
 
 def answered_bytes(url: str) -> float:
-    """Bytes Prometheus has answered to instant queries since it started."""
+    """Bytes Prometheus has answered to instant and range queries since it started."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
-    found = ANSWERED.search(text)
-    return float(found.group(1)) if found else 0.0
+    return sum(float(found) for found in ANSWERED.findall(text))
 
 
 def reset_peak_memory() -> None:

@@ -53,7 +53,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any
 
 
 def report(url: str) -> Any:
-    result = rightsize(f"--prometheus={url}", f"--end={END}", "--format=json")
+    # The policy replay asks range queries (`replay/steps.py`): compared too.
+    result = rightsize(
+        f"--prometheus={url}", f"--end={END}", "--format=json", "--simulate=current,timeslice"
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -99,6 +102,8 @@ def differences(prometheus: Any, victoria: Any, where: str = "") -> list[str]:
 
 def test_the_report_is_the_same_on_both_stores(reports: tuple[Any, Any]) -> None:
     prometheus, victoria = reports
+    assert [document["missing_signals"] for document in reports] == [[], []]
+    assert [len(document["simulation"]) for document in reports] == [2, 2]
     assert differences(prometheus, victoria) == []
 
 

@@ -1,10 +1,11 @@
 """Asking the PromQL API for the replay's per-step history, through the report's client.
 
-The client asks instant queries only (`prometheus.py`), so each step of the report's grid is one
-term of a union: the same expression at `offset k*step`, tagged with the step's number
-(`label_replace(..., "replay_step", "k", "", "")`), several steps per query. A query holds as
-many steps as keep it under `MAX_QUERY_BYTES` and its answer under `MAX_ELEMENTS` elements; the
-queries run under the client's concurrency, its retries, limits and checks.
+Each expression is asked as range queries (`PrometheusClient.query_range`) over the report's
+grid, the last step at `end`: one evaluation covers many steps, where an instant query would
+cost one evaluation per step. The window is cut into time slices of as many steps as keep an
+answer under `MAX_SAMPLES` samples (and each series under `MAX_POINTS` points, the server's
+own limit); a sample's time says its step. The queries run under the client's concurrency, its
+retries, limits and checks.
 
 Three expressions, each aggregated inside Prometheus:
 
@@ -37,13 +38,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter.rightsize.replay")
 
-STEP_LABEL: Final = "replay_step"
-OFFSET: Final = "<offset>"
-"""Where a step's `offset` goes in an expression."""
-MAX_QUERY_BYTES: Final = 12 * 1024
-"""VictoriaMetrics refuses queries over 16 KiB by default (`-search.maxQueryLen`)."""
-MAX_ELEMENTS: Final = 20_000
-"""Elements of one answer: about 275 bytes each, some 5.5 MB, well under the answer limit."""
+MAX_SAMPLES: Final = 100_000
+"""Samples of one answer: some 30 bytes each (and a series' labels once), a few MB, well under
+the answer limit, and some 15 MB read."""
+MAX_POINTS: Final = 10_000
+"""Points of one series: Prometheus refuses a range query of more than 11,000."""
 MAX_BUSY_GPUS: Final = 1e6
 """A workload busy on a million GPUs at once is no measurement."""
 
@@ -63,29 +62,10 @@ class StepHistory:
     contended: list[bool]
 
 
-def _terms(expression: str, steps: int, step: float) -> list[str]:
-    """The expression at each step back from the end (`offset 0s` is refused: none there)."""
-    terms = []
-    for k in range(steps):
-        at = expression.replace(OFFSET, f" offset {round(k * step)}s" if k else "")
-        terms.append(f'label_replace({at}, "{STEP_LABEL}", "{k}", "", "")')
-    return terms
-
-
-def _queries(terms: list[str], per_query: int) -> list[tuple[int, str]]:
-    """The terms joined with `or` into queries of at most `per_query` terms and
-    `MAX_QUERY_BYTES`; each with the number of its first term."""
-    queries: list[tuple[int, str]] = []
-    first, batch, size = 0, list[str](), 0
-    for index, term in enumerate(terms):
-        if batch and (len(batch) >= per_query or size + len(term) + 4 > MAX_QUERY_BYTES):
-            queries.append((first, " or ".join(batch)))
-            first, batch, size = index, [], 0
-        batch.append(term)
-        size += len(term) + 4
-    if batch:
-        queries.append((first, " or ".join(batch)))
-    return queries
+def _slices(steps: int, per_query: int) -> list[tuple[int, int]]:
+    """The steps (numbered back from the end, 0 the newest) cut into slices of at most
+    `per_query`: each as (its newest step, its oldest)."""
+    return [(first, min(first + per_query, steps) - 1) for first in range(0, steps, per_query)]
 
 
 async def fetch_steps(
@@ -132,22 +112,27 @@ async def _fetch_steps(
     s = f"{round(step)}s"
     k = f"{cluster_label}, " if cluster_label else ""
     m = selection.matchers()
-    f = selection.pod_filter(f"{round(window)}s", cluster_label=cluster_label)
+    lookback = f"{round(window)}s"
+    # Pods the selector matched anywhere in the report's window, whichever step is evaluated:
+    # the filter is pinned to `end` (`@`).
+    f = selection.pod_filter(lookback, cluster_label=cluster_label).replace(
+        f"[{lookback}]", f"[{lookback}] @ {end:.3f}"
+    )
     named = ", ".join(part for part in (m, 'workload!=""') if part)
     bare = ", ".join(part for part in (m, 'workload=""') if part)
     demand = (
         f"sum by ({k}namespace, workload_kind, workload, model, mig_profile) "
-        f"(rate(gpu_pod_busy_seconds_total{{{named}}}[{s}]{OFFSET}){f}) or "
+        f"(rate(gpu_pod_busy_seconds_total{{{named}}}[{s}]){f}) or "
         f"sum by ({k}namespace, pod, model, mig_profile) "
-        f"(rate(gpu_pod_busy_seconds_total{{{bare}}}[{s}]{OFFSET}){f})"
+        f"(rate(gpu_pod_busy_seconds_total{{{bare}}}[{s}]){f})"
     )
     held = (
         f"count by ({k}model, mig_profile) (group by ({k}uuid, model, mig_profile) "
-        f"(gpu_allocation_info{{{m}}}{OFFSET}{f}))"
+        f"(gpu_allocation_info{{{m}}}{f}))"
     )
     contended = (
-        f"count(sum by ({k}uuid) (rate(gpu_pod_busy_seconds_total[{s}]{OFFSET})) > 1 "
-        f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}}{OFFSET}) == 1))"
+        f"count(sum by ({k}uuid) (rate(gpu_pod_busy_seconds_total[{s}])) > 1 "
+        f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}}) == 1))"
     )
     bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
     busy: dict[Key, array[float]] = {}
@@ -181,19 +166,24 @@ async def _fetch_steps(
 
     async def ask(expression: str, name: str, per_step: int, fold: Fold) -> None:
         """Every step's answer, each query's folded in as it arrives (and then dropped)."""
-        per_query = max(1, MAX_ELEMENTS // max(per_step, 1))
+        per_query = max(1, min(MAX_SAMPLES // max(per_step, 1), MAX_POINTS))
 
-        async def one(promql: str) -> None:
-            answer = await client.query(promql, at=end, name=f"replay {name}", bounds=bounds)
+        async def one(newest: int, oldest: int) -> None:
+            answer = await client.query_range(
+                expression,
+                start=end - oldest * step,
+                end=end - newest * step,
+                step=step,
+                name=f"replay {name}",
+                bounds=bounds,
+            )
             for sample in answer:
-                number = sample.labels.get(STEP_LABEL, "")
-                if number.isdigit() and int(number) < steps:
-                    # Offset k is the k-th step back from the end.
-                    fold(steps - 1 - int(number), sample.labels, sample.value)
+                back = round((end - sample.at) / step)
+                # A sample off the grid or outside the window is no step's: a server's own.
+                if 0 <= back < steps and abs(end - back * step - sample.at) < 0.5:
+                    fold(steps - 1 - back, sample.labels, sample.value)
 
-        await _all(
-            [one(promql) for _, promql in _queries(_terms(expression, steps, step), per_query)]
-        )
+        await _all([one(newest, oldest) for newest, oldest in _slices(steps, per_query)])
 
     await _all(
         [
