@@ -13,10 +13,13 @@ from exporter.catalog import builtin_catalog
 from exporter.rightsize.hardware import Hardware, Option
 from exporter.rightsize.history import Ceilings
 from exporter.rightsize.options import load
+from exporter.rightsize.prometheus import Connection, PrometheusClient
 from exporter.rightsize.replay import engine, placement, summary
 from exporter.rightsize.replay.engine import CurrentSteps, Workload, evaluate, replay
 from exporter.rightsize.replay.placement import Item, pack, pack_instances
 from exporter.rightsize.replay.policies import POLICIES, parse_policies
+from exporter.rightsize.replay.steps import fetch_steps
+from exporter.rightsize.selection import Selection
 from exporter.rightsize.server import exposition, recommendation_metrics
 from exporter.rightsize.settings import StrategySettings
 from exporter.settings import ConfigError
@@ -284,3 +287,49 @@ def test_the_sentence_bounds_only_the_shared_gpus_when_some_are_a_workloads_own(
     )
     assert summary.sentence(alone, saturation=0.8).startswith("time-slicing")
     assert "no step over 80%" in summary.sentence(alone, saturation=0.8)
+
+
+async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_its_step() -> None:
+    """288 steps of 10 workload rows: one range query per expression, not one evaluation per
+    step; step 0 (at `end`) is the newest, and a sample off the grid or past the end is none."""
+    end, step, steps = 1_700_000_400.0, 600.0, 288
+    asked: list[tuple[str, str, str, str]] = []
+
+    def matrix(labels: dict[str, str], values: list[tuple[float, str]]) -> web.Response:
+        series = {"metric": labels, "values": [[at, text] for at, text in values]}
+        data = {"resultType": "matrix", "result": [series]}
+        return web.json_response({"status": "success", "data": data})
+
+    async def answer(request: web.Request) -> web.Response:
+        form = await request.post()
+        query = str(form["query"])
+        asked.append((request.path, str(form["start"]), str(form["end"]), str(form["step"])))
+        if query.startswith("count("):
+            return matrix({}, [(end - 5 * step, "1")])
+        if query.startswith("count by"):
+            return matrix({"model": "a100", "mig_profile": ""}, [(end - step, "2")])
+        workload = {"namespace": "ml", "workload_kind": "Deployment", "workload": "w"}
+        newest, oldest, off_grid, later = end, end - (steps - 1) * step, end - 300, end + step
+        return matrix(
+            {**workload, "model": "a100", "mig_profile": ""},
+            [(oldest, "0.25"), (off_grid, "9"), (newest, "1"), (later, "9")],
+        )
+
+    with serving(answer) as url:
+        async with PrometheusClient(Connection(url=url)) as client:
+            history = await fetch_steps(
+                client,
+                selection=Selection(),
+                end=end,
+                window=steps * step,
+                step=step,
+                cluster_label=None,
+                configurations=10,
+            )
+    assert history is not None
+    whole = ("/api/v1/query_range", f"{end - (steps - 1) * step:.3f}", f"{end:.3f}", "600")
+    assert asked == [whole] * 3
+    (busy,) = history.busy.values()
+    assert (busy[0], busy[steps - 1], sum(busy)) == (0.25, 1.0, 1.25)
+    assert history.held[steps - 2] == {("a100", ""): 2.0}
+    assert [index for index, yes in enumerate(history.contended) if yes] == [steps - 6]
