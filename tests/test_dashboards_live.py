@@ -269,9 +269,11 @@ def test_opencosts_node_price_prices_every_gpu_of_its_node_and_each_allocation_i
         ("opencost", "2.5")
     }
     # Each device is charged its part of that: a MIG instance its part of the GPU.
+    # (A device the daemon gives no part of its GPU, a lost GPU, is charged the whole GPU.)
     charged = prometheus.query(
-        'gpu:gpu_price_usd_per_hour:effective{node="sim-a"}'
-        ' / on (uuid) group_left () gpu_price_share_ratio{node="sim-a"}',
+        'gpu:gpu_price_usd_per_hour:effective{node="sim-a"} / on (uuid) group_left ()'
+        ' (max by (uuid) (gpu_price_share_ratio{node="sim-a"})'
+        ' or on (uuid) max by (uuid) (gpu:gpu_price_usd_per_hour:of_gpu{node="sim-a"}) * 0 + 1)',
         at=now,
     )["data"]["result"]
     assert len(charged) == len(rows)
