@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import pynvml
@@ -52,6 +53,7 @@ from tests.helpers import ManualClock
 if TYPE_CHECKING:
     from exporter.model import GpuSample
     from exporter.series import Series
+    from exporter.simulator.state import Handle
 
 
 def make(document: dict[str, object], **kwargs: object) -> tuple[NvmlSampler, ManualClock]:
@@ -265,6 +267,52 @@ def test_lost_gpu_goes_down_alone_and_comes_back_after_reinit(
     messages = [r.getMessage() for r in caplog.records]
     assert any("stopped answering" in m for m in messages)
     assert any("answers again" in m for m in messages)
+
+
+class SlowUtilization:
+    """The simulator, with one GPU's utilization call taking `seconds` of real time."""
+
+    def __init__(self, driver: SimulatedNvml, *, index: int, seconds: float) -> None:
+        self._driver = driver
+        self._index = index
+        self._seconds = seconds
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> object:
+        if handle.device is self._driver.nvmlDeviceGetHandleByIndex(self._index).device:
+            time.sleep(self._seconds)
+        return self._driver.nvmlDeviceGetUtilizationRates(handle)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._driver, name)
+
+
+def test_a_gpu_always_slower_than_the_wait_reports_its_newest_answer() -> None:
+    """Its every job answers after the cycle stopped waiting. Late answers used to be dropped:
+    with no answer ever on time the GPU stayed down as hung although it answered every job, and
+    one that answered once in time showed that answer for good (its busy counter frozen)."""
+    clock = ManualClock()
+    simulated = SimulatedNvml(
+        parse_fleet(
+            {
+                "gpus": [{"count": 2}],
+                "processes": [{"pid": 9, "gpu": 1, "pattern": "steady", "level": 0.8}],
+            }
+        ),
+        clock=clock,
+    )
+    driver = SlowUtilization(simulated, index=1, seconds=0.12)
+    sampler = NvmlSampler(driver, clock=clock, interval=0.1)  # type: ignore[arg-type]
+    sampler.start()
+    busy: list[float | None] = []
+    for _ in range(24):
+        clock.advance(0.5)
+        gpus = by_index(sampler.sample()[0])
+        assert gpus[0].up, "the fast GPU answers in time"
+        busy.append(gpus[1].value(BUSY) if gpus[1].up else None)
+        time.sleep(0.05)  # the rest of the cycle's interval
+    sampler.close()
+    assert all(value is not None for value in busy[-12:]), "the slow GPU is up"
+    assert busy[-1] > busy[-12], "its busy counter moves on"  # type: ignore[operator]
 
 
 def test_reinit_backs_off_while_a_gpu_stays_lost() -> None:

@@ -194,8 +194,11 @@ class Device:
     other GPUs while it answers fast."""
     ticket: Ticket[Any] | None = None
     """Its last job's answer, owed while not `answered` (`exporter.nvml.workers`)."""
-    answer: tuple[tuple[GpuSample, ...], float] | None = None
-    """The last samples its worker delivered (the GPU and its MIG instances), and when."""
+    taken: Ticket[Any] | None = None
+    """The last answered ticket the sampler has read: a job that answers after its cycle's wait
+    is read at the next cycle, so that a GPU slower than the wait reports its newest answer."""
+    answer: tuple[GpuSample, ...] | None = None
+    """The last samples its worker delivered (the GPU and its MIG instances)."""
 
     def gpm_readers(self) -> Iterator[GpmReader]:
         for device in (self, *self.mig.values()):

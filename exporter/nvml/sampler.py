@@ -9,7 +9,8 @@ that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG 
 - A lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`, reason `lost`) while the
   others keep reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with
   backoff, so the GPU comes back by itself.
-- A GPU whose job does not answer within the cycle's wait shows its previous answer; once the
+- A GPU whose job does not answer within the cycle's wait shows its newest answer (a job that
+  answers after the wait is read at the next cycle); once the
   job has been out for `hang_seconds` it is down (reason `hung`) until it returns. NVML is never
   shut down (to re-initialise it, or at exit) while any call is in the driver: a worker's job,
   its follow-up PCIe read, or the event thread's.
@@ -343,15 +344,17 @@ class NvmlSampler:
                 self._reinit_due = None
                 self._reinitialize()
 
+        answers: list[Answer] = []
+        self._take_late_answers(answers)
         batch = self._submit()
         # Counted from the jobs handed out: a re-initialisation (which waits up to the event
         # thread's poll for its wait to return) must not eat the GPUs' time to answer.
         self._threads.wait(batch, self._timer() + self.wait_seconds - waited)
         samples: list[GpuSample] = []
-        answers: list[Answer] = []
         for device in self._devices:
-            ticket = batch.ticket(device)
-            if ticket is not None and ticket.answered:
+            # This cycle's job, or (handed none: it still owed one) the job answering meanwhile.
+            ticket = self._fresh(device)
+            if ticket is not None:
                 samples.extend(self._answered(device, ticket, answers))
             else:
                 samples.extend(self._unanswered(device))
@@ -406,15 +409,33 @@ class NvmlSampler:
             for name in self.collectors
         ]
 
+    def _take_late_answers(self, answers: list[Answer]) -> None:
+        """Jobs that answered after the last cycle stopped waiting: each stands in should this
+        cycle's job be late too, so that a GPU always slower than the wait moves on (a cycle
+        behind) rather than showing one answer for good."""
+        for device in self._devices:
+            ticket = self._fresh(device)
+            if ticket is not None:
+                self._answered(device, ticket, answers)
+
+    @staticmethod
+    def _fresh(device: Device) -> Ticket[Any] | None:
+        """The GPU's last job's ticket if it has answered and the sampler has not read it."""
+        ticket = device.ticket
+        if ticket is None or not ticket.answered or ticket is device.taken:
+            return None
+        return ticket
+
     def _answered(
         self, device: Device, ticket: Ticket[Any], answers: list[Answer]
     ) -> list[GpuSample]:
+        device.taken = ticket
         identity = device.identity
         error = ticket.error
         if error is None and ticket.value is not None:
             answer: Answer = ticket.value
             answers.append(answer)
-            device.answer = (answer.samples, self._timer())
+            device.answer = answer.samples
             self._report_back(identity)
             return list(answer.samples)
         device.answer = None
@@ -448,8 +469,8 @@ class NvmlSampler:
                     },
                 )
             return [_down(identity, HUNG)]
-        # Late, not hung: its previous answer (at most hang_seconds old) stands in.
-        return list(device.answer[0])
+        # Late, not hung: its newest answer stands in.
+        return list(device.answer)
 
     def overlay_events(self, gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         """The samples with the event thread's latest XID counts and ECC totals."""
