@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Final, NoReturn, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator, Mapping
 
+    from exporter.nvml.sampler import NvmlSampler
     from exporter.sampling import SamplingLoop
 
 T = TypeVar("T")
@@ -370,6 +371,18 @@ def value(exposition: str, name: str, **labels: str) -> float:
     found = series(exposition, name, **labels)
     assert len(found) == 1, f"{name}{labels}: expected one series, found {len(found)}"
     return next(iter(found.values()))
+
+
+def patient(sampler: NvmlSampler) -> NvmlSampler:
+    """`sampler` waiting as long as a test may for its GPUs' answers. On a manual clock the
+    values follow that clock whenever the answers come, so a cycle need not give up on them; the
+    daemon's half-interval wait, on a loaded machine, could let one GPU's answer miss its cycle
+    and the test read that GPU as late."""
+    sampler.wait_seconds = PATIENT_WAIT_SECONDS
+    return sampler
+
+
+PATIENT_WAIT_SECONDS: Final = 20.0
 
 
 class ManualClock:

@@ -52,6 +52,7 @@ from tests.helpers import (
     assert_promtool_accepts,
     eventually,
     eventually_async,
+    patient,
     running_daemon,
     series,
     value,
@@ -65,16 +66,20 @@ MIG_LAYOUT = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
 
 
 def make(
-    document: dict[str, object], *, events: bool = False, interval: float = 1.0
+    document: dict[str, object], *, events: bool = False, interval: float | None = None
 ) -> tuple[NvmlSampler, ManualClock, SimulatedNvml]:
+    """A sampler on a manual clock; given an `interval`, it waits for answers as the daemon
+    does (for the tests of late and stuck GPUs), else as long as a test may."""
     clock = ManualClock()
     driver = SimulatedNvml(parse_fleet(document), clock=clock, wall=lambda: 1.7e9 + clock())
     sampler = NvmlSampler(
         driver,
         clock=clock,
         events=EventWatcher(driver, wall=lambda: 1.7e9 + clock()) if events else None,
-        interval=interval,
+        interval=interval or 1.0,
     )
+    if interval is None:
+        patient(sampler)
     sampler.start()
     return sampler, clock, driver
 

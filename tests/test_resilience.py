@@ -38,6 +38,7 @@ from tests.helpers import (
     eventually,
     eventually_async,
     loop_cycles_pass,
+    patient,
     running_daemon,
     series,
     value,
@@ -550,7 +551,7 @@ def test_why_a_gpu_is_down_is_told_apart() -> None:
         ),
         clock=clock,
     )
-    sampler = NvmlSampler(driver, clock=clock)
+    sampler = patient(NvmlSampler(driver, clock=clock))
     sampler.start()
     try:
         clock.advance(6)

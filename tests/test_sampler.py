@@ -48,7 +48,7 @@ from exporter.readings.nvlink import NVLINK_ERRORS, NVLINK_RECEIVE_TOTAL, NVLINK
 from exporter.readings.pcie import PCIE_GENERATION, PCIE_MAX_GENERATION, PCIE_MAX_WIDTH, PCIE_WIDTH
 from exporter.simulator import SimulatedNvml
 from exporter.simulator.fleet import parse_fleet
-from tests.helpers import ManualClock
+from tests.helpers import ManualClock, patient
 
 if TYPE_CHECKING:
     from exporter.model import GpuSample
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 def make(document: dict[str, object], **kwargs: object) -> tuple[NvmlSampler, ManualClock]:
     clock = ManualClock()
     driver = SimulatedNvml(parse_fleet(document), clock=clock, wall=lambda: 1.7e9 + clock())
-    sampler = NvmlSampler(driver, clock=clock, **kwargs)  # type: ignore[arg-type]
+    sampler = patient(NvmlSampler(driver, clock=clock, **kwargs))  # type: ignore[arg-type]
     sampler.start()
     return sampler, clock
 

@@ -19,7 +19,7 @@ from exporter.simulator.cluster import (
 )
 from exporter.simulator.fleet import parse_fleet
 from exporter.simulator.spec import FleetError
-from tests.helpers import ROOT, ManualClock, running_daemon, series, value
+from tests.helpers import ROOT, ManualClock, patient, running_daemon, series, value
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -129,7 +129,7 @@ def test_processes_run_in_their_pods_containers() -> None:
 def attribute(fleet: Fleet) -> Attribution:
     """The fleet's GPUs sampled twice on a manual clock, attributed to its pods."""
     clock = ManualClock()
-    sampler = NvmlSampler(SimulatedNvml(fleet, clock=clock), clock=clock)
+    sampler = patient(NvmlSampler(SimulatedNvml(fleet, clock=clock), clock=clock))
     sampler.start()
     attributor = simulated_attributor(fleet, node="node-a")
     try:
