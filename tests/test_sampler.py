@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -313,6 +314,50 @@ def test_a_gpu_always_slower_than_the_wait_reports_its_newest_answer() -> None:
     sampler.close()
     assert all(value is not None for value in busy[-12:]), "the slow GPU is up"
     assert busy[-1] > busy[-12], "its busy counter moves on"  # type: ignore[operator]
+
+
+def test_a_gpu_hanging_while_it_is_opened_costs_only_itself() -> None:
+    """Its handle call does not return: NVML's start used to wait for it, so the daemon never
+    came to listen. The others open and answer; it is down as hung, NVML is not shut down
+    under its call, and once the call returns it is opened at the next re-initialisation."""
+    clock = ManualClock()
+    driver = SimulatedNvml(
+        parse_fleet(
+            {"gpus": [{"count": 3}], "faults": [{"kind": "hang", "gpu": 1, "until": "10s"}]}
+        ),
+        clock=clock,
+    )
+    shutdowns = 0
+    shutdown = driver.nvmlShutdown
+
+    def counting_shutdown() -> None:
+        nonlocal shutdowns
+        shutdowns += 1
+        shutdown()
+
+    driver.nvmlShutdown = counting_shutdown  # type: ignore[method-assign]
+    sampler = patient(NvmlSampler(driver, clock=clock))
+    starting = threading.Thread(target=sampler.start, daemon=True)
+    starting.start()
+    starting.join(15)
+    try:
+        assert not starting.is_alive(), "NVML's start waits for a GPU whose calls hang"
+        for _ in range(3):
+            clock.advance(1)
+            gpus = by_index(sampler.sample()[0])
+            assert gpus[0].up
+            assert gpus[2].up
+            assert gpus[1].down_reason == "hung"
+            assert shutdowns == 0, "NVML shut down under a call in the driver"
+        clock.advance(8)  # the hang is over: its opening returns
+        for _ in range(3):
+            clock.advance(1)
+            gpus = by_index(sampler.sample()[0])
+        assert all(gpu.up for gpu in gpus.values()), "opened at the next re-initialisation"
+        assert shutdowns == 1
+    finally:
+        clock.advance(100)
+        sampler.close()
 
 
 def test_reinit_backs_off_while_a_gpu_stays_lost() -> None:

@@ -18,6 +18,9 @@ that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG 
   follow-up reads to leave the driver before a due re-initialisation (half of it at most), then
   for the answers, counted from when the jobs were handed out (NVML's re-initialisation itself,
   which may wait for the event thread, does not count against the GPUs).
+- Each GPU is opened (at init and re-init) in a thread of its own, waited for `hang_seconds`
+  at most (`exporter.nvml.opening`): one whose calls hang is down (reason `hung`) and holds up
+  neither the others nor the daemon's start.
 - Anything unexpected escaping a GPU's job makes that GPU down for the cycle (reason `error`),
   counted in `errors_total`.
 
@@ -47,10 +50,12 @@ from exporter.nvml.driver import (
 from exporter.nvml.events import with_events
 from exporter.nvml.gpm import GpmReader, supports_gpm
 from exporter.nvml.mig import text
+from exporter.nvml.opening import Opening, open_all
 from exporter.nvml.reads import Counter, Device, GpuLost, Integrals, Reads
 from exporter.nvml.workers import GpuThreads
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable, Iterable
 
     from exporter.nvml.driver import NvmlDriver
@@ -133,6 +138,9 @@ class NvmlSampler:
         self._integrals: dict[str, Integrals] = {}
         self._lost: set[str] = set()
         self._hung: set[str] = set()
+        self._opening: dict[int, threading.Thread] = {}
+        """The threads of the GPUs whose opening at the last initialisation had not returned by
+        its deadline, by index: those GPUs are down (hung) until NVML re-initialises."""
         self._reinit_due: float | None = None
         """When the next re-initialisation is due (on `clock`); None when none is scheduled."""
         self._reinit_attempt = 0
@@ -175,7 +183,7 @@ class NvmlSampler:
         threads are daemon threads: they end with the process)."""
         deadline = self._timer() + timeout
         events_left = self._events.close() if self._events is not None else True
-        idle = self._threads.settle(deadline) and events_left
+        idle = self._all_idle(deadline) and events_left
         if not idle:
             log.warning("a driver call is still hung; not shutting NVML down")
         self._threads.stop(deadline)
@@ -192,7 +200,12 @@ class NvmlSampler:
 
     def _all_idle(self, deadline: float) -> bool:
         """Whether every worker is idle (no call in the driver, none waiting; follow-up reads not
-        yet begun are dropped), waiting for them until `deadline`."""
+        yet begun are dropped) and no GPU's opening is still in the driver, waiting for them
+        until `deadline`."""
+        for thread in self._opening.values():
+            thread.join(max(0.0, deadline - self._timer()))
+        if any(thread.is_alive() for thread in self._opening.values()):
+            return False
         return self._threads.settle(deadline)
 
     def _settled(self, deadline: float) -> bool:
@@ -240,30 +253,64 @@ class NvmlSampler:
         driver_version = self._optional(lambda: text(self._nvml.nvmlSystemGetDriverVersion()))
         cuda = self._optional(self._nvml.nvmlSystemGetCudaDriverVersion)
         cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
-        for index in range(self._nvml.nvmlDeviceGetCount()):
-            device = self._open_device(index, driver_version or "", cuda_version)
+        # Every thread of an earlier opening has ended: re-initialising waited for them.
+        self._opening = {}
+        openings = open_all(
+            self._nvml.nvmlDeviceGetCount(),
+            partial(self._probe, driver_version=driver_version or "", cuda_version=cuda_version),
+            deadline=self._timer() + self.hang_seconds,
+            timer=self._timer,
+        )
+        for opening in openings:
+            device = self._opened(opening)
             if device is not None:
                 self._devices.append(device)
         self._attach()
 
-    def _open_device(self, index: int, driver_version: str, cuda_version: str) -> Device | None:
-        nvml = self._nvml
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            uuid = text(nvml.nvmlDeviceGetUUID(handle))
-            name = text(nvml.nvmlDeviceGetName(handle))
-        except pynvml.NVMLError as error:
+    def _opened(self, opening: Opening[Device]) -> Device | None:
+        """A GPU's opening, in the sampler's books: the device, or None with the GPU down."""
+        index = opening.index
+        if not opening.done:
+            self._opening[index] = opening.thread
+            log.warning(
+                "GPU's driver calls did not return while opening it; reporting it down until "
+                "they do",
+                extra={"gpu": index, "seconds": self.hang_seconds},
+            )
+            self._placeholder(index)
+            return None
+        error = opening.error
+        if isinstance(error, pynvml.NVMLError):
             self._once(
                 logging.ERROR,
                 ("open", index, error_code(error)),
                 "cannot open GPU; reporting it down",
                 fields={"gpu": index, "error": error_name(error)},
             )
-            placeholder = GpuIdentity(index=index, uuid="", model="")
-            if not any(known.index == index for known in self._known.values()):
-                self._known.setdefault(f"index:{index}", placeholder)
+            self._placeholder(index)
             return None
+        if error is not None:
+            raise error
+        device = opening.result
+        assert device is not None
+        uuid = device.identity.uuid
         self._known.pop(f"index:{index}", None)
+        self._known[uuid] = device.identity
+        device.integrals = self._integrals.setdefault(uuid, Integrals())
+        return device
+
+    def _placeholder(self, index: int) -> None:
+        """A GPU that did not open, known by its index unless known by its UUID already."""
+        if not any(known.index == index for known in self._known.values()):
+            self._known.setdefault(f"index:{index}", GpuIdentity(index=index, uuid="", model=""))
+
+    def _probe(self, index: int, *, driver_version: str, cuda_version: str) -> Device:
+        """GPU `index` opened: its handle, identity and what is read once per initialisation.
+        Runs in the GPU's opening thread (`exporter.nvml.opening`): driver calls only."""
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = text(nvml.nvmlDeviceGetUUID(handle))
+        name = text(nvml.nvmlDeviceGetName(handle))
         pci = self._optional(lambda: nvml.nvmlDeviceGetPciInfo_v3(handle))
         gpm = "gpm" in self.collectors and bool(self._optional(lambda: supports_gpm(nvml, handle)))
         identity = GpuIdentity(
@@ -276,11 +323,9 @@ class NvmlSampler:
             minor_number=self._optional(lambda: nvml.nvmlDeviceGetMinorNumber(handle)),
             has_gpm=gpm,
         )
-        self._known[uuid] = identity
         fans = self._optional(lambda: nvml.nvmlDeviceGetNumFans(handle))
-        integrals = self._integrals.setdefault(uuid, Integrals())
         links = self._active_links(handle) if "nvlink" in self.collectors else ()
-        device = Device(handle, identity, fan_count=fans or 0, links=links, integrals=integrals)
+        device = Device(handle, identity, fan_count=fans or 0, links=links)
         if gpm:
             device.gpm = GpmReader(nvml, lambda sample: nvml.nvmlGpmSampleGet(handle, sample))
         if "mig" in self.collectors:
@@ -358,16 +403,13 @@ class NvmlSampler:
                 samples.extend(self._answered(device, ticket, answers))
             else:
                 samples.extend(self._unanswered(device))
-        opened = {device.identity.uuid for device in self._devices}
-        for key, identity in self._known.items():
-            if key not in opened:
-                samples.append(_down(identity, UNOPENED if key.startswith("index:") else LOST))
-                if key in self._integrals:
-                    self._integrals[key].last_read = None
+        samples.extend(self._not_opened())
 
         finished = self._clock()
-        needs_reinit = not self._initialized or any(
-            sample.down_reason in (LOST, UNOPENED) for sample in samples
+        needs_reinit = (
+            not self._initialized
+            or bool(self._opening)
+            or any(sample.down_reason in (LOST, UNOPENED) for sample in samples)
         )
         if needs_reinit:
             self._schedule_reinit(finished)
@@ -379,6 +421,22 @@ class NvmlSampler:
             *self._collector_statuses(answers),
         )
         return self.overlay_events(tuple(samples)), statuses
+
+    def _not_opened(self) -> list[GpuSample]:
+        """The GPUs known but not open now: lost, unopened, or hung while being opened."""
+        opened = {device.identity.uuid for device in self._devices}
+        samples: list[GpuSample] = []
+        for key, identity in self._known.items():
+            if key in opened:
+                continue
+            if identity.index in self._opening:
+                reason = HUNG
+            else:
+                reason = UNOPENED if key.startswith("index:") else LOST
+            samples.append(_down(identity, reason))
+            if key in self._integrals:
+                self._integrals[key].last_read = None
+        return samples
 
     def _submit(self) -> Batch:
         """This cycle's job for every GPU not lost: its reading, then (without GPM) its PCIe
