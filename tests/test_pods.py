@@ -349,6 +349,7 @@ def test_garbage_in_the_stream_is_logged_once_and_the_cache_heals(
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         for n in range(3):
+            eventually(lambda: server.watching("pods"), 10, "a watch of pods")
             server.send_garbage()
             server.put("pods", pod(f"g{n}", pod_uid(20 + n)))
             eventually(lambda n=n: f"g{n}" in names(cache), 10, "f'g{n}' in names(cache)")
@@ -365,6 +366,7 @@ def test_an_endless_watch_event_is_refused_and_the_cache_heals(
     cache = start_cache(server, tmp_path, max_object_bytes=1024 * 1024)
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
+        eventually(lambda: server.watching("pods"), 10, "a watch of pods")
         server.send_endless_line(watch.MAX_EVENT_BYTES + 1024 * 1024)
         server.put("pods", pod("after", pod_uid(30)))
         eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")
@@ -382,6 +384,7 @@ def test_a_watch_event_past_its_limit_is_refused_before_it_is_read_whole(
     try:
         eventually(lambda: names(cache) == {"a", "b"}, 10, "names(cache) == {'a', 'b'}")
         endless = b'{"type": "ADDED", "object": {"metadata": {"name": "'
+        eventually(lambda: server.watching("pods"), 10, "a watch of pods")
         server.send_raw(endless + b"x" * (watch.MAX_EVENT_BYTES + 1024 * 1024))
         server.put("pods", pod("after", pod_uid(30)))
         eventually(lambda: "after" in names(cache), 10, "'after' in names(cache)")

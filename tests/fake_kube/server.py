@@ -195,6 +195,11 @@ class FakeKube:
         """End every open watch stream abruptly."""
         self._call(self._broadcast(_CLOSE))
 
+    def watching(self, plural: str) -> int:
+        """How many watch streams of `plural` are open now: a test that writes into the streams
+        waits for one, since a client's watch opens a moment after its list has answered."""
+        return sum(1 for watcher in list(self._watchers) if watcher.collection.plural == plural)
+
     def send_garbage(self) -> None:
         """Write a line that is not JSON into every open watch stream."""
         self._call(self._broadcast(GARBAGE))
