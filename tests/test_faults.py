@@ -258,6 +258,7 @@ def test_kubernetes_api_slow_500s_410_and_garbage(
         )
 
         # garbage on the stream: logged once, healed by a fresh list
+        eventually(lambda: api.watching("pods"), 30, "the watch of pods open again")
         api.send_garbage()
         api.put("pods", {**PODS[0], "metadata": {**PODS[0]["metadata"], "labels": {"v": "3"}}})
         text = daemon.metrics_until(
