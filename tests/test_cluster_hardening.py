@@ -159,10 +159,12 @@ def test_sampling_cycles_keep_their_interval_while_the_kubelet_stalls(
         daemon.wait_ready()
         eventually(lambda: kubelet.connections > 0, 20, "the poller to call the kubelet")
         before = daemon.cycles()
-        time.sleep(3.0)
+        time.sleep(4.0)
         text = daemon.wait_cycles(0)
         cycles = value(text, CYCLES) - before
-        assert cycles >= 10, f"{cycles:.0f} cycles in 3 s at 100 ms (30 expected)"
+        # 40 expected; a cycle waiting 2 s for the kubelet makes 2 at most. The margin is for a
+        # loaded machine, not for the daemon.
+        assert cycles >= 8, f"{cycles:.0f} cycles in 4 s at 100 ms (40 expected)"
         daemon.metrics_until(
             lambda text: (
                 value(text, "gpuscope_collector_success", collector="podresources") == 0
@@ -187,7 +189,7 @@ def test_a_cycle_never_waits_for_the_poller(tmp_path: Path) -> None:
                 time.sleep(0.05)
         finally:
             poller.stop()
-    assert max(took) < 0.5, took
+    assert max(took) < 1.5, took  # a cycle waiting for the stalled call waited 2 s
 
 
 def cluster_access(api: FakeKube, tmp_path: Path) -> Any:
