@@ -116,6 +116,11 @@ class Tracing:
         """UUIDs of the GPUs being traced now (the event loop's alone)."""
         self._stopping = asyncio.Event()
 
+    @property
+    def busy(self) -> frozenset[str]:
+        """The UUIDs of the GPUs being traced now."""
+        return frozenset(self._tracing)
+
     def stop(self) -> None:
         """The daemon stops: traces under way answer 503 at once."""
         self._stopping.set()
@@ -140,6 +145,10 @@ class Tracing:
             )
         uuids = {d.identity.uuid for d in devices}
         self._tracing |= uuids
+        log.info(
+            "a GPU trace began",
+            extra={"gpus": ",".join(str(d.identity.index) for d in devices), "seconds": seconds},
+        )
         try:
             traces = await self._trace(request, threads, devices, seconds)
         except _Cut as cut:
