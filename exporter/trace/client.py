@@ -166,9 +166,13 @@ def _check(body: bytes) -> int:
 def _save(output: Path, body: bytes) -> None:
     """Written whole or not at all."""
     directory = output.parent if str(output.parent) else Path()
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".gpu-trace-", delete=False) as out:
             out.write(body)
+        # A temporary file is the owner's alone; the trace gets a plain file's mode.
+        os.chmod(out.name, 0o666 & ~umask)
         os.replace(out.name, output)
     except OSError as error:
         raise TraceFailed(f"cannot write {output}: {error}") from None
