@@ -7,6 +7,7 @@ one line saying why.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -14,8 +15,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlencode, urlsplit
-
-import urllib3
 
 from exporter.trace.endpoint import MAX_SECONDS, PATH
 
@@ -114,8 +113,8 @@ def _credentials(args: argparse.Namespace) -> dict[str, str]:
     if args.bearer_token_file is not None:
         return {"Authorization": f"Bearer {_secret(args.bearer_token_file)}"}
     if args.username is not None:
-        basic = f"{args.username}:{_secret(args.password_file)}"
-        return dict(urllib3.util.make_headers(basic_auth=basic))
+        basic = f"{args.username}:{_secret(args.password_file)}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(basic).decode()}
     return {}
 
 
@@ -130,6 +129,10 @@ def fetch(url: str, headers: dict[str, str], *, ca_file: Path | None, seconds: i
     """The daemon's answer, or `TraceFailed` with the reason."""
     if ca_file is not None and not ca_file.is_file():
         raise TraceFailed(f"--ca-file {ca_file}: not a readable file")
+    # Imported here: the whole of urllib3 brings importlib.metadata (and csv, zipfile), which
+    # `gpuscope serve`, whose command line this module's flags are part of, never loads.
+    import urllib3  # noqa: PLC0415
+
     pool = urllib3.PoolManager(
         ca_certs=str(ca_file) if ca_file is not None else None,
         timeout=urllib3.Timeout(connect=CONNECT_SECONDS, read=seconds + ANSWER_SECONDS),
