@@ -378,7 +378,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "web.enable-trace",
         "enable_trace",
         parse_bool,
-        "Serve GET /debug/gpu-trace?seconds=N[&gpu=INDEX|UUID]: N seconds (1 to 60) of each GPU's "
+        "Serve GET /debug/gpu-trace?seconds=N (and gpu=INDEX or UUID): N seconds (1 to 60) of each GPU's "
         "utilization, memory, power and SM clock at 10 Hz or more, and its pods' utilization, as "
         "a Chrome/Perfetto trace (JSON), behind the same TLS and auth as the metrics.",
         "BOOL",
