@@ -25,6 +25,8 @@ from exporter.metrics.families import BuildInfo
 from exporter.metrics.process import own_families
 from exporter.sampling import SamplingLoop
 from exporter.supervise import TaskHealth, background_task, in_daemon_thread, supervised
+from exporter.trace.endpoint import PATH as TRACE_PATH
+from exporter.trace.endpoint import Tracing
 from exporter.web.http import Handler, Request, Response, accepts_gzip, routed
 from exporter.web.security import WebSecurity
 
@@ -79,6 +81,12 @@ class App:
             "/-/ready": self.ready,
         }
         """The endpoints by path (read per request)."""
+        self.tracing: Tracing | None = None
+        if config.enable_trace:
+            self.tracing = Tracing(
+                driver, lambda: self.sampling.gpu_threads, lambda: self.sampling.snapshot
+            )
+            self.routes[TRACE_PATH] = self.tracing.handle
         self.handle = self.security.guard(routed(self.routes))
 
     @property
@@ -95,6 +103,7 @@ class App:
             for resource in (
                 self._attribution,
                 self._sampling_loop,
+                self._traces,
                 self._cluster_actions,
                 self._web_config,
             ):
@@ -194,6 +203,16 @@ class App:
             await sampling.close()
 
     @contextlib.asynccontextmanager
+    async def _traces(self) -> AsyncIterator[None]:
+        """The traces under way end (503) when the daemon stops, rather than holding its stop
+        up for up to a minute."""
+        try:
+            yield
+        finally:
+            if self.tracing is not None:
+                self.tracing.stop()
+
+    @contextlib.asynccontextmanager
     async def _cluster_actions(self) -> AsyncIterator[None]:
         """The node condition and the pods' Events, when asked for: they read what sampling
         publishes, so they start after it and stop before it."""
@@ -249,6 +268,12 @@ class App:
 
     async def landing(self, _request: Request) -> Response:
         path = html.escape(self.config.telemetry_path)
+        trace = (
+            f'\n<li><a href="{TRACE_PATH}?seconds=5">{TRACE_PATH}?seconds=5</a> &mdash; '
+            "a 5-second GPU trace (Perfetto)</li>"
+            if self.tracing is not None
+            else ""
+        )
         page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuscope</title></head>
 <body>
@@ -257,7 +282,7 @@ class App:
 <ul>
 <li><a href="{path}">{path}</a> &mdash; metrics</li>
 <li><a href="/-/healthy">/-/healthy</a> &mdash; the sampling loop is alive</li>
-<li><a href="/-/ready">/-/ready</a> &mdash; samples are current</li>
+<li><a href="/-/ready">/-/ready</a> &mdash; samples are current</li>{trace}
 </ul>
 </body></html>
 """

@@ -1,5 +1,6 @@
 """`gpuscope` command line: `serve` (the daemon), `calibrate` (the calibration job, which imports
-PyTorch only when it runs) and `rightsize` (the rightsizing job, imported only when it runs).
+PyTorch only when it runs), `rightsize` (the rightsizing job, imported only when it runs) and
+`trace` (a daemon's GPU trace saved for Perfetto).
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT) or a finished calibration, 1 when the work
 cannot be done (no NVML library, port in use, no GPU, ConfigMap not writable), 2 for bad
@@ -26,6 +27,7 @@ from exporter.config import ConfigError, ServeConfig
 from exporter.extras import MissingExtra
 from exporter.nvml.driver import NvmlDriver, NvmlUnavailable, system_driver
 from exporter.settings import CommandParser
+from exporter.trace import client as trace_client
 from exporter.web.config import WebConfigError
 from exporter.web.security import WebSecurity
 from exporter.web.serving import CannotListen, listen, resolve, serve_until_stopped
@@ -74,6 +76,13 @@ def build_parser(*, calibrate_flags: bool = True) -> argparse.ArgumentParser:
         from exporter.calibrate import options as calibrate_options  # noqa: PLC0415 - see above
 
         calibrate_options.add_arguments(calibrate)
+    trace = commands.add_parser(
+        "trace",
+        help="save a few seconds of a daemon's GPUs at 10 Hz or more, for Perfetto",
+        description="Ask a daemon run with --web.enable-trace for a GPU trace "
+        "(/debug/gpu-trace) and save it to a file that ui.perfetto.dev opens.",
+    )
+    trace_client.add_arguments(trace)
     commands.add_parser(
         "rightsize",
         add_help=False,
@@ -100,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "calibrate":
         return calibrate(args)
+    if args.command == "trace":
+        return trace_client.run(args)
     parser.print_help(sys.stderr)
     return 2
 

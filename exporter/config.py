@@ -77,6 +77,8 @@ class ServeConfig:
     web_config_file: Path | None = None
     max_requests: int = 40
     """Concurrent requests served at once (health probes aside); 0 means no limit."""
+    enable_trace: bool = False
+    """Serve the on-demand GPU trace at /debug/gpu-trace (`exporter.trace`)."""
     compat_dcgm: bool = False
     """Also serve dcgm-exporter's series (`exporter.metrics.dcgm`)."""
     dcgm_counters: CountersFile | None = None
@@ -371,6 +373,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Maximum number of requests served at once (health probes aside); more get 503. "
         "0 means no limit.",
         "N",
+    ),
+    Setting(
+        "web.enable-trace",
+        "enable_trace",
+        parse_bool,
+        "Serve GET /debug/gpu-trace?seconds=N (and gpu=INDEX or UUID): N seconds (1 to 60) of each GPU's "
+        "utilization, memory, power and SM clock at 10 Hz or more, and its pods' utilization, as "
+        "a Chrome/Perfetto trace (JSON), behind the same TLS and auth as the metrics.",
+        "BOOL",
+        switch=True,
     ),
     Setting(
         "compat.dcgm",

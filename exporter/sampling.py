@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from exporter.catalog import Catalog
     from exporter.config import ServeConfig
     from exporter.nvml.driver import NvmlDriver
+    from exporter.nvml.reads import Device
+    from exporter.nvml.workers import GpuThreads
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +226,12 @@ class SamplingLoop:
         """The last snapshot published (None before the first cycle), for any thread: the
         worker replaces `_published` whole, and a snapshot is immutable."""
         return self._published
+
+    @property
+    def gpu_threads(self) -> GpuThreads[Device]:
+        """The threads the GPUs are read in, for an on-demand trace's calls beside the cycle's
+        jobs (`exporter.trace`)."""
+        return self._nvml.gpu_threads
 
     @property
     def task(self) -> asyncio.Task[None] | None:

@@ -311,6 +311,11 @@ def test_node_condition_and_events_add_their_rbac_and_flags_only_when_enabled() 
     assert args[-2:] == ["--kubernetes.events", "--kubernetes.events.idle-after=30m"]
 
 
+def test_the_trace_endpoint_is_switched_on_by_its_value_only() -> None:
+    assert "--web.enable-trace" not in daemon_container(render(()))["args"]
+    assert "--web.enable-trace" in daemon_container(render(("trace.enabled=true",)))["args"]
+
+
 def test_without_pod_resources_the_daemon_runs_as_non_root() -> None:
     documents = render(("daemon.podResources.enabled=false",))
     (daemonset,) = find(documents, "DaemonSet")

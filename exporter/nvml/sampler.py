@@ -147,6 +147,12 @@ class NvmlSampler:
         """Re-initialisations scheduled since everything last answered (the backoff's step)."""
 
     @property
+    def gpu_threads(self) -> GpuThreads[Device]:
+        """The GPUs' threads, for calls beside the cycle's jobs (`GpuThreads.call`, `gpus`: the
+        two of its methods any thread may use)."""
+        return self._threads
+
+    @property
     def errors_total(self) -> int:
         """Unexpected errors met while sampling since start (`gpuscope_sample_errors_total`)."""
         return self._errors.value

@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -45,6 +46,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 G = TypeVar("G", bound="Gpu")
+
+
+class CallRefused(RuntimeError):
+    """A call beside the jobs (`GpuThreads.call`) that will not run: the GPU's thread is
+    stopping, NVML is about to be shut down, or the GPU is no longer read."""
+
 
 REJOIN_AFTER: Final = 10
 """Jobs in a row answered within `slow_seconds` before a GPU in a thread of its own goes back to
@@ -146,6 +153,10 @@ class GpuWorker(Generic[G]):
         self._cond = threading.Condition(threading.Lock())
         self._jobs: deque[_Job[G]] = deque()
         self._follow_ups: deque[tuple[G, Callable[[], None]]] = deque()
+        self._calls: deque[tuple[G, Callable[[], Any], Future[Any]]] = deque()
+        """Calls beside the jobs (`call`), each answered through its future."""
+        self._calls_open = True
+        """Whether `call` takes more: closed while NVML may be shut down (`GpuThreads.settle`)."""
         self._running: tuple[G, float] | None = None
         """The GPU whose job or follow-up runs now, and when it started counting as slow."""
         self._stop = False
@@ -167,7 +178,34 @@ class GpuWorker(Generic[G]):
             return self._is_idle()
 
     def _is_idle(self) -> bool:
-        return self._running is None and not self._jobs and not self._follow_ups
+        return self._running is None and not self._jobs and not self._follow_ups and not self._calls
+
+    def call(self, gpu: G, read: Callable[[], T]) -> Future[T]:
+        """Run `read` about `gpu` in this thread after the jobs queued now, before follow-up
+        reads (an on-demand trace's fast polls): its future answers with what `read` returned
+        or raised, or fails with `CallRefused` if the thread stops or settles first."""
+        future: Future[T] = Future()
+        with self._cond:
+            if self._stop or not self._calls_open:
+                future.set_exception(CallRefused("the GPU's thread is stopping"))
+                return future
+            self._calls.append((gpu, read, future))
+            self._cond.notify_all()
+        return future
+
+    def close_calls(self, *, closed: bool) -> None:
+        """Refuse (`closed`) or take again calls beside the jobs; refusing drops those queued."""
+        with self._cond:
+            self._calls_open = not closed
+            if closed:
+                self._refuse_calls()
+
+    def _refuse_calls(self) -> None:
+        while self._calls:
+            future = self._calls.popleft()[2]
+            if future.set_running_or_notify_cancel():
+                future.set_exception(CallRefused("the GPU's thread is stopping"))
+        self._cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """Whether the worker is idle, waiting up to `timeout` seconds."""
@@ -206,7 +244,7 @@ class GpuWorker(Generic[G]):
             self._stop = True
             self._jobs.clear()
             self._follow_ups.clear()
-            self._cond.notify_all()
+            self._refuse_calls()
 
     def join(self, timeout: float) -> None:
         """Wait up to `timeout` for the thread to end. A call hung in the driver is left to its
@@ -219,19 +257,25 @@ class GpuWorker(Generic[G]):
             with cond:
                 self._running = None
                 cond.notify_all()
-                while not (self._stop or self._jobs or self._follow_ups):
+                while not (self._stop or self._jobs or self._follow_ups or self._calls):
                     cond.wait()
                 if self._stop:
                     return
                 now = self._timer()
                 job = self._jobs.popleft() if self._jobs else None
+                beside = self._calls.popleft() if job is None and self._calls else None
                 if job is not None:
                     self._running = (job.gpu, now)
+                elif beside is not None:
+                    self._running = (beside[0], now)
                 else:
                     follow_up = self._follow_ups.popleft()
                     self._running = (follow_up[0], now + FOLLOW_UP_ALLOWANCE_SECONDS)
             if job is not None:
                 self._answer(job, now)
+                continue
+            if beside is not None:
+                _run_call(beside[1], beside[2])
                 continue
             gpu, after = follow_up
             try:
@@ -256,6 +300,15 @@ class GpuWorker(Generic[G]):
                 if all(queued is not job.gpu for queued, _ in self._follow_ups):
                     self._follow_ups.append((job.gpu, job.after))
         job.batch.answer(job.ticket, value, error)
+
+
+def _run_call(read: Callable[[], Any], future: Future[Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return  # its caller gave up on it
+    try:
+        future.set_result(read())
+    except BaseException as error:  # noqa: BLE001 - handed to the caller, which decides
+        future.set_exception(error)
 
 
 class GpuThreads(Generic[G]):
@@ -346,11 +399,33 @@ class GpuThreads(Generic[G]):
                 return
 
     def settle(self, deadline: float) -> bool:
-        """Whether every worker is idle (queued follow-ups dropped), waiting until `deadline`."""
+        """Whether every worker is idle (queued follow-ups dropped), waiting until `deadline`.
+        Calls beside the jobs are refused meanwhile, and stay refused when it answers True (NVML
+        is about to be shut down: the next `place` opens new threads)."""
         workers = self.workers()
         for worker in workers:
             worker.drop_follow_ups()
-        return all(worker.wait_idle(deadline - self._timer()) for worker in workers)
+            worker.close_calls(closed=True)
+        idle = all(worker.wait_idle(deadline - self._timer()) for worker in workers)
+        if not idle:
+            for worker in workers:
+                worker.close_calls(closed=False)
+        return idle
+
+    def gpus(self) -> tuple[G, ...]:
+        """The GPUs placed now, for any thread: `place` and `stop` replace the list whole."""
+        return tuple(self._gpus)
+
+    def call(self, gpu: G, read: Callable[[], T]) -> Future[T]:
+        """Run `read` about `gpu` in the thread that reads it now, between its jobs; for any
+        thread. `gpu.worker` is a single reference the sampler replaces whole: a call queued on a
+        thread the GPU just left runs there all the same (on a thread left to a slow GPU, late)."""
+        worker = gpu.worker
+        if worker is None:
+            refused: Future[T] = Future()
+            refused.set_exception(CallRefused("the GPU is not read now"))
+            return refused
+        return worker.call(gpu, read)
 
     def stop(self, deadline: float) -> None:
         """Ask every thread to end, then wait for them all until one shared `deadline`."""

@@ -29,6 +29,7 @@ from exporter.readings.simulated import not_supported
 from exporter.simulator import activity
 from exporter.simulator.events import EVENT_TYPES, EventData, EventSet, next_event
 from exporter.simulator.fleet import EXCEPTIONS
+from exporter.simulator.samples import SampleBuffers
 from exporter.simulator.state import (
     MPS_SERVER_BYTES,
     NOT_AVAILABLE,
@@ -187,6 +188,7 @@ class SimulatedNvml:
         self._field_templates: dict[tuple[int | tuple[int, int], ...], _FieldAnswers] = {}
         self._names = {process.pid: process.name for process in fleet.processes}
         """What the driver names each process (every simulated process is visible)."""
+        self._samples = SampleBuffers()
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         """The driver functions declared in `exporter.readings`, each call answered from the
@@ -433,6 +435,10 @@ class SimulatedNvml:
             )
             for pid, share in busy
         ]
+
+    def nvmlDeviceGetSamples(self, handle: Any, sample_type: int, last_seen_us: int) -> Any:
+        device = self._device(handle, "nvmlDeviceGetSamples")
+        return self._samples.since(device, sample_type, int(self._wall() * 1e6), last_seen_us)
 
     # -- field values, PCIe throughput -----------------------------------------------------------
 
