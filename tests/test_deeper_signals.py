@@ -38,6 +38,7 @@ from exporter.readings.gpm import (
     TENSOR_ACTIVE_SECONDS,
 )
 from exporter.readings.health import (
+    ECC_AGGREGATE_CORRECTED,
     ECC_CORRECTED,
     PCIE_REPLAYS,
     REMAPPED_CORRECTABLE,
@@ -326,6 +327,31 @@ def test_counts_and_the_power_limit_are_read_on_the_health_clock_and_shown_every
     # Without an event thread, an ECC count shows at the next reading on the health clock
     # (with one, at the event: test_ecc_event_refreshes_the_ecc_counters_between_cycles).
     assert shown == [(0, 0, 400.0)] * 5 + [(4, 0, 400.0)] * 7
+
+
+@pytest.mark.timeout(10)
+def test_a_slow_clock_reading_refused_mid_run_drops_alone_from_the_repeated_values() -> None:
+    sampler, clock, _ = make(
+        {
+            "gpus": [{"model": "a100-sxm4-80gb"}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetRemappedRows",
+                    "at": "5s",
+                    "error": "not_supported",
+                }
+            ],
+        }
+    )
+    shown = []
+    for _ in range(12):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        shown.append((gpu.value(REMAPPED_PENDING), gpu.value(ECC_AGGREGATE_CORRECTED)))
+    # Read at 1 s and repeated between; refused at 6 s (its next reading), gone from then on,
+    # while the collector's other readings on the clock keep being repeated.
+    assert shown == [(0, 0)] * 5 + [(None, 0)] * 7
 
 
 def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_versa() -> None:
