@@ -19,7 +19,14 @@ from exporter.model import GpuIdentity, GpuSample, ProcessSample, Snapshot
 from exporter.nvml.events import EventStore, EventWatcher, GpuEvents, with_events
 from exporter.nvml.mig import profile_from_attributes, profile_from_name
 from exporter.nvml.sampler import NvmlSampler
-from exporter.readings.device import BUSY, MEMORY_TOTAL, MEMORY_USED, POWER, UTILIZATION
+from exporter.readings.device import (
+    BUSY,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    POWER,
+    POWER_LIMIT,
+    UTILIZATION,
+)
 from exporter.readings.events import LAST_XID, XID_FAMILY, xid_series
 from exporter.readings.gpm import (
     DRAM_ACTIVE,
@@ -31,7 +38,9 @@ from exporter.readings.gpm import (
     TENSOR_ACTIVE_SECONDS,
 )
 from exporter.readings.health import (
+    ECC_AGGREGATE_CORRECTED,
     ECC_CORRECTED,
+    PCIE_REPLAYS,
     REMAPPED_CORRECTABLE,
     REMAPPED_FAILED,
     REMAPPED_PENDING,
@@ -296,6 +305,58 @@ def test_health_is_read_on_its_own_slower_clock() -> None:
         readings.append(throttle_of(gpu)["low_utilization"])
     # first read at 1 s, then every HEALTH_PERIOD_SECONDS (5 s): the last reading in between
     assert readings == [1.0] * 5 + [6.0] * 5 + [11.0] * 2
+
+
+@pytest.mark.timeout(10)
+def test_counts_and_the_power_limit_are_read_on_the_health_clock_and_shown_every_cycle() -> None:
+    sampler, clock, driver = make(
+        {
+            "gpus": [{"model": "a100-sxm4-80gb"}],
+            "faults": [{"kind": "ecc", "gpu": 0, "at": "2s", "corrected": 4}],
+        }
+    )
+    asked: list[float] = []
+    replays = driver.nvmlDeviceGetPcieReplayCounter
+
+    def counted(handle: object) -> int:
+        asked.append(clock())
+        return int(replays(handle))
+
+    driver.nvmlDeviceGetPcieReplayCounter = counted  # type: ignore[method-assign]
+    shown = []
+    for _ in range(12):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        shown.append((gpu.value(ECC_CORRECTED), gpu.value(PCIE_REPLAYS), gpu.value(POWER_LIMIT)))
+    assert asked == [1.0, 6.0, 11.0]
+    # Without an event thread, an ECC count shows at the next reading on the health clock
+    # (with one, at the event: test_ecc_event_refreshes_the_ecc_counters_between_cycles).
+    assert shown == [(0, 0, 400.0)] * 5 + [(4, 0, 400.0)] * 7
+
+
+@pytest.mark.timeout(10)
+def test_a_slow_clock_reading_refused_mid_run_drops_alone_from_the_repeated_values() -> None:
+    sampler, clock, _ = make(
+        {
+            "gpus": [{"model": "a100-sxm4-80gb"}],
+            "faults": [
+                {
+                    "kind": "error",
+                    "function": "nvmlDeviceGetRemappedRows",
+                    "at": "5s",
+                    "error": "not_supported",
+                }
+            ],
+        }
+    )
+    shown = []
+    for _ in range(12):
+        clock.advance(1)
+        (gpu,) = sampler.sample()[0]
+        shown.append((gpu.value(REMAPPED_PENDING), gpu.value(ECC_AGGREGATE_CORRECTED)))
+    # Read at 1 s and repeated between; refused at 6 s (its next reading), gone from then on,
+    # while the collector's other readings on the clock keep being repeated.
+    assert shown == [(0, 0)] * 5 + [(None, 0)] * 7
 
 
 def test_field_values_stand_in_for_the_deprecated_violation_status_and_vice_versa() -> None:

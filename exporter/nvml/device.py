@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from exporter.nvml.driver import NvmlDriver
-    from exporter.nvml.reads import Device, Reads, Step
+    from exporter.nvml.reads import Device, PlanGroup, Reads
     from exporter.readings.declare import Reading
     from exporter.series import Series
 
@@ -54,6 +54,13 @@ GPU_COLLECTORS: Final = (
 _KIB: Final = 1024
 
 _Groups = tuple[tuple[str, tuple["Reading", ...]], ...]
+_NONE_MADE: Final[tuple[float, dict[Series, float]]] = (float("-inf"), {})
+"""A collector's slow readings before their first cycle: due at once, nothing to repeat."""
+
+
+def _slow_clock(reading: Reading) -> bool:
+    """Made once per initialisation or on a slow clock, not every cycle."""
+    return reading.once or reading.period is not None
 
 
 def _by_collector(readings: list[Reading]) -> _Groups:
@@ -169,50 +176,82 @@ class DeviceReader:
     def _plain(self, device: Device, groups: _Groups, now: float) -> dict[Series, float]:
         """Every plain reading, collector by collector, each collector's time counted. A reading
         made every cycle is one call of its `Call` (the loop every GPU runs every cycle, kept
-        lean); one made once, on a slow clock, or per fan or link goes through `_call`."""
+        lean), a per-fan or per-link one goes through `_call`; those made once or on a slow
+        clock come after them (`_slow`)."""
         values: dict[Series, float] = {}
         clock = self._clock
         spent = device.tally.spent
-        for collector, steps in self._plan(device, groups):
+        for collector, calls, per_index, slow in self._plan(device, groups):
             started = clock()
-            for step in steps:
-                if isinstance(step, Call):
-                    try:
-                        answer = step.function(*step.args)
-                    except Exception as error:  # noqa: BLE001 - each reading fails alone
-                        self._refused(device, step.reading, error, values)
-                        continue
-                    for series, convert in step.outputs:
-                        value = convert(answer)
-                        if value is not None:
-                            values[series] = value
-                elif step.once:
-                    self._once(device, step, values)
-                elif step.period is not None:
-                    self._periodic_reading(device, step, now, values)
-                else:
-                    self._call(device, step, values)
+            for step in calls:
+                try:
+                    answer = step.function(*step.args)
+                except Exception as error:  # noqa: BLE001 - each reading fails alone
+                    self._refused(device, step.reading, error, values)
+                    continue
+                for series, convert in step.outputs:
+                    value = convert(answer)
+                    if value is not None:
+                        values[series] = value
+            for reading in per_index:
+                self._call(device, reading, values)
+            if slow:
+                self._slow(device, collector, slow, now, values)
             spent(collector, clock() - started)
         return values
 
-    def _plan(self, device: Device, groups: _Groups) -> tuple[tuple[str, tuple[Step, ...]], ...]:
+    def _slow(
+        self,
+        device: Device,
+        collector: str,
+        readings: tuple[Reading, ...],
+        now: float,
+        values: dict[Series, float],
+    ) -> None:
+        """A collector's readings made once or on a slow clock: their last values repeated in
+        one step while none is due (most cycles), else each made when due."""
+        due, last = device.slow.get(collector, _NONE_MADE)
+        if now < due:
+            values.update(last)
+            return
+        fresh: dict[Series, float] = {}
+        next_due = float("inf")
+        for reading in readings:
+            if reading.once:
+                self._once(device, reading, fresh)
+                if reading.name not in device.done_once:
+                    next_due = now  # it has not answered: asked again next cycle
+            else:
+                next_due = min(next_due, self._periodic_reading(device, reading, now, fresh))
+        device.slow[collector] = (next_due, fresh)
+        values.update(fresh)
+
+    def _plan(self, device: Device, groups: _Groups) -> tuple[PlanGroup, ...]:
         """The GPU's plain readings as it makes them now: made again when it refuses one more
         (its fallback, or nothing, stands in from then on)."""
         plan = device.plan
         refused = len(device.unavailable)
         if plan is None or plan.groups is not groups or plan.refused != refused:
             steps = tuple(
-                (collector, tuple(step for r in readings if (step := self._step(device, r))))
+                (
+                    collector,
+                    tuple(
+                        call
+                        for r in readings
+                        if not _slow_clock(r) and r.per is None and (call := self._step(device, r))
+                    ),
+                    tuple(r for r in readings if not _slow_clock(r) and r.per is not None),
+                    tuple(r for r in readings if _slow_clock(r)),
+                )
                 for collector, readings in groups
             )
             plan = device.plan = Plan(groups, refused, steps)
+            device.slow.clear()
         return plan.steps
 
-    def _step(self, device: Device, reading: Reading) -> Step | None:
+    def _step(self, device: Device, reading: Reading) -> Call | None:
         """A reading made every cycle as a `Call` of the first of its chain the GPU has not
-        refused (None: it has refused them all); any other as itself."""
-        if reading.once or reading.period is not None or reading.per is not None:
-            return reading
+        refused (None: it has refused them all)."""
         for made in reading.chain():
             if made.name not in device.unavailable:
                 return Call(
@@ -234,8 +273,9 @@ class DeviceReader:
 
     def _periodic_reading(
         self, device: Device, reading: Reading, now: float, values: dict[Series, float]
-    ) -> None:
-        """A reading on a slow clock: made when due, its last values repeated in between."""
+    ) -> float:
+        """A reading on a slow clock: made when due, its last values repeated in between. Returns
+        when it is due next."""
         assert reading.period is not None
         last = device.periodic.get(reading.name)
         if last is None or now >= last[0]:
@@ -243,6 +283,7 @@ class DeviceReader:
             self._call(device, reading, fresh)
             last = device.periodic[reading.name] = (now + reading.period, fresh)
         values.update(last[1])
+        return last[0]
 
     def _field_values(self, device: Device, values: dict[Series, float]) -> None:
         """Every field-value reading in one call; its time counts towards each collector with a

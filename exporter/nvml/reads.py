@@ -131,9 +131,10 @@ class Call:
     outputs: tuple[tuple[Series, Convert], ...]
 
 
-Step: TypeAlias = "Call | Reading"
-"""A plain reading in a GPU's plan: a `Call`, or a reading made once, on a slow clock or per fan
-or link (made through its declaration)."""
+PlanGroup: TypeAlias = "tuple[str, tuple[Call, ...], tuple[Reading, ...], tuple[Reading, ...]]"
+"""One collector's plain readings in a GPU's plan: its name; the readings made every cycle, as
+`Call`s; those made every cycle per fan or link; those made once or on a slow clock (the last two
+made through their declarations)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class Plan:
     """The declarations it was made from (a whole GPU's, or a MIG instance's)."""
     refused: int
     """How many readings the GPU had refused."""
-    steps: tuple[tuple[str, tuple[Step, ...]], ...]
+    steps: tuple[PlanGroup, ...]
 
 
 @dataclass(slots=True)
@@ -168,6 +169,10 @@ class Device:
     done_once: set[str] = field(default_factory=set)
     periodic: dict[str, tuple[float, dict[Series, float]]] = field(default_factory=dict)
     """Reading name -> (when it is due again, its last values), for readings on a slow clock."""
+    slow: dict[str, tuple[float, dict[Series, float]]] = field(default_factory=dict)
+    """Collector -> (when the first of its readings made once or on a slow clock is due, the
+    values they all gave last): a cycle with none due repeats them in one step. Emptied with
+    each new plan."""
     process_timestamp_us: int = 0
     """Newest per-process utilization sample seen; asked for only newer ones next time."""
     process_names: dict[int, str] = field(default_factory=dict)

@@ -199,6 +199,7 @@ POWER_LIMIT: Final = plain(
         collector="device",
     ),
     divided_by(1000.0),
+    period=HEALTH_PERIOD_SECONDS,  # changed by an administrator (`nvidia-smi -pl`), rarely
     simulated=lambda gpu: round(gpu.model.tdp_watts * 1000),
 )
 POWER_LIMIT_MIN: Final = Series(

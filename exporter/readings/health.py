@@ -45,12 +45,15 @@ _ECC_AGGREGATE_FAMILY: Final = family(
 ECC_AGGREGATE_CORRECTED: Final = Series(_ECC_AGGREGATE_FAMILY, (("type", "corrected"),))
 ECC_AGGREGATE_UNCORRECTED: Final = Series(_ECC_AGGREGATE_FAMILY, (("type", "uncorrected"),))
 
-# The simulated driver never reloads: its volatile and aggregate counts agree.
+# The simulated driver never reloads: its volatile and aggregate counts agree. The volatile counts
+# are read on the health clock too: the event thread reads them again at an ECC event and its
+# counts, when ahead, stand in until the next reading (`exporter.nvml.events.with_events`).
 reading(
     "ecc_corrected",
     "nvmlDeviceGetTotalEccErrors",
     (Output(ECC_CORRECTED, number),),
     args=(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC),
+    period=HEALTH_PERIOD_SECONDS,
     simulated=lambda gpu: gpu.ecc_corrected,
 )
 reading(
@@ -58,6 +61,7 @@ reading(
     "nvmlDeviceGetTotalEccErrors",
     (Output(ECC_UNCORRECTED, number),),
     args=(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC),
+    period=HEALTH_PERIOD_SECONDS,
     simulated=lambda gpu: gpu.ecc_uncorrected,
 )
 reading(
@@ -90,6 +94,7 @@ PCIE_REPLAYS: Final = plain(
         collector="health",
     ),
     number,
+    period=HEALTH_PERIOD_SECONDS,
     simulated=lambda _gpu: 0,
 )
 
