@@ -1,17 +1,24 @@
 """Benchmark the policy replay's per-step history fetch (`exporter/rightsize/replay/steps.py`)
-against a real Prometheus holding N workloads x 14 days of backfilled history.
+against a real Prometheus or VictoriaMetrics holding N workloads x 14 days of history.
 
     .venv/bin/python benchmarks/replay_queries.py [--workloads 1000] [--days 14]
-        [--interval 5m] [--step 10m] [--concurrency 4] [--keep DIR]
+        [--interval 5m] [--step 10m] [--concurrency 4] [--store prometheus|victoria]
+        [--report] [--keep DIR]
 
-1. Builds the history as `benchmarks/rightsize.py` does (the same fleet of ten behaviours,
-   promtool blocks; reused from --keep DIR when it holds them, its `end` file the window's end).
-2. Serves it from Prometheus (loopback, default query limits), runs the report's own history
-   fetch once (`fetch.fetch`: it sizes the replay's queries by the workload rows), then the
-   replay's fetch alone, through the report's client at --concurrency.
+1. Builds the history of `benchmarks/rightsize.py`'s fleet (the same ten behaviours, written by
+   tests/synthetic_history.py) into the store, once per --keep DIR (its `end` file the window's
+   end): for `prometheus` as promtool blocks (`rightsize.build`); for `victoria` streamed into
+   VictoriaMetrics' `/api/v1/import/prometheus` a 54-hour piece at a time, each piece sent in
+   bounded batches while the next is written (never the whole history in memory; minutes
+   where promtool takes hours at 10,000 workloads).
+2. Serves it (loopback, default query limits), runs the report's own history fetch once
+   (`fetch.fetch`: it sizes the replay's queries by the workload rows), then the replay's fetch
+   alone, through the report's client at --concurrency.
 3. Measures the replay fetch's queries, wall time, the process's peak resident memory during it
-   (VmHWM, reset just before), and the bytes Prometheus answered to those queries (its own
-   `prometheus_http_response_size_bytes_sum` for the query handler, before and after).
+   (VmHWM, reset just before), the bytes of JSON the client read for it, and for Prometheus the
+   bytes it answered (its own `prometheus_http_response_size_bytes_sum`, gzipped).
+4. With --report, runs `gpuscope rightsize --simulate current,exclusive,mig,timeslice,binpack
+   --format json` against the store as a user would: wall time and peak resident memory.
 
 Prints one JSON document, with the machine's load average at the end.
 """
@@ -27,20 +34,31 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.rightsize import build, fleet  # noqa: E402 - after the path set-up above
+from benchmarks.rightsize import build, fleet, run_report  # noqa: E402 - after the path set-up
+from dashboards.victoria import VictoriaMetrics  # noqa: E402
 from exporter.durations import parse_duration  # noqa: E402
+from exporter.rightsize import prometheus  # noqa: E402
 from exporter.rightsize.fetch import fetch  # noqa: E402
 from exporter.rightsize.options import load  # noqa: E402
 from exporter.rightsize.prometheus import PrometheusClient  # noqa: E402
 from exporter.rightsize.replay.steps import fetch_steps  # noqa: E402
 from tests.prometheus_server import running_prometheus  # noqa: E402
+from tests.synthetic_history import write_openmetrics  # noqa: E402
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+POLICIES: Final = "current,exclusive,mig,timeslice,binpack"
+BATCH_BYTES: Final = 32 * 2**20
+"""Text of one import request: the importer holds this and the one request in flight, no more."""
 ANSWERED = re.compile(
     r'^prometheus_http_response_size_bytes_sum\{handler="/api/v1/query(?:_range)?"\} (\S+)$',
     re.MULTILINE,
@@ -52,6 +70,23 @@ def answered_bytes(url: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
     return sum(float(found) for found in ANSWERED.findall(text))
+
+
+class _BodiesRead:
+    """Counts the bytes of every answer body the report's client reads (after gzip), by
+    wrapping `prometheus._bounded_body` for the benchmark's process."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._read = prometheus._bounded_body
+
+    def install(self) -> None:
+        async def counted(response: Any, limit: int) -> bytearray | None:
+            body = await self._read(response, limit)
+            self.bytes += len(body) if body is not None else 0
+            return body
+
+        prometheus._bounded_body = counted  # type: ignore[assignment]
 
 
 def reset_peak_memory() -> None:
@@ -66,8 +101,113 @@ def peak_memory_mib() -> float:
     return 0.0
 
 
+_SAMPLE: Final = re.compile(r"^(\S+) (\d+)$", re.MULTILINE)
+_LABEL: Final = re.compile(r'(\w+)="([^"]*)"')
+
+
+class _Importer:
+    """A text stream (what `write_openmetrics` writes to: each call one series' samples, every
+    line with the same name and labels) sent to VictoriaMetrics' JSON-line import
+    (`/api/v1/import`) in batches of about `BATCH_BYTES`, one in flight while the next is
+    written. Each series becomes one line, its labels once: the server parses numbers, not a
+    few hundred bytes of labels per sample. Comment lines (`# TYPE`, `# EOF`) are not sent."""
+
+    def __init__(self, url: str, sender: ThreadPoolExecutor) -> None:
+        self.url = f"{url}/api/v1/import"
+        self.sender = sender
+        self.parts: list[str] = []
+        self.size = 0
+        self.sent_bytes = 0
+        self.samples = 0
+        self.in_flight: Future[None] | None = None
+
+    def write(self, text: str) -> None:
+        if text.startswith("#") or not text:
+            return
+        name, _, rest = text.partition("{")
+        labels = rest[: rest.index("} ")]
+        metric = {"__name__": name, **dict(_LABEL.findall(labels))}
+        # The samples: each line's value and unix seconds, after the labels.
+        found = _SAMPLE.findall(text.replace(f"{name}{{{labels}}} ", ""))
+        self.samples += len(found)
+        line = (
+            f'{{"metric":{json.dumps(metric)},"values":[{",".join(v for v, _ in found)}],'
+            f'"timestamps":[{"000,".join(t for _, t in found)}000]}}\n'
+        )
+        self.parts.append(line)
+        self.size += len(line)
+        if self.size >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.parts:
+            return
+        body = "".join(self.parts).encode()
+        self.parts, self.size = [], 0
+        self.wait()
+        self.sent_bytes += len(body)
+        self.in_flight = self.sender.submit(self._post, body)
+
+    def wait(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.result()
+            self.in_flight = None
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(self.url, data=body, method="POST")
+        with urllib.request.urlopen(request, timeout=600) as response:
+            response.read()
+
+
+def _import_shard(
+    url: str, count: int, shard: int, shards: int, end: float, duration: float, interval: float
+) -> tuple[int, int]:
+    """One process's part of the fleet (every `shards`-th block of 20 workloads: the workloads
+    that time-slice a GPU are in one block) imported into `url`: (samples, bytes sent)."""
+    workloads = [w for n, w in enumerate(fleet(count)) if (n // 20) % shards == shard]
+    with ThreadPoolExecutor(max_workers=1) as sender:
+        importer = _Importer(url, sender)
+        write_openmetrics(
+            importer,  # type: ignore[arg-type] # writes only
+            workloads,
+            end=end,
+            duration=duration,
+            interval=interval,
+        )
+        importer.flush()
+        importer.wait()
+    return importer.samples, importer.sent_bytes
+
+
+def import_history(
+    victoria: VictoriaMetrics,
+    count: int,
+    end: float,
+    duration: float,
+    interval: float,
+    *,
+    processes: int,
+) -> dict[str, float]:
+    """The history of `fleet(count)` streamed into `victoria` by `processes` processes (the
+    generator's Python is the bottleneck, not the server); searchable on return."""
+    began = time.monotonic()
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        shards = [
+            pool.submit(_import_shard, victoria.url, count, n, processes, end, duration, interval)
+            for n in range(processes)
+        ]
+        done = [shard.result() for shard in shards]
+    victoria.api.flush()
+    return {
+        "samples": sum(samples for samples, _ in done),
+        "import_seconds": round(time.monotonic() - began, 1),
+        "import_processes": processes,
+        "import_mib_sent": round(sum(sent for _, sent in done) / 2**20, 1),
+    }
+
+
 async def measure(
-    url: str, end: float, *, window: float, step: str, concurrency: int
+    url: str, end: float, *, window: float, step: str, concurrency: int, prometheus_bytes: bool
 ) -> dict[str, Any]:
     config = load(
         [
@@ -76,10 +216,12 @@ async def measure(
             f"--window={window:.0f}s",
             f"--step={step}",
             f"--prometheus.concurrency={concurrency}",
-            "--simulate=current,exclusive,mig,timeslice,binpack",
+            f"--simulate={POLICIES}",
         ],
         {},
     )
+    bodies = _BodiesRead()
+    bodies.install()
     async with PrometheusClient(config.connection) as client:
         began = time.monotonic()
         history = await fetch(
@@ -94,7 +236,8 @@ async def measure(
         )
         report_seconds = time.monotonic() - began
         report_queries = client.queries_sent
-        before = answered_bytes(url)
+        before = answered_bytes(url) if prometheus_bytes else 0.0
+        read_before = bodies.bytes
         reset_peak_memory()
         began = time.monotonic()
         steps = await fetch_steps(
@@ -111,7 +254,11 @@ async def measure(
         queries = client.queries_sent - report_queries
     if steps is None:
         raise SystemExit("the replay's fetch was refused (see the warning above)")
-    answered = answered_bytes(url) - before
+    answered = {}
+    if prometheus_bytes:
+        answered["replay_fetch_mib_answered_gzipped"] = round(
+            (answered_bytes(url) - before) / 2**20, 1
+        )
     return {
         "step": step,
         "concurrency": concurrency,
@@ -122,10 +269,39 @@ async def measure(
         "replay_fetch_queries": queries,
         "replay_fetch_seconds": round(seconds, 1),
         "replay_fetch_peak_mib": peak,
-        "replay_fetch_bytes_read": round(answered),
-        "replay_fetch_mib_read": round(answered / 2**20, 1),
+        "replay_fetch_mib_read": round((bodies.bytes - read_before) / 2**20, 1),
+        **answered,
         "demand_vectors": len(steps.busy),
     }
+
+
+def _served(
+    store: str, root: Path, count: int, interval: float, days: float, *, processes: int
+) -> Iterator[tuple[str, float, dict[str, float]]]:
+    """(URL, the window's end, what building the history took) of the store serving the fleet's
+    history, built in `root` unless it is there already."""
+    end = float(int(time.time()) // 300 * 300 - 3600)
+    duration = days * 86400 + 3600
+    marker = root / "end"
+    built: dict[str, float] = {}
+    if store == "prometheus":
+        data = root / "data"
+        if marker.exists() and data.exists():
+            end = float(marker.read_text())
+        else:
+            data.mkdir(exist_ok=True)
+            built = build(data, fleet(count), end, duration, interval)
+            marker.write_text(f"{end:.0f}")
+        with running_prometheus(data, retention="15d", ready_timeout=600) as url:
+            yield url, end, built
+        return
+    with VictoriaMetrics(root / "victoria", ready_timeout=600) as victoria:
+        if marker.exists():
+            end = float(marker.read_text())
+        else:
+            built = import_history(victoria, count, end, duration, interval, processes=processes)
+            marker.write_text(f"{end:.0f}")
+        yield victoria.url, end, built
 
 
 def main() -> None:
@@ -135,23 +311,35 @@ def main() -> None:
     parser.add_argument("--interval", default="5m", help="scrape interval of the synthetic history")
     parser.add_argument("--step", default="10m")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--store",
+        choices=("prometheus", "victoria"),
+        default="prometheus",
+        help="where the history is served from: promtool blocks in Prometheus, or streamed into"
+        " VictoriaMetrics (minutes at 10,000 workloads, where promtool takes hours)",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help=f"also run the whole report, gpuscope rightsize --simulate {POLICIES}",
+    )
+    parser.add_argument(
+        "--import-processes",
+        type=int,
+        default=2,
+        help="processes writing the history into VictoriaMetrics (--store victoria)",
+    )
     parser.add_argument("--keep", type=Path, help="build the data here (and reuse it if present)")
     args = parser.parse_args()
     interval = parse_duration(args.interval)
-    end = float(int(time.time()) // 300 * 300 - 3600)
-    duration = args.days * 86400 + 3600
     with tempfile.TemporaryDirectory(prefix="gpuscope-bench-") as scratch:
         root = args.keep or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        data, marker = root / "data", root / "end"
-        built: dict[str, float] = {}
-        if marker.exists() and data.exists():
-            end = float(marker.read_text())
-        else:
-            data.mkdir(exist_ok=True)
-            built = build(data, fleet(args.workloads), end, duration, interval)
-            marker.write_text(f"{end:.0f}")
-        with running_prometheus(data, retention="15d", ready_timeout=600) as url:
+        served = _served(
+            args.store, root, args.workloads, interval, args.days, processes=args.import_processes
+        )
+        url, end, built = next(served)
+        try:
             measured = asyncio.run(
                 measure(
                     url,
@@ -159,11 +347,30 @@ def main() -> None:
                     window=args.days * 86400,
                     step=args.step,
                     concurrency=args.concurrency,
+                    prometheus_bytes=args.store == "prometheus",
                 )
             )
+            if args.report:
+                output = root / f"report-{args.store}.json"
+                report = run_report(
+                    url,
+                    end,
+                    output,
+                    step=args.step,
+                    concurrency=args.concurrency,
+                    extra=(f"--window={args.days * 86400:.0f}s", f"--simulate={POLICIES}"),
+                )
+                simulation = json.loads(output.read_text()).get("simulation") or []
+                measured["report"] = {
+                    **report,
+                    "gpus_max": {one["policy"]: one["gpus"]["max"] for one in simulation},
+                }
+        finally:
+            served.close()
     print(
         json.dumps(
             {
+                "store": args.store,
                 "workloads": args.workloads,
                 "days": args.days,
                 "interval": args.interval,

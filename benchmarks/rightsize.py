@@ -51,7 +51,7 @@ from tests.prometheus_server import free_port, running_prometheus  # noqa: E402
 from tests.synthetic_history import FakeWorkload, Wave, backfill, write_openmetrics  # noqa: E402
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
 REFRESHES = 3
 """Refreshes the server is measured over by default: the first, and two more a refresh interval
@@ -179,8 +179,16 @@ def _backfill_piece(promtool: str, text: Path, data: Path) -> None:
 
 
 def run_report(
-    url: str, end: float, output: Path, *, step: str = "5m", concurrency: int = 4
+    url: str,
+    end: float,
+    output: Path,
+    *,
+    step: str = "5m",
+    concurrency: int = 4,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """`gpuscope rightsize --format json` (and `extra` flags) against `url`: its wall time, peak
+    resident memory, queries and warnings."""
     command = [
         sys.executable,
         "-m",
@@ -193,6 +201,7 @@ def run_report(
         "--format=json",
         f"--output={output}",
         "--log.format=json",
+        *extra,
     ]
     began = time.monotonic()
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 from aiohttp import web
 
-from exporter.rightsize.answer import answer_labels
+from exporter.rightsize.answer import Bounds, Vector, answer_labels, read_answer
 from exporter.rightsize.prometheus import (
     Connection,
     PrometheusClient,
@@ -208,3 +208,19 @@ async def test_a_hostile_matrix_shape_costs_a_few_times_its_size(shape: str) -> 
             tracemalloc.stop()
     assert peak < 8 * len(body), f"{peak / 2**20:.0f} MiB for {len(body) / 2**20:.0f} MiB"
     assert len(found) <= 1
+
+
+def test_a_flat_series_keeps_and_drops_each_sample_as_one_walked_would() -> None:
+    """A series whose samples are all in the flat shape is matched at once; each is still judged
+    alone: kept, or dropped and counted with the reason a walked sample gets."""
+    flat = '[[1,"0.5"],[2,"NaN"],[3,"abc"],[4,"7"],[1e999,"1"],[6,"0.25"]]'
+    walked = '[[1,"0.5"],[2,"NaN"],[3,"abc"],[4,"7"],[1e999,"1"],[6,"0.25"],[7,"1",8]]'
+    found = {}
+    for name, values in (("flat", flat), ("walked", walked)):
+        vector = Vector(None, Bounds(0, 5, "a ratio"), frozenset({"pod"}), kind="matrix")
+        body = MATRIX_HEAD + '{"metric":{"pod":"a","job":"x"},"values":' + values + "}]}}"
+        assert read_answer(bytearray(body.encode()), vector) is not None
+        found[name] = (vector.samples, vector.bad, vector.why_bad)
+    kept = [Sample({"pod": "a"}, 0.5, 1), Sample({"pod": "a"}, 0.25, 6)]
+    assert found["flat"] == (kept, 4, "value nan is not a finite number")
+    assert found["walked"] == (kept, 5, "value nan is not a finite number")

@@ -333,3 +333,64 @@ async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_it
     assert (busy[0], busy[steps - 1], sum(busy)) == (0.25, 1.0, 1.25)
     assert history.held[steps - 2] == {("a100", ""): 2.0}
     assert [index for index, yes in enumerate(history.contended) if yes] == [steps - 6]
+
+
+@pytest.mark.parametrize(
+    ("limit", "demand_queries"),
+    [
+        # 400,000 samples an answer: 40 steps of 10,000 rows (100,000 samples asked 202).
+        (None, 51),
+        # An 8 MiB answer limit holds 104,857 samples of at most 40 bytes in half of it: 10 steps.
+        (8 * 2**20, 202),
+    ],
+)
+async def test_the_slices_are_as_long_as_the_answer_limit_allows(
+    limit: int | None, demand_queries: int
+) -> None:
+    """10,000 workload rows over 14 days at 10-minute steps: each query costs the server its
+    series' lookup and their blocks around the slice whatever the slice's length, so the slices
+    are as long as an answer may be (half the answer limit), and cover every step once."""
+    end, step, steps = 1_700_000_400.0, 600.0, 2016
+    asked: dict[str, list[tuple[float, float]]] = {}
+
+    async def answer(request: web.Request) -> web.Response:
+        form = await request.post()
+        query = str(form["query"])
+        name = (
+            "contended"
+            if query.startswith("count(")
+            else "held"
+            if "count by" in query
+            else "demand"
+        )
+        asked.setdefault(name, []).append((float(str(form["start"])), float(str(form["end"]))))
+        data = {"resultType": "matrix", "result": []}
+        return web.json_response({"status": "success", "data": data})
+
+    with serving(answer) as url:
+        connection = (
+            Connection(url=url) if limit is None else Connection(url=url, max_response_bytes=limit)
+        )
+        async with PrometheusClient(connection) as client:
+            history = await fetch_steps(
+                client,
+                selection=Selection(),
+                end=end,
+                window=steps * step,
+                step=step,
+                cluster_label=None,
+                configurations=10_000,
+            )
+    assert history is not None
+    assert (len(asked["held"]), len(asked["contended"])) == (1, 1)
+    assert len(asked["demand"]) == demand_queries
+    covered = sorted(
+        round((end - at) / step)
+        for start, stop in asked["demand"]
+        for at in _grid(start, stop, step)
+    )
+    assert covered == list(range(steps))
+
+
+def _grid(start: float, stop: float, step: float) -> list[float]:
+    return [start + n * step for n in range(round((stop - start) / step) + 1)]

@@ -171,6 +171,29 @@ class Vector:
         else:
             self.samples.append(Sample(labels, value, at))
 
+    def add_points(self, labels: dict[str, str], points: Iterator[re.Match[str]]) -> None:
+        """A matrix series' samples in the flat shape (`_POINT` matches, read lazily: a list of
+        them all would cost many times the text), each sound one kept as `add` keeps it (in one
+        loop: a range answer holds a sample per step of every series), any other dropped and
+        counted as `add` would drop it."""
+        if self.keep is not None and not self.keep(labels):
+            self.foreign += sum(1 for _ in points)
+            return
+        admits, append, finite = self.bounds.admits, self.samples.append, math.isfinite
+        for point in points:
+            at = value = math.nan
+            try:
+                at = float(point[1])
+                value = float(point[2])
+            except ValueError:
+                pass
+            if finite(at) and finite(value) and admits(value):
+                append(Sample(labels, value, at))
+            elif not finite(at):
+                self.refuse(point[0], "a malformed sample")
+            else:
+                self.add(labels, point[2], at=at)
+
     def refuse(self, series: object, why: str) -> None:
         self.bad += 1
         if self.bad == 1:
@@ -280,6 +303,13 @@ MAX_VALUE_TEXT: Final = 64
 """The longest sample value read as a number: a longer one is not a number."""
 _POINT: Final = re.compile(rf'\[(-?[0-9][0-9.eE+-]{{0,40}}),"([^"\\]{{0,{MAX_VALUE_TEXT}}})"\]')
 """A matrix sample as every PromQL server writes one: `[timestamp,"value"]`."""
+_POINTS: Final = re.compile(rf"\[(?:{_POINT.pattern}(?:,{_POINT.pattern})*+)?\]")
+"""A series' `values` of flat samples only, compact."""
+_FLAT_LABELS: Final = re.compile(
+    rf"\{{(?:{_STRING_PATTERN}:{_STRING_PATTERN}(?:,{_STRING_PATTERN}:{_STRING_PATTERN})*+)?\}}",
+    re.DOTALL,
+)
+"""A series' `metric` as every server writes it: compact, every value a string."""
 TEXT_LIMIT: Final = 400
 """How much of an error or warning is decoded (`cut` shows 200 characters)."""
 
@@ -461,6 +491,19 @@ class _Reader:
             why = "nested too deeply" if depth > MAX_NESTING else "a malformed vector element"
             vector.refuse(self.text[start : min(self.at, start + TEXT_LIMIT)], why)
 
+    def labels(self, vector: Vector) -> dict[str, str] | None:
+        """A series' `metric` as `walked_labels` reads it; in the flat shape every server
+        writes (short, every value a string), built by the C decoder at once."""
+        start = self.at
+        flat = _FLAT_LABELS.match(self.text, start)
+        if flat is not None and flat.end() - start <= MAX_SIMPLE_ELEMENT:
+            metric = self.decoded()
+            assert isinstance(metric, dict)
+            if all(len(name) <= MAX_LABEL_VALUE >= len(text) for name, text in metric.items()):
+                return {name: text for name, text in metric.items() if vector.wants(name)}
+            self.at = start
+        return self.walked_labels(vector)
+
     def walked_labels(self, vector: Vector) -> dict[str, str] | None:
         """An element's `metric`: the labels `vector` wants; None if a value is not a string
         of at most `MAX_LABEL_VALUE` characters."""
@@ -499,7 +542,7 @@ class _Reader:
         if self.peek() == "{":
             for key in self.members():
                 if key == "metric" and labels is None and not read and self.peek() == "{":
-                    labels = self.walked_labels(vector)
+                    labels = self.labels(vector)
                     read = labels is None
                 elif key == "values" and labels is not None and self.peek() == "[":
                     self.points(labels, vector)
@@ -513,8 +556,15 @@ class _Reader:
             vector.refuse(self.text[start : min(self.at, start + TEXT_LIMIT)], why)
 
     def points(self, labels: dict[str, str], vector: Vector) -> None:
-        """A series' samples: each in the flat shape every server writes matched at once (a
-        range answer holds a sample per step of each series), any other walked."""
+        """A series' samples: a whole array of them in the flat shape every server writes
+        matched at once (a range answer holds a sample per step of each series, and a sample
+        read a character at a time costs more than the server's work for it), any other array
+        walked a sample at a time."""
+        run = _POINTS.match(self.text, self.at)
+        if run is not None:
+            vector.add_points(labels, _POINT.finditer(self.text, self.at, run.end()))
+            self.at = run.end()
+            return
         self.expect("[")
         if self.peek() == "]":
             self.at += 1
@@ -525,11 +575,7 @@ class _Reader:
                 self.point(labels, vector)
             else:
                 self.at = found.end()
-                at = _number(found[1])
-                if at is None or not math.isfinite(at):
-                    vector.refuse(found[0], "a malformed sample")
-                else:
-                    vector.add(labels, found[2], at=at)
+                vector.add_points(labels, iter((found,)))
             if self.peek() == ",":
                 self.at += 1
                 continue

@@ -3,9 +3,10 @@
 Each expression is asked as range queries (`PrometheusClient.query_range`) over the report's
 grid, the last step at `end`: one evaluation covers many steps, where an instant query would
 cost one evaluation per step. The window is cut into time slices of as many steps as keep an
-answer under `MAX_SAMPLES` samples (and each series under `MAX_POINTS` points, the server's
-own limit); a sample's time says its step. The queries run under the client's concurrency, its
-retries, limits and checks.
+answer under `MAX_SAMPLES` samples and half the answer limit (and each series under
+`MAX_POINTS` points, the server's own limit); a sample's time says its step. The queries run
+under the client's concurrency, its retries, limits and checks; each answer is folded into the
+history as it arrives, so at most `--prometheus.concurrency` answers are held at once.
 
 Three expressions, each aggregated inside Prometheus:
 
@@ -38,9 +39,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter.rightsize.replay")
 
-MAX_SAMPLES: Final = 100_000
-"""Samples of one answer: some 30 bytes each (and a series' labels once), a few MB, well under
-the answer limit, and some 15 MB read."""
+MAX_SAMPLES: Final = 400_000
+"""Samples of one answer: at most `SAMPLE_BYTES` each (and a series' labels once), 16 MB, half
+the default answer limit (`--prometheus.max-response-size`; a lower limit asks smaller slices),
+and some 40 MB of samples read. Each query costs the server its series' lookup and the chunks or
+blocks around its slice (VictoriaMetrics decompresses each series' blocks whole, a block up to
+8,192 samples), whatever the slice's length: 10,000 workload rows over 2,016 steps are 51
+queries, where 100,000 samples an answer made them 202 (the server's work four times over)."""
+SAMPLE_BYTES: Final = 40
+"""A matrix sample's JSON at most: `[1795818600,"0.08123456789012345"],` is 35 characters."""
 MAX_POINTS: Final = 10_000
 """Points of one series: Prometheus refuses a range query of more than 11,000."""
 MAX_BUSY_GPUS: Final = 1e6
@@ -135,11 +142,20 @@ async def _fetch_steps(
         f"and on ({k}uuid) (max by ({k}uuid) (gpu_allocation_shared{{{m}}}) == 1))"
     )
     bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
+    # An answer's samples fill at most half the answer limit: the series' labels have the rest.
+    samples = min(MAX_SAMPLES, client.connection.max_response_bytes // (2 * SAMPLE_BYTES))
     busy: dict[Key, array[float]] = {}
     held_by_step: list[dict[tuple[str, str], float]] = [{} for _ in range(steps)]
     contended_by_step = [False] * steps
 
+    # The last series' labels and its vector: a series' samples come one after another, and
+    # holding the labels keeps the identity check sound.
+    last: list[tuple[Mapping[str, str], array[float]]] = []
+
     def add_demand(index: int, labels: Mapping[str, str], value: float) -> None:
+        if last and last[0][0] is labels:
+            last[0][1][index] += value
+            return
         if labels.get("workload"):
             kind, name = labels.get("workload_kind", "") or "Pod", labels.get("workload", "")
         else:
@@ -155,6 +171,7 @@ async def _fetch_steps(
         if key not in busy:
             busy[key] = array("d", bytes(8 * steps))
         busy[key][index] += value
+        last[:] = [(labels, busy[key])]
 
     def add_held(index: int, labels: Mapping[str, str], value: float) -> None:
         counts = held_by_step[index]
@@ -166,7 +183,7 @@ async def _fetch_steps(
 
     async def ask(expression: str, name: str, per_step: int, fold: Fold) -> None:
         """Every step's answer, each query's folded in as it arrives (and then dropped)."""
-        per_query = max(1, min(MAX_SAMPLES // max(per_step, 1), MAX_POINTS))
+        per_query = max(1, min(samples // max(per_step, 1), MAX_POINTS))
 
         async def one(newest: int, oldest: int) -> None:
             answer = await client.query_range(
