@@ -360,6 +360,35 @@ def test_a_gpu_hanging_while_it_is_opened_costs_only_itself() -> None:
         sampler.close()
 
 
+def test_a_gpu_whose_opening_returned_is_not_hung_when_the_next_init_fails() -> None:
+    """The GPUs still opening were forgotten only once the next initialisation had counted the
+    GPUs: when `nvmlInit` itself failed, a GPU whose call had long returned stayed `hung`."""
+    clock = ManualClock()
+    driver = SimulatedNvml(
+        parse_fleet(
+            {
+                "gpus": [{"count": 2}],
+                "faults": [
+                    {"kind": "hang", "gpu": 1, "until": "10s"},
+                    {"kind": "init_error", "error": "driver_not_loaded", "at": "10s"},
+                ],
+            }
+        ),
+        clock=clock,
+    )
+    sampler = patient(NvmlSampler(driver, clock=clock))
+    sampler.start()
+    try:
+        clock.advance(1)
+        assert by_index(sampler.sample()[0])[1].down_reason == "hung"
+        clock.advance(10)  # the hang is over; the re-initialisation due now fails
+        gpus = by_index(sampler.sample()[0])
+        assert not any(gpu.up for gpu in gpus.values())
+        assert gpus[1].down_reason != "hung", "its opening returned"
+    finally:
+        sampler.close()
+
+
 def test_reinit_backs_off_while_a_gpu_stays_lost() -> None:
     clock = ManualClock()
     driver = SimulatedNvml(

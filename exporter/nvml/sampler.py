@@ -253,14 +253,15 @@ class NvmlSampler:
                 # back only once a later re-initialisation can shut it down.
                 log.warning("re-initialising NVML without shutting it down: an event call hangs")
         self._devices = []
+        # Every thread of an earlier opening has ended (re-initialising waited for them): none
+        # of its GPUs is hung any more, whether or not this initialisation succeeds.
+        self._opening = {}
         self._nvml.nvmlInit()
         self._initialized = True
         self._once.forget_matching(("field",))
         driver_version = self._optional(lambda: text(self._nvml.nvmlSystemGetDriverVersion()))
         cuda = self._optional(self._nvml.nvmlSystemGetCudaDriverVersion)
         cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else ""
-        # Every thread of an earlier opening has ended: re-initialising waited for them.
-        self._opening = {}
         openings = open_all(
             self._nvml.nvmlDeviceGetCount(),
             partial(self._probe, driver_version=driver_version or "", cuda_version=cuda_version),
