@@ -186,7 +186,7 @@ class Vector:
                 at = float(point[1])
                 value = float(point[2])
             except ValueError:
-                pass
+                pass  # left NaN: judged, refused and counted just below
             if finite(at) and finite(value) and admits(value):
                 append(Sample(labels, value, at))
             elif not finite(at):
