@@ -25,7 +25,8 @@ re-initialisation or at exit) only while every worker is idle.
 Threading rules: a job's answer is written into its `Ticket` by the worker under the batch's lock
 (`answered` last), and read by the sampler once it sees `answered`; a worker's queues and what it
 runs now are under the worker's lock; which thread reads which GPU (`Gpu.worker`, `Gpu.ticket`,
-`GpuThreads`) is the sampler thread's alone. Everything a job touches belongs to its GPU, so
+`GpuThreads`) is the sampler thread's to change; another thread only reads the GPUs placed
+(`gpus`, a list replaced whole) and a GPU's `worker` once, to queue a call (`call`). Everything a job touches belongs to its GPU, so
 jobs of different GPUs share nothing but thread-safe helpers (the log-once set, the error
 counter, the simulator's own lock).
 """
@@ -313,7 +314,8 @@ def _run_call(read: Callable[[], Any], future: Future[Any]) -> None:
 
 class GpuThreads(Generic[G]):
     """Which thread reads which GPU: one shared by the GPUs that answer fast, one of its own for
-    each GPU that is slow. Used by the sampler thread only."""
+    each GPU that is slow. Used by the sampler thread only, but for `gpus` and `call`, which any
+    thread may use (a GPU trace's polls)."""
 
     def __init__(
         self,
