@@ -14,7 +14,7 @@ import importlib.util
 from typing import Final
 
 EXTRAS: Final[dict[str, tuple[str, ...]]] = {
-    "rightsize": ("aiohttp", "rich", "jinja2", "kubernetes"),
+    "rightsize": ("aiohttp", "rich", "jinja2", "kubernetes", "numpy"),
     "calibrate": ("torch", "numpy", "rich", "kubernetes"),
     "auth-providers": ("kubernetes",),
 }
