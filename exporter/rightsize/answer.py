@@ -160,16 +160,31 @@ class Vector:
         value = _number(value_text)
         if value is None:
             self.refuse(labels, "its value is not a number")
-        elif not math.isfinite(value):
-            self.refuse(labels, f"value {value} is not a finite number")
-        elif not self.bounds.admits(value):
-            self.refuse(
-                labels,
-                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
-                f"({self.bounds.what})",
-            )
+        elif why := self.fault(value):
+            self.refuse(labels, why)
         else:
-            self.samples.append(Sample(labels, value, at))
+            self.keep_sample(labels, value, at)
+
+    def fault(self, value: float) -> str:
+        """Why a sample's value is refused ("" if it is not)."""
+        if not math.isfinite(value):
+            return f"value {value} is not a finite number"
+        if not self.bounds.admits(value):
+            return (
+                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
+                f"({self.bounds.what})"
+            )
+        return ""
+
+    def keep_sample(self, labels: Mapping[str, str], value: float, at: float) -> None:
+        """A sound sample, kept (a subclass may keep it otherwise)."""
+        self.samples.append(Sample(labels, value, at))
+
+    def add_run(self, labels: dict[str, str], text: str, at: int) -> int:  # noqa: ARG002 - for `Columns`
+        """A series' whole `values` array at `at` in `text`, taken at once if this reader can
+        (a subclass reading columns): where it ends, or 0 if it was not taken (then read a
+        sample at a time)."""
+        return 0
 
     def add_points(self, labels: dict[str, str], points: Iterator[re.Match[str]]) -> None:
         """A matrix series' samples in the flat shape (`_POINT` matches, read lazily: a list of
@@ -179,7 +194,7 @@ class Vector:
         if self.keep is not None and not self.keep(labels):
             self.foreign += sum(1 for _ in points)
             return
-        admits, append, finite = self.bounds.admits, self.samples.append, math.isfinite
+        admits, keep, finite = self.bounds.admits, self.keep_sample, math.isfinite
         for point in points:
             at = value = math.nan
             try:
@@ -188,11 +203,14 @@ class Vector:
             except ValueError:
                 pass  # left NaN: judged, refused and counted just below
             if finite(at) and finite(value) and admits(value):
-                append(Sample(labels, value, at))
+                keep(labels, value, at)
             elif not finite(at):
                 self.refuse(point[0], "a malformed sample")
             else:
                 self.add(labels, point[2], at=at)
+
+    def finish(self) -> None:
+        """The answer is read: judge what is still to be judged (a subclass's)."""
 
     def refuse(self, series: object, why: str) -> None:
         self.bad += 1
@@ -560,6 +578,10 @@ class _Reader:
         matched at once (a range answer holds a sample per step of each series, and a sample
         read a character at a time costs more than the server's work for it), any other array
         walked a sample at a time."""
+        taken = vector.add_run(labels, self.text, self.at)
+        if taken:
+            self.at = taken
+            return
         run = _POINTS.match(self.text, self.at)
         if run is not None:
             vector.add_points(labels, _POINT.finditer(self.text, self.at, run.end()))
