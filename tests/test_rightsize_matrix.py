@@ -62,6 +62,8 @@ ANSWERS: Final = {
     "a value holding brackets": [series("a", '[[1,"1],[2,3"]]')],
     "spaces": ['{"metric":{"pod":"a"},"values":[ [1, "1"] , [2,"2"]]}'],
     "a label too long": [series("a", '[[1,"1"]]', extra=f',"model":"{"m" * 1025}"')],
+    "a series with another member": [series("a", '[[1,"1"]]')[:-1] + ',"pad":[1]}'],
+    "a label that is no string": ['{"metric":{"pod":1},"values":[[1,"1"]]}'],
     "a foreign series": [series("z", '[[1,"1"],[2,"NaN"]]'), series("a", '[[1,"1"]]')],
 }
 

@@ -180,10 +180,9 @@ class Vector:
         """A sound sample, kept (a subclass may keep it otherwise)."""
         self.samples.append(Sample(labels, value, at))
 
-    def add_run(self, labels: dict[str, str], text: str, at: int) -> int:  # noqa: ARG002 - for `Columns`
-        """A series' whole `values` array at `at` in `text`, taken at once if this reader can
-        (a subclass reading columns): where it ends, or 0 if it was not taken (then read a
-        sample at a time)."""
+    def add_series(self, text: str, at: int) -> int:  # noqa: ARG002 - for `Columns`
+        """The matrix series at `at` in `text`, taken whole if this reader can (a subclass
+        reading columns): where it ends, or 0 if it was not taken (then walked)."""
         return 0
 
     def add_points(self, labels: dict[str, str], points: Iterator[re.Match[str]]) -> None:
@@ -323,7 +322,7 @@ _POINT: Final = re.compile(rf'\[(-?[0-9][0-9.eE+-]{{0,40}}),"([^"\\]{{0,{MAX_VAL
 """A matrix sample as every PromQL server writes one: `[timestamp,"value"]`."""
 _POINTS: Final = re.compile(rf"\[(?:{_POINT.pattern}(?:,{_POINT.pattern})*+)?\]")
 """A series' `values` of flat samples only, compact."""
-_FLAT_LABELS: Final = re.compile(
+FLAT_LABELS: Final = re.compile(
     rf"\{{(?:{_STRING_PATTERN}:{_STRING_PATTERN}(?:,{_STRING_PATTERN}:{_STRING_PATTERN})*+)?\}}",
     re.DOTALL,
 )
@@ -513,7 +512,7 @@ class _Reader:
         """A series' `metric` as `walked_labels` reads it; in the flat shape every server
         writes (short, every value a string), built by the C decoder at once."""
         start = self.at
-        flat = _FLAT_LABELS.match(self.text, start)
+        flat = FLAT_LABELS.match(self.text, start)
         if flat is not None and flat.end() - start <= MAX_SIMPLE_ELEMENT:
             metric = self.decoded()
             assert isinstance(metric, dict)
@@ -554,6 +553,10 @@ class _Reader:
         or that has either malformed, is dropped as malformed; so is each malformed sample)."""
         self.peek()
         start = self.at
+        taken = vector.add_series(self.text, start)
+        if taken:
+            self.at = taken
+            return
         labels: dict[str, str] | None = None
         read = False
         depth = 0
@@ -578,10 +581,6 @@ class _Reader:
         matched at once (a range answer holds a sample per step of each series, and a sample
         read a character at a time costs more than the server's work for it), any other array
         walked a sample at a time."""
-        taken = vector.add_run(labels, self.text, self.at)
-        if taken:
-            self.at = taken
-            return
         run = _POINTS.match(self.text, self.at)
         if run is not None:
             vector.add_points(labels, _POINT.finditer(self.text, self.at, run.end()))

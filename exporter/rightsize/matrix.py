@@ -4,21 +4,29 @@ values as float64 arrays, never an object per sample.
 The policy replay asks some 18 million samples at 10,000 workloads over 14 days; read a `Sample`
 at a time they cost the client about 6 µs each. Here a series' `values` in the shape every
 server writes (`[[1795818600,"0.25"],...]`, each time a plain decimal, each value a number's
-characters only) is matched whole and parsed by numpy in one call; a series in any other shape
-is read as `answer.Vector` reads it, a sample at a time. Every sample is judged as `Vector`
+characters only), with its labels first and compact, is matched whole and its samples parsed by
+numpy in one call; a series in any other shape is walked as `answer.Vector` walks it, a sample
+at a time. Every sample is judged as `Vector`
 judges it: a value that is not a finite number, or outside the signal's `Bounds`, is dropped and
 counted with the same reason, and the first bad series of the answer is the one named.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
-from exporter.rightsize.answer import Vector, series_text
+from exporter.rightsize.answer import (
+    FLAT_LABELS,
+    MAX_LABEL_VALUE,
+    MAX_SIMPLE_ELEMENT,
+    Vector,
+    series_text,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -33,6 +41,9 @@ and a case of `answer._POINT`'s."""
 _VALUE: Final = r"[0-9.eE+-]{1,64}"
 """A value of a number's characters (`NaN`, `+Inf` are read a sample at a time)."""
 _RUN: Final = re.compile(rf'\[(?:\[{_TIME},"{_VALUE}"\](?:,\[{_TIME},"{_VALUE}"\])*+)?\]')
+_HEAD: Final = re.compile(rf'\{{"metric":({FLAT_LABELS.pattern}),"values":', re.DOTALL)
+"""A series as every server writes it, up to its samples: compact, its labels first."""
+_DECODER: Final = json.JSONDecoder()
 _BARE: Final = str.maketrans("", "", '[]"')
 """A run without its brackets and quotes: `t,v,t,v,...`, what numpy parses."""
 
@@ -100,23 +111,33 @@ class Columns(Vector):
             self._series_at_first_refusal = len(self._labels)
         super().refuse(series, why)
 
-    def add_run(self, labels: dict[str, str], text: str, at: int) -> int:
-        if self.keep is not None and not self.keep(labels):
-            return 0  # counted as foreign a sample at a time
-        run = _RUN.match(text, at)
-        if run is None:
+    def add_series(self, text: str, at: int) -> int:
+        head = _HEAD.match(text, at)
+        if head is None:
             return 0
-        count = text.count("[", at, run.end()) - 1
-        try:
-            numbers = np.fromstring(text[at : run.end()].translate(_BARE), sep=",")
-        except ValueError:
-            return 0  # a value of a number's characters that is no number (`1e`, `1-2`)
-        if numbers.size != 2 * count:
+        labels = self._flat_labels(text, head.start(1), head.end(1))
+        if labels is None or (self.keep is not None and not self.keep(labels)):
+            return 0  # walked: a foreign series is counted a sample at a time
+        run = _RUN.match(text, head.end())
+        if run is None or text[run.end() : run.end() + 1] != "}":
+            return 0
+        numbers = _parsed(text, run.start(), run.end())
+        if numbers is None:
             return 0
         self._end_walked()
-        if count:
+        if numbers.size:
             self._add(labels, numbers)
-        return run.end()
+        return run.end() + 1
+
+    def _flat_labels(self, text: str, start: int, end: int) -> dict[str, str] | None:
+        """The labels kept of a series' flat `metric` (as `_Reader.labels` reads it), None if
+        it is too long to decode at once or holds a name or value too long (then walked)."""
+        if end - start > MAX_SIMPLE_ELEMENT:
+            return None
+        metric: dict[str, str] = _DECODER.raw_decode(text, start)[0]
+        if not all(len(name) <= MAX_LABEL_VALUE >= len(value) for name, value in metric.items()):
+            return None
+        return {name: value for name, value in metric.items() if self.wants(name)}
 
     def finish(self) -> None:
         self._matrix = self._judged()
@@ -155,3 +176,14 @@ class Columns(Vector):
             self.first_bad = series_text(self._labels[first])
             self.why_bad = self.fault(float(values[bad[0]]))
         self.bad += int(bad.size)
+
+
+def _parsed(text: str, start: int, end: int) -> NDArray[np.float64] | None:
+    """The samples of a run (`_RUN`), `t,v,t,v,...`; None if a value of a number's characters
+    is no number (`1e`, `1-2`: then walked, and refused as a walked sample is)."""
+    try:
+        numbers = np.fromstring(text[start:end].translate(_BARE), sep=",")
+    except ValueError:
+        return None
+    # An older numpy warns instead of raising, and returns the numbers read up to the fault.
+    return numbers if numbers.size == 2 * (text.count("[", start, end) - 1) else None
