@@ -5,8 +5,11 @@ grid, the last step at `end`: one evaluation covers many steps, where an instant
 cost one evaluation per step. The window is cut into time slices of as many steps as keep an
 answer under `MAX_SAMPLES` samples and half the answer limit (and each series under
 `MAX_POINTS` points, the server's own limit); a sample's time says its step. The queries run
-under the client's concurrency, its retries, limits and checks; each answer is folded into the
-history as it arrives, so at most `--prometheus.concurrency` answers are held at once.
+under the client's concurrency, its retries, limits and checks. Each answer is read as columns
+(`PrometheusClient.query_matrix`: a series' times and values as arrays, 16 bytes a sample, never
+an object per sample) and folded into the history as it arrives, each series' samples added at
+their steps in one numpy operation, so at most `--prometheus.concurrency` answers are held at
+once.
 
 Three expressions, each aggregated inside Prometheus:
 
@@ -48,7 +51,7 @@ log = logging.getLogger("exporter.rightsize.replay")
 MAX_SAMPLES: Final = 400_000
 """Samples of one answer: at most `SAMPLE_BYTES` each (and a series' labels once), 16 MB, half
 the default answer limit (`--prometheus.max-response-size`; a lower limit asks smaller slices),
-and some 40 MB of samples read. Each query costs the server its series' lookup and the chunks or
+and 6.4 MB of samples read as columns. Each query costs the server its series' lookup and the chunks or
 blocks around its slice (VictoriaMetrics decompresses each series' blocks whole, a block up to
 8,192 samples), whatever the slice's length: 10,000 workload rows over 2,016 steps are 51
 queries, where 100,000 samples an answer made them 202 (the server's work four times over)."""
