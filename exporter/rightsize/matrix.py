@@ -6,9 +6,9 @@ at a time they cost the client about 6 µs each. Here a series' `values` in the 
 server writes (`[[1795818600,"0.25"],...]`, each time a plain decimal, each value a number's
 characters only), with its labels first and compact, is matched whole and its samples parsed by
 numpy in one call; a series in any other shape is walked as `answer.Vector` walks it, a sample
-at a time. Every sample is judged as `Vector`
-judges it: a value that is not a finite number, or outside the signal's `Bounds`, is dropped and
-counted with the same reason, and the first bad series of the answer is the one named.
+at a time. Every sample is judged as `Vector` judges it: a value that is not a finite number, or
+outside the signal's `Bounds`, is dropped and counted with the same reason, and the first bad
+series of the answer is the one named.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ class Columns(Vector):
         refused as read), the first named if its series came before any other refusal."""
         bad = np.flatnonzero(~sound)
         first = int(np.searchsorted(ends, bad[0], side="right"))
-        earlier = self._series_at_first_refusal
-        if self.bad == 0 or (earlier is not None and first < earlier):
+        earlier = self._series_at_first_refusal  # None: no refusal yet
+        if earlier is None or first < earlier:
             self.first_bad = series_text(self._labels[first])
             self.why_bad = self.fault(float(values[bad[0]]))
         self.bad += int(bad.size)
