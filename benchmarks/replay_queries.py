@@ -14,7 +14,8 @@ against a real Prometheus or VictoriaMetrics holding N workloads x 14 days of hi
 2. Serves it (loopback, default query limits), runs the report's own history fetch once
    (`fetch.fetch`: it sizes the replay's queries by the workload rows), then the replay's fetch
    alone, through the report's client at --concurrency.
-3. Measures the replay fetch's queries, wall time, the process's peak resident memory during it
+3. Measures the replay fetch's queries, wall time, samples read, the process's CPU time for it
+   (the client's cost: a microsecond figure per sample), its peak resident memory during it
    (VmHWM, reset just before), the bytes of JSON the client read for it, and for Prometheus the
    bytes it answered (its own `prometheus_http_response_size_bytes_sum`, gzipped).
 4. With --report, runs `gpuscope rightsize --simulate current,exclusive,mig,timeslice,binpack
@@ -55,6 +56,8 @@ from tests.synthetic_history import write_openmetrics  # noqa: E402
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from exporter.rightsize.matrix import Matrix
+
 
 POLICIES: Final = "current,exclusive,mig,timeslice,binpack"
 BATCH_BYTES: Final = 32 * 2**20
@@ -87,6 +90,21 @@ class _BodiesRead:
             return body
 
         prometheus._bounded_body = counted  # type: ignore[assignment]
+
+
+class _SamplesRead:
+    """Counts the samples of every range answer `client` reads as columns (the replay's)."""
+
+    def __init__(self, client: PrometheusClient) -> None:
+        self.samples = 0
+        asked = client.query_matrix
+
+        async def counted(*args: Any, **kwargs: Any) -> Matrix:
+            matrix = await asked(*args, **kwargs)
+            self.samples += matrix.values.size
+            return matrix
+
+        client.query_matrix = counted  # type: ignore[method-assign]
 
 
 def reset_peak_memory() -> None:
@@ -238,8 +256,9 @@ async def measure(
         report_queries = client.queries_sent
         before = answered_bytes(url) if prometheus_bytes else 0.0
         read_before = bodies.bytes
+        samples = _SamplesRead(client)
         reset_peak_memory()
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.process_time()
         steps = await fetch_steps(
             client,
             selection=config.selection,
@@ -249,7 +268,7 @@ async def measure(
             cluster_label=config.cluster_label,
             configurations=len(history.workloads),
         )
-        seconds = time.monotonic() - began
+        seconds, cpu = time.monotonic() - began, time.process_time() - cpu
         peak = peak_memory_mib()
         queries = client.queries_sent - report_queries
     if steps is None:
@@ -268,6 +287,9 @@ async def measure(
         "report_fetch_queries": report_queries,
         "replay_fetch_queries": queries,
         "replay_fetch_seconds": round(seconds, 1),
+        "replay_fetch_samples": samples.samples,
+        "replay_fetch_cpu_seconds": round(cpu, 1),
+        "replay_fetch_client_us_per_sample": round(cpu / max(samples.samples, 1) * 1e6, 2),
         "replay_fetch_peak_mib": peak,
         "replay_fetch_mib_read": round((bodies.bytes - read_before) / 2**20, 1),
         **answered,

@@ -289,16 +289,21 @@ def test_the_sentence_bounds_only_the_shared_gpus_when_some_are_a_workloads_own(
     assert "no step over 80%" in summary.sentence(alone, saturation=0.8)
 
 
-async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_its_step() -> None:
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")], ids=["spaced", "compact"])
+async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_its_step(
+    separators: tuple[str, str],
+) -> None:
     """288 steps of 10 workload rows: one range query per expression, not one evaluation per
-    step; step 0 (at `end`) is the newest, and a sample off the grid or past the end is none."""
+    step; step 0 (at `end`) is the newest, a sample off the grid or past the end is none, and a
+    step answered twice counts twice, whether the answer is walked (spaced) or read whole."""
     end, step, steps = 1_700_000_400.0, 600.0, 288
     asked: list[tuple[str, str, str, str]] = []
 
     def matrix(labels: dict[str, str], values: list[tuple[float, str]]) -> web.Response:
         series = {"metric": labels, "values": [[at, text] for at, text in values]}
         data = {"resultType": "matrix", "result": [series]}
-        return web.json_response({"status": "success", "data": data})
+        body = json.dumps({"status": "success", "data": data}, separators=separators)
+        return web.Response(text=body, content_type="application/json")
 
     async def answer(request: web.Request) -> web.Response:
         form = await request.post()
@@ -312,7 +317,7 @@ async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_it
         newest, oldest, off_grid, later = end, end - (steps - 1) * step, end - 300, end + step
         return matrix(
             {**workload, "model": "a100", "mig_profile": ""},
-            [(oldest, "0.25"), (off_grid, "9"), (newest, "1"), (later, "9")],
+            [(oldest, "0.25"), (oldest, "0.25"), (off_grid, "9"), (newest, "1"), (later, "9")],
         )
 
     with serving(answer) as url:
@@ -330,7 +335,7 @@ async def test_the_steps_are_asked_a_slice_per_query_and_each_sample_lands_on_it
     whole = ("/api/v1/query_range", f"{end - (steps - 1) * step:.3f}", f"{end:.3f}", "600")
     assert asked == [whole] * 3
     (busy,) = history.busy.values()
-    assert (busy[0], busy[steps - 1], sum(busy)) == (0.25, 1.0, 1.25)
+    assert (busy[0], busy[steps - 1], sum(busy)) == (0.5, 1.0, 1.5)
     assert history.held[steps - 2] == {("a100", ""): 2.0}
     assert [index for index, yes in enumerate(history.contended) if yes] == [steps - 6]
 

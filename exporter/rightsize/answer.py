@@ -160,16 +160,30 @@ class Vector:
         value = _number(value_text)
         if value is None:
             self.refuse(labels, "its value is not a number")
-        elif not math.isfinite(value):
-            self.refuse(labels, f"value {value} is not a finite number")
-        elif not self.bounds.admits(value):
-            self.refuse(
-                labels,
-                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
-                f"({self.bounds.what})",
-            )
+        elif why := self.fault(value):
+            self.refuse(labels, why)
         else:
-            self.samples.append(Sample(labels, value, at))
+            self.keep_sample(labels, value, at)
+
+    def fault(self, value: float) -> str:
+        """Why a sample's value is refused ("" if it is not)."""
+        if not math.isfinite(value):
+            return f"value {value} is not a finite number"
+        if not self.bounds.admits(value):
+            return (
+                f"value {value:g} is outside {self.bounds.low:g}..{self.bounds.high:g} "
+                f"({self.bounds.what})"
+            )
+        return ""
+
+    def keep_sample(self, labels: Mapping[str, str], value: float, at: float) -> None:
+        """A sound sample, kept (a subclass may keep it otherwise)."""
+        self.samples.append(Sample(labels, value, at))
+
+    def add_series(self, text: str, at: int) -> int:  # noqa: ARG002 - for `Columns`
+        """The matrix series at `at` in `text`, taken whole if this reader can (a subclass
+        reading columns): where it ends, or 0 if it was not taken (then walked)."""
+        return 0
 
     def add_points(self, labels: dict[str, str], points: Iterator[re.Match[str]]) -> None:
         """A matrix series' samples in the flat shape (`_POINT` matches, read lazily: a list of
@@ -179,7 +193,7 @@ class Vector:
         if self.keep is not None and not self.keep(labels):
             self.foreign += sum(1 for _ in points)
             return
-        admits, append, finite = self.bounds.admits, self.samples.append, math.isfinite
+        admits, keep, finite = self.bounds.admits, self.keep_sample, math.isfinite
         for point in points:
             at = value = math.nan
             try:
@@ -188,11 +202,14 @@ class Vector:
             except ValueError:
                 pass  # left NaN: judged, refused and counted just below
             if finite(at) and finite(value) and admits(value):
-                append(Sample(labels, value, at))
+                keep(labels, value, at)
             elif not finite(at):
                 self.refuse(point[0], "a malformed sample")
             else:
                 self.add(labels, point[2], at=at)
+
+    def finish(self) -> None:
+        """The answer is read: judge what is still to be judged (a subclass's)."""
 
     def refuse(self, series: object, why: str) -> None:
         self.bad += 1
@@ -305,7 +322,7 @@ _POINT: Final = re.compile(rf'\[(-?[0-9][0-9.eE+-]{{0,40}}),"([^"\\]{{0,{MAX_VAL
 """A matrix sample as every PromQL server writes one: `[timestamp,"value"]`."""
 _POINTS: Final = re.compile(rf"\[(?:{_POINT.pattern}(?:,{_POINT.pattern})*+)?\]")
 """A series' `values` of flat samples only, compact."""
-_FLAT_LABELS: Final = re.compile(
+FLAT_LABELS: Final = re.compile(
     rf"\{{(?:{_STRING_PATTERN}:{_STRING_PATTERN}(?:,{_STRING_PATTERN}:{_STRING_PATTERN})*+)?\}}",
     re.DOTALL,
 )
@@ -495,7 +512,7 @@ class _Reader:
         """A series' `metric` as `walked_labels` reads it; in the flat shape every server
         writes (short, every value a string), built by the C decoder at once."""
         start = self.at
-        flat = _FLAT_LABELS.match(self.text, start)
+        flat = FLAT_LABELS.match(self.text, start)
         if flat is not None and flat.end() - start <= MAX_SIMPLE_ELEMENT:
             metric = self.decoded()
             assert isinstance(metric, dict)
@@ -536,6 +553,10 @@ class _Reader:
         or that has either malformed, is dropped as malformed; so is each malformed sample)."""
         self.peek()
         start = self.at
+        taken = vector.add_series(self.text, start)
+        if taken:
+            self.at = taken
+            return
         labels: dict[str, str] | None = None
         read = False
         depth = 0

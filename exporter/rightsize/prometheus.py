@@ -61,10 +61,13 @@ from exporter.rightsize.answer import (
     cut,
     read_answer,
 )
+from exporter.rightsize.matrix import Columns
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping, Sequence
     from types import TracebackType
+
+    from exporter.rightsize.matrix import Matrix
 
 __all__ = [
     "ANY_FINITE",
@@ -291,7 +294,7 @@ class PrometheusClient:
         """
         form = {"query": promql, "time": f"{at:.3f}"}
         vector = Vector(keep, bounds, answer_labels(promql))
-        return await self._asked(form, name, vector, signal=signal)
+        return (await self._asked(form, name, vector, signal=signal)).samples
 
     async def query_range(
         self,
@@ -310,19 +313,41 @@ class PrometheusClient:
         sample read and checked as `query` reads and checks an element."""
         form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         vector = Vector(keep, bounds, answer_labels(promql), kind="matrix")
-        return await self._asked(form, name, vector, signal=signal)
+        return (await self._asked(form, name, vector, signal=signal)).samples
+
+    async def query_matrix(
+        self,
+        promql: str,
+        *,
+        start: float,
+        end: float,
+        step: float,
+        name: str = "query",
+        keep: Callable[[Mapping[str, str]], bool] | None = None,
+        bounds: Bounds = ANY_FINITE,
+        signal: str | None = None,
+    ) -> Matrix:
+        """`query_range`'s answer as columns (`matrix.Matrix`: each series' labels once, its
+        times and values as arrays), every sample read and checked as `query_range` checks it:
+        for answers of millions of samples, where a `Sample` each costs more than the server."""
+        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        columns = Columns(keep, bounds, answer_labels(promql))
+        read = await self._asked(form, name, columns, signal=signal)
+        assert isinstance(read, Columns)  # `fresh` copies keep their class
+        return read.matrix()
 
     async def _asked(
         self, form: dict[str, str], name: str, vector: Vector, *, signal: str | None
-    ) -> list[Sample]:
+    ) -> Vector:
         async with self._semaphore:
             vector = await self._with_retries(form, name, vector)
+        vector.finish()
         warned = (signal or name, vector.first_bad)
         first_time = vector.bad > 0 and warned not in self._warned
         if first_time and len(self._warned) < MAX_WARNED:
             self._warned.add(warned)
         vector.report(name, warn=first_time)
-        return vector.samples
+        return vector
 
     async def _with_retries(self, form: dict[str, str], name: str, vector: Vector) -> Vector:
         attempts = len(self._backoff) + 1

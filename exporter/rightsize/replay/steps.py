@@ -5,8 +5,11 @@ grid, the last step at `end`: one evaluation covers many steps, where an instant
 cost one evaluation per step. The window is cut into time slices of as many steps as keep an
 answer under `MAX_SAMPLES` samples and half the answer limit (and each series under
 `MAX_POINTS` points, the server's own limit); a sample's time says its step. The queries run
-under the client's concurrency, its retries, limits and checks; each answer is folded into the
-history as it arrives, so at most `--prometheus.concurrency` answers are held at once.
+under the client's concurrency, its retries, limits and checks. Each answer is read as columns
+(`PrometheusClient.query_matrix`: a series' times and values as arrays, 16 bytes a sample, never
+an object per sample) and folded into the history as it arrives, each series' samples added at
+their steps in one numpy operation, so at most `--prometheus.concurrency` answers are held at
+once.
 
 Three expressions, each aggregated inside Prometheus:
 
@@ -26,15 +29,22 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
+import numpy as np
+
 from exporter.rightsize.prometheus import Bounds, PrometheusQueryError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Mapping
 
+    from numpy.typing import NDArray
+
     from exporter.rightsize.prometheus import PrometheusClient
 
-    Fold: TypeAlias = Callable[[int, Mapping[str, str], float], None]
-    """Folds one element of a step's answer (the step's index, oldest first) into the history."""
+    Steps: TypeAlias = NDArray[np.intp]
+    Values: TypeAlias = NDArray[np.float64]
+    Fold: TypeAlias = Callable[[Mapping[str, str], Steps, Values], None]
+    """Folds one series of an answer (its samples' steps, oldest first 0, and values) into the
+    history."""
     from exporter.rightsize.selection import Selection
 
 log = logging.getLogger("exporter.rightsize.replay")
@@ -42,7 +52,7 @@ log = logging.getLogger("exporter.rightsize.replay")
 MAX_SAMPLES: Final = 400_000
 """Samples of one answer: at most `SAMPLE_BYTES` each (and a series' labels once), 16 MB, half
 the default answer limit (`--prometheus.max-response-size`; a lower limit asks smaller slices),
-and some 40 MB of samples read. Each query costs the server its series' lookup and the chunks or
+and 6.4 MB of samples read as columns. Each query costs the server its series' lookup and the chunks or
 blocks around its slice (VictoriaMetrics decompresses each series' blocks whole, a block up to
 8,192 samples), whatever the slice's length: 10,000 workload rows over 2,016 steps are 51
 queries, where 100,000 samples an answer made them 202 (the server's work four times over)."""
@@ -144,18 +154,11 @@ async def _fetch_steps(
     bounds = Bounds(0.0, MAX_BUSY_GPUS, "busy GPUs")
     # An answer's samples fill at most half the answer limit: the series' labels have the rest.
     samples = min(MAX_SAMPLES, client.connection.max_response_bytes // (2 * SAMPLE_BYTES))
-    busy: dict[Key, array[float]] = {}
+    busy: dict[Key, NDArray[np.float64]] = {}
     held_by_step: list[dict[tuple[str, str], float]] = [{} for _ in range(steps)]
     contended_by_step = [False] * steps
 
-    # The last series' labels and its vector: a series' samples come one after another, and
-    # holding the labels keeps the identity check sound.
-    last: list[tuple[Mapping[str, str], array[float]]] = []
-
-    def add_demand(index: int, labels: Mapping[str, str], value: float) -> None:
-        if last and last[0][0] is labels:
-            last[0][1][index] += value
-            return
+    def add_demand(labels: Mapping[str, str], index: Steps, value: Values) -> None:
         if labels.get("workload"):
             kind, name = labels.get("workload_kind", "") or "Pod", labels.get("workload", "")
         else:
@@ -168,25 +171,28 @@ async def _fetch_steps(
             labels.get("model", ""),
             labels.get("mig_profile", ""),
         )
-        if key not in busy:
-            busy[key] = array("d", bytes(8 * steps))
-        busy[key][index] += value
-        last[:] = [(labels, busy[key])]
+        vector = busy.get(key)
+        if vector is None:
+            vector = busy[key] = np.zeros(steps)
+        # Unbuffered: a step twice in one series (a server's duplicate) adds both, in order.
+        np.add.at(vector, index, value)
 
-    def add_held(index: int, labels: Mapping[str, str], value: float) -> None:
-        counts = held_by_step[index]
+    def add_held(labels: Mapping[str, str], index: Steps, value: Values) -> None:
         configuration = (labels.get("model", ""), labels.get("mig_profile", ""))
-        counts[configuration] = counts.get(configuration, 0.0) + value
+        for at, count in zip(index.tolist(), value.tolist(), strict=True):
+            counts = held_by_step[at]
+            counts[configuration] = counts.get(configuration, 0.0) + count
 
-    def add_contended(index: int, _labels: Mapping[str, str], value: float) -> None:
-        contended_by_step[index] |= value > 0
+    def add_contended(_labels: Mapping[str, str], index: Steps, value: Values) -> None:
+        for at, count in zip(index.tolist(), value.tolist(), strict=True):
+            contended_by_step[at] |= count > 0
 
     async def ask(expression: str, name: str, per_step: int, fold: Fold) -> None:
         """Every step's answer, each query's folded in as it arrives (and then dropped)."""
         per_query = max(1, min(samples // max(per_step, 1), MAX_POINTS))
 
         async def one(newest: int, oldest: int) -> None:
-            answer = await client.query_range(
+            answer = await client.query_matrix(
                 expression,
                 start=end - oldest * step,
                 end=end - newest * step,
@@ -194,11 +200,19 @@ async def _fetch_steps(
                 name=f"replay {name}",
                 bounds=bounds,
             )
-            for sample in answer:
-                back = round((end - sample.at) / step)
-                # A sample off the grid or outside the window is no step's: a server's own.
-                if 0 <= back < steps and abs(end - back * step - sample.at) < 0.5:
-                    fold(steps - 1 - back, sample.labels, sample.value)
+            back = np.rint((end - answer.times) / step)
+            # A sample off the grid or outside the window is no step's: a server's own.
+            on_grid = (
+                (back >= 0) & (back < steps) & (np.abs(end - back * step - answer.times) < 0.5)
+            )
+            index = (steps - 1 - np.where(on_grid, back, 0)).astype(np.intp)
+            everywhere = bool(on_grid.all())
+            for labels, part in answer.series():
+                if everywhere:
+                    fold(labels, index[part], answer.values[part])
+                else:
+                    kept = on_grid[part]
+                    fold(labels, index[part][kept], answer.values[part][kept])
 
         await _all([one(newest, oldest) for newest, oldest in _slices(steps, per_query)])
 
@@ -209,7 +223,17 @@ async def _fetch_steps(
             ask(contended, "contended", 1, add_contended),
         ]
     )
-    return StepHistory(steps, busy, held_by_step, contended_by_step)
+    return StepHistory(steps, _as_arrays(busy), held_by_step, contended_by_step)
+
+
+def _as_arrays(vectors: dict[Key, NDArray[np.float64]]) -> dict[Key, array[float]]:
+    """The engine's workloads take sequences of floats (`Workload.busy`): each vector copied
+    into an `array('d')` and dropped in turn (`vectors` is emptied), so that one vector at a
+    time is held twice, not all of them."""
+    arrays: dict[Key, array[float]] = {}
+    for key in list(vectors):
+        arrays[key] = array("d", vectors.pop(key).tobytes())
+    return arrays
 
 
 async def _all(coroutines: list[Coroutine[Any, Any, None]]) -> None:
