@@ -69,6 +69,10 @@ if TYPE_CHECKING:
 
 UNPRICED: Final = math.inf
 
+if TYPE_CHECKING:
+    _Instance = tuple[tuple[float, int, str, str], MigProfile, float, int]
+    """A MIG instance's rank among the others (cheapest first), profile, compute share, memory."""
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:
@@ -222,6 +226,25 @@ class _Context:
         self.allowed = hardware.target_models(settings.models)
         self.scales: dict[tuple[str, str, str | None], float | None] = {}
         """(current model, target model, roofline side) -> `Hardware.scale`, asked once."""
+        self._instances: dict[str, list[_Instance]] = {}
+
+    def instances(self, model: GpuModel) -> list[_Instance]:
+        """The model's MIG instances, each with its rank (price first), compute share and
+        memory: the same for every shard, so worked out once."""
+        found = self._instances.get(model.key)
+        if found is None:
+            found = []
+            for profile in model.mig_profiles:
+                option = Option(model, profile)
+                rank = (
+                    self.price(model) * option.share,
+                    profile.compute_slices,
+                    model.key,
+                    profile.profile,
+                )
+                found.append((rank, profile, option.compute, option.memory_bytes))
+            self._instances[model.key] = found
+        return found
 
     def price(self, model: GpuModel) -> float:
         price = self.hardware.price(model)
@@ -394,18 +417,9 @@ def _mig(shards: list[_Shard], context: _Context) -> list[_Gpu]:
             if scale is None or not model.mig_profiles:
                 continue
             need = shard.need * scale
-            for profile in model.mig_profiles:
-                option = Option(model, profile)
-                if need > option.compute + EPSILON or shard.workload.memory_bytes > (
-                    option.memory_bytes
-                ):
+            for rank, profile, compute, memory in context.instances(model):
+                if need > compute + EPSILON or shard.workload.memory_bytes > memory:
                     continue
-                rank = (
-                    context.price(model) * option.share,
-                    profile.compute_slices,
-                    model.key,
-                    profile.profile,
-                )
                 if best is None or rank < best[0]:
                     best = (rank, model, profile, scale)
         if best is None:

@@ -114,9 +114,9 @@ def _fits(gpu: _Bin, item: Item, capacity: float, memory: float, steps: int) -> 
     if gpu.total + item.total > capacity * steps + EPSILON * steps:
         return False
     limit = capacity + EPSILON
-    if not np.any(gpu.blocks + item.blocks > limit):
+    if not (gpu.blocks + item.blocks > limit).any():
         return True
-    return not np.any(gpu.load + item.demand > limit)
+    return not (gpu.load + item.demand > limit).any()
 
 
 def _put(gpu: _Bin, index: int, item: Item) -> None:
@@ -277,17 +277,24 @@ class _MigGpu:
 
 
 def pack_instances(profiles: Sequence[MigProfile]) -> list[list[int]]:
-    """MIG instances of one model, by index, grouped by GPU (first-fit decreasing on slices)."""
+    """MIG instances of one model, by index, grouped by GPU (first-fit decreasing on slices).
+
+    A GPU only fills up, so one that cannot take a profile never will: the search for a profile
+    starts past the GPUs that refused it before (first fit all the same, in linear time)."""
     order = sorted(
         range(len(profiles)),
         key=lambda i: (-profiles[i].compute_slices, -profiles[i].memory_slices, i),
     )
     gpus: list[_MigGpu] = []
+    refused: dict[str, int] = {}
+    """Profile -> how many GPUs, from the first, cannot take one more instance of it."""
     for index in order:
         profile = profiles[index]
-        gpu = next((gpu for gpu in gpus if gpu.fits(profile)), None)
-        if gpu is None:
-            gpu = _MigGpu()
-            gpus.append(gpu)
-        gpu.add(index, profile)
+        start = refused.get(profile.profile, 0)
+        while start < len(gpus) and not gpus[start].fits(profile):
+            start += 1
+        refused[profile.profile] = start
+        if start == len(gpus):
+            gpus.append(_MigGpu())
+        gpus[start].add(index, profile)
     return [gpu.members for gpu in gpus]
