@@ -108,20 +108,22 @@ def _first_fit_reference(profiles: Sequence[MigProfile]) -> list[list[int]]:
         key=lambda i: (-profiles[i].compute_slices, -profiles[i].memory_slices, i),
     )
     gpus: list[tuple[list[int], list[MigProfile]]] = []
+
+    def takes(held: list[MigProfile], profile: MigProfile) -> bool:
+        return (
+            sum(p.compute_slices for p in held) + profile.compute_slices <= 7
+            and sum(p.memory_slices for p in held) + profile.memory_slices <= 8
+            and sum(p.profile == profile.profile for p in held) < profile.max_instances
+        )
+
     for index in order:
         profile = profiles[index]
-        for members, held in gpus:
-            if (
-                sum(p.compute_slices for p in held) + profile.compute_slices <= 7
-                and sum(p.memory_slices for p in held) + profile.memory_slices <= 8
-                and sum(p.profile == profile.profile for p in held) < profile.max_instances
-            ):
-                break
-        else:
-            members, held = [], []
-            gpus.append((members, held))
-        members.append(index)
-        held.append(profile)
+        gpu = next((gpu for gpu in gpus if takes(gpu[1], profile)), None)
+        if gpu is None:
+            gpu = ([], [])
+            gpus.append(gpu)
+        gpu[0].append(index)
+        gpu[1].append(profile)
     return [members for members, _ in gpus]
 
 
