@@ -29,11 +29,11 @@ A fixed placement uses the same GPUs at every step; its figures are recomputed f
 from __future__ import annotations
 
 import math
-from array import array
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from operator import add
 from typing import TYPE_CHECKING, Final
+
+import numpy as np
 
 from exporter.rightsize.hardware import HOURS_PER_MONTH, Option
 from exporter.rightsize.replay.cut import NEVER
@@ -45,6 +45,8 @@ from exporter.rightsize.replay.placement import (
     pack_instances,
     safe_replicas,
     shareable,
+    total,
+    vector,
 )
 from exporter.rightsize.replay.policies import (
     BINPACK,
@@ -58,12 +60,18 @@ from exporter.rightsize.replay.policies import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from numpy.typing import NDArray
+
     from exporter.catalog import GpuModel, MigProfile
     from exporter.rightsize.hardware import Hardware
     from exporter.rightsize.replay.cut import Cut
     from exporter.rightsize.settings import StrategySettings
 
 UNPRICED: Final = math.inf
+
+if TYPE_CHECKING:
+    _Instance = tuple[tuple[float, int, str, str], MigProfile, float, int]
+    """A MIG instance's rank among the others (cheapest first), profile, compute share, memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +83,9 @@ class Workload:
     kind: str
     name: str
     current: Option
-    busy: Sequence[float]
-    """Per step: its devices' busy ratios summed (each of its own device: 1 is all of it)."""
+    busy: Sequence[float] | NDArray[np.float64]
+    """Per step: its devices' busy ratios summed (each of its own device: 1 is all of it); any
+    float sequence or buffer (`array('d')`, an ndarray)."""
     memory_bytes: float
     """Peak memory of one of its devices over the window."""
     devices: int = 1
@@ -87,12 +96,13 @@ class Workload:
     gpus_per_pod: int = 1
 
     @property
-    def demand(self) -> Sequence[float]:
+    def demand(self) -> NDArray[np.float64]:
         """One shard's demand per step, in GPUs of its current model."""
+        busy = vector(self.busy)
         part = self.current.compute / self.devices
         if part == 1.0:
-            return self.busy
-        return array("d", (busy * part for busy in self.busy))
+            return busy
+        return busy * part
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +193,8 @@ class PolicyResult:
 @dataclass(slots=True)
 class _Shard:
     workload: Workload
-    demand: Sequence[float]
+    demand: NDArray[np.float64]
+    """Never written: it may be a view of the workload's own vector."""
     need: float
     """Its demand at the report's percentile."""
 
@@ -191,9 +202,7 @@ class _Shard:
         """The same shard with its demand in GPUs of a model `scale` times smaller."""
         if scale == 1.0:
             return self
-        return _Shard(
-            self.workload, array("d", (v * scale for v in self.demand)), self.need * scale
-        )
+        return _Shard(self.workload, self.demand * scale, self.need * scale)
 
 
 @dataclass(slots=True)
@@ -215,6 +224,27 @@ class _Context:
         self.steps = steps
         self.cut = cut
         self.allowed = hardware.target_models(settings.models)
+        self.scales: dict[tuple[str, str, str | None], float | None] = {}
+        """(current model, target model, roofline side) -> `Hardware.scale`, asked once."""
+        self._instances: dict[str, list[_Instance]] = {}
+
+    def instances(self, model: GpuModel) -> list[_Instance]:
+        """The model's MIG instances, each with its rank (price first), compute share and
+        memory: the same for every shard, so worked out once."""
+        found = self._instances.get(model.key)
+        if found is None:
+            found = []
+            for profile in model.mig_profiles:
+                option = Option(model, profile)
+                rank = (
+                    self.price(model) * option.share,
+                    profile.compute_slices,
+                    model.key,
+                    profile.profile,
+                )
+                found.append((rank, profile, option.compute, option.memory_bytes))
+            self._instances[model.key] = found
+        return found
 
     def price(self, model: GpuModel) -> float:
         price = self.hardware.price(model)
@@ -222,23 +252,33 @@ class _Context:
 
     def scale(self, shard: _Shard, model: GpuModel) -> float | None:
         current = shard.workload.current.model
-        return self.hardware.scale(
-            current, model, self.settings.dtype, shard.workload.roofline_side
-        )
+        side = shard.workload.roofline_side
+        key = (current.key, model.key, side)
+        if key not in self.scales:
+            self.scales[key] = self.hardware.scale(current, model, self.settings.dtype, side)
+        return self.scales[key]
 
     def models_for(self, shard: _Shard) -> list[GpuModel]:
         """Its current model, then the models `--models` allows."""
         current = shard.workload.current.model
         return [current, *(m for m in self.allowed if m.key != current.key)]
 
-    def percentile(self, values: Sequence[float]) -> float:
-        return _nearest_rank(sorted(values), self.settings.percentile)
+    def percentile(self, values: NDArray[np.float64]) -> float:
+        """The nearest-rank percentile (`_nearest_rank`), its one value put in place."""
+        if not len(values):
+            return 0.0
+        rank = _rank(len(values), self.settings.percentile)
+        return float(np.partition(values, rank)[rank])
 
 
 def _nearest_rank(ordered: Sequence[float], quantile: float) -> float:
     if not ordered:
         return 0.0
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+    return ordered[_rank(len(ordered), quantile)]
+
+
+def _rank(count: int, quantile: float) -> int:
+    return min(count - 1, max(0, math.ceil(quantile * count) - 1))
 
 
 def replay(
@@ -291,12 +331,13 @@ def _current(
 ) -> PolicyResult:
     held = current.held
     steps = max(len(held), 1)
-    busy_by_step = array("d", bytes(8 * len(held)))
+    busy_by_step = np.zeros(len(held))
+    busy = 0.0
     for w in workloads:
         compute = w.current.compute
-        ratios = w.busy if compute == 1.0 else [value * compute for value in w.busy]
-        busy_by_step = array("d", map(add, busy_by_step, ratios))
-    busy = sum(sum(w.busy) * w.current.compute for w in workloads)
+        ratios = vector(w.busy)
+        busy_by_step += ratios if compute == 1.0 else ratios * compute
+        busy += total(ratios) * compute
     gpu_steps = sum(held)
     cost: float | None = None
     if not current.unpriced:
@@ -334,7 +375,7 @@ def _current(
         ),
         models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
         gpus_by_step=tuple(held),
-        busy_by_step=tuple(busy_by_step),
+        busy_by_step=tuple(busy_by_step.tolist()),
     )
 
 
@@ -376,18 +417,9 @@ def _mig(shards: list[_Shard], context: _Context) -> list[_Gpu]:
             if scale is None or not model.mig_profiles:
                 continue
             need = shard.need * scale
-            for profile in model.mig_profiles:
-                option = Option(model, profile)
-                if need > option.compute + EPSILON or shard.workload.memory_bytes > (
-                    option.memory_bytes
-                ):
+            for rank, profile, compute, memory in context.instances(model):
+                if need > compute + EPSILON or shard.workload.memory_bytes > memory:
                     continue
-                rank = (
-                    context.price(model) * option.share,
-                    profile.compute_slices,
-                    model.key,
-                    profile.profile,
-                )
                 if best is None or rank < best[0]:
                     best = (rank, model, profile, scale)
         if best is None:
@@ -463,7 +495,7 @@ def _binpack(shards: list[_Shard], context: _Context) -> list[_Gpu]:
 def _binpack_cluster(cluster: str, members: list[_Shard], context: _Context) -> list[_Gpu]:
     saturation = context.settings.saturation
     models = {m.key: m for shard in members for m in context.models_for(shard)}
-    totals = [sum(shard.demand) for shard in members]
+    totals = [total(shard.demand) for shard in members]
     bounds = []
     for model in models.values():
         scaled = [context.scale(shard, model) for shard in members]
@@ -514,10 +546,10 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
     """A fixed placement's figures, recomputed from the demand vectors on each GPU."""
     steps = context.steps
     limit = 1 + EPSILON
-    contended: set[int] = set()
+    contended = np.zeros(steps, dtype=np.bool_)
     overcommitted = False
     busy = 0.0
-    busy_by_step = array("d", bytes(8 * steps))
+    busy_by_step = np.zeros(steps)
     for number, gpu in enumerate(gpus):
         if number % CHECK_EVERY == 0:
             context.cut.check()
@@ -525,21 +557,16 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
             for shard, profile in gpu.members:
                 option = Option(gpu.model, profile)
                 overcommitted |= shard.workload.memory_bytes > option.memory_bytes
-                share = option.compute + EPSILON
-                if max(shard.demand, default=0.0) > share:
-                    contended.update(k for k, value in enumerate(shard.demand) if value > share)
-                busy += sum(shard.demand)
-                busy_by_step = array("d", map(add, busy_by_step, shard.demand))
+                contended |= shard.demand > option.compute + EPSILON
+                busy += total(shard.demand)
+                busy_by_step += shard.demand
             continue
-        load = array("d", bytes(8 * steps))
-        for shard, _ in gpu.members:
-            load = array("d", map(add, load, shard.demand))
-        busy += sum(load)
-        busy_by_step = array("d", map(add, busy_by_step, load))
+        load = _load(gpu, steps)
+        busy += total(load)
+        busy_by_step += load
         memory_peaks = sum(shard.workload.memory_bytes for shard, _ in gpu.members)
         overcommitted |= memory_peaks > gpu.model.nvml_memory_bytes
-        if max(load, default=0.0) > limit:
-            contended.update(k for k, value in enumerate(load) if value > limit)
+        contended |= load > limit
     count = len(gpus)
     cost: float | None = sum(context.price(gpu.model) for gpu in gpus) * HOURS_PER_MONTH
     if cost == UNPRICED:
@@ -551,15 +578,26 @@ def evaluate(policy: str, gpus: Sequence[_Gpu], context: _Context) -> PolicyResu
         policy,
         GpuCount(count, count, count),
         utilization_mean=busy / (count * steps) if count and steps else 0.0,
-        contention_share=len(contended) / steps if steps else 0.0,
+        contention_share=int(np.count_nonzero(contended)) / steps if steps else 0.0,
         memory_overcommit_steps=steps if overcommitted else 0,
         cost_usd_per_month=cost,
         placements=tuple(_placements(gpus)),
         models=tuple(sorted(models.items(), key=lambda pair: (-pair[1], pair[0]))),
         gpus_by_step=(float(count),) * steps,
-        busy_by_step=tuple(busy_by_step),
+        busy_by_step=tuple(busy_by_step.tolist()),
         pools=_pools(gpus, context),
     )
+
+
+def _load(gpu: _Gpu, steps: int) -> NDArray[np.float64]:
+    """The summed demand of a time-sliced GPU's shards per step, added in their order (a GPU of
+    one shard: its own vector, not copied and never written)."""
+    if len(gpu.members) == 1:
+        return gpu.members[0][0].demand
+    load = np.zeros(steps)
+    for shard, _ in gpu.members:
+        load += shard.demand
+    return load
 
 
 def _pools(gpus: Sequence[_Gpu], context: _Context) -> tuple[SharedPool, ...]:

@@ -16,18 +16,19 @@ and no more instances of a profile than the model allows.
 
 from __future__ import annotations
 
-import heapq
 import math
-from array import array
 from dataclasses import dataclass, field
-from operator import add
 from typing import TYPE_CHECKING, Final
+
+import numpy as np
 
 from exporter.catalog import MIG_COMPUTE_SLICES, MIG_MEMORY_SLICES
 from exporter.rightsize.replay.cut import NEVER
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from numpy.typing import ArrayLike, NDArray
 
     from exporter.catalog import MigProfile
     from exporter.rightsize.replay.cut import Cut
@@ -46,66 +47,80 @@ IMPROVEMENT_ROUNDS: Final = 1
 the first), kept only if it saves a GPU."""
 
 
-def _block_maxima(values: Sequence[float]) -> list[float]:
-    return [
-        max(values[start : start + BLOCK], default=0.0) for start in range(0, len(values), BLOCK)
-    ]
+def _block_maxima(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    if not len(values):
+        return np.zeros(0)
+    return np.maximum.reduceat(values, np.arange(0, len(values), BLOCK))
+
+
+def vector(values: ArrayLike) -> NDArray[np.float64]:
+    """Per-step values as a float64 array (a view of any float64 buffer, never written)."""
+    return np.asarray(values, dtype=np.float64)
+
+
+def total(values: NDArray[np.float64]) -> float:
+    """The values summed one after the other, as Python's `sum` adds them (numpy's `sum` adds
+    pairwise, which may differ in the last bit): the orders and figures that hang on a total
+    stay the same whichever way the vector is held."""
+    if not len(values):
+        return 0.0
+    return float(np.cumsum(values)[-1])
 
 
 @dataclass(frozen=True, slots=True)
 class Item:
     """What one workload (or one of its replicas' devices) needs from a GPU."""
 
-    demand: Sequence[float]
-    """Per step of the window, in GPUs of the model packed onto."""
+    demand: NDArray[np.float64]
+    """Per step of the window, in GPUs of the model packed onto (any float sequence given is
+    held as a float64 array)."""
     memory: float
     """Peak bytes over the window."""
     peak: float = field(init=False)
     total: float = field(init=False)
-    blocks: list[float] = field(init=False)
+    blocks: NDArray[np.float64] = field(init=False)
     """The highest demand in each block of `BLOCK` steps."""
 
     def __post_init__(self) -> None:
-        blocks = _block_maxima(self.demand)
+        demand = vector(self.demand)
+        blocks = _block_maxima(demand)
+        object.__setattr__(self, "demand", demand)
         object.__setattr__(self, "blocks", blocks)
-        object.__setattr__(self, "peak", max(blocks, default=0.0))
-        object.__setattr__(self, "total", sum(self.demand))
+        object.__setattr__(self, "peak", float(blocks.max()) if len(blocks) else 0.0)
+        object.__setattr__(self, "total", total(demand))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Bin:
-    load: array[float]
+    """An open GPU of a first-fit pass (compared by identity: no two hold the same items)."""
+
+    load: NDArray[np.float64]
+    """Its own array, added to in place."""
     memory: float
     total: float
     members: list[int]
-    blocks: list[float] = field(default_factory=list)
+    blocks: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     """The highest load in each block of `BLOCK` steps."""
     strikes: int = 0
     """Items refused in a row."""
 
 
 def _fits(gpu: _Bin, item: Item, capacity: float, memory: float, steps: int) -> bool:
-    """Whether the item fits beside what the GPU holds: memory, then the steps, block by block:
-    a block whose two maxima add up within capacity fits at every step of it; only the others
-    are checked step by step."""
+    """Whether the item fits beside what the GPU holds: memory, then the steps: when every
+    block's two maxima add up within capacity, every step does (rounding keeps the order of
+    sums); else the steps are checked one by one, which is exact."""
     if gpu.memory + item.memory > memory + EPSILON * max(memory, 1.0):
         return False
     if gpu.total + item.total > capacity * steps + EPSILON * steps:
         return False
     limit = capacity + EPSILON
-    load, demand = gpu.load, item.demand
-    for number, (held, wanted) in enumerate(zip(gpu.blocks, item.blocks, strict=True)):
-        if held + wanted <= limit:
-            continue
-        start = number * BLOCK
-        highest: float = max(map(add, load[start : start + BLOCK], demand[start : start + BLOCK]))
-        if highest > limit:
-            return False
-    return True
+    if not (gpu.blocks + item.blocks > limit).any():
+        return True
+    return not (gpu.load + item.demand > limit).any()
 
 
 def _put(gpu: _Bin, index: int, item: Item) -> None:
-    gpu.load = array("d", map(add, gpu.load, item.demand))
+    gpu.load += item.demand
     gpu.memory += item.memory
     gpu.blocks = _block_maxima(gpu.load)
     gpu.total += item.total
@@ -186,7 +201,7 @@ def _first_fit(
         for gpu in refused:
             open_gpus.remove(gpu)
         if chosen is None:
-            chosen = _Bin(array("d", bytes(8 * steps)), 0.0, 0.0, [])
+            chosen = _Bin(np.zeros(steps), 0.0, 0.0, [])
             gpus.append(chosen)
             open_gpus.append(chosen)
         _put(chosen, index, item)
@@ -216,23 +231,28 @@ def safe_replicas(
         most += 1
     limit = capacity + EPSILON
     steps = max((len(item.demand) for item in items), default=0)
-    for number in range(len(items[0].blocks) if items and most else 0):
+    blocks = np.stack([item.blocks for item in items]) if items and most else np.zeros((0, 0))
+    for number in range(blocks.shape[1]):
         if number % CHECK_EVERY == 0:
             cut.check()
-        if sum(heapq.nlargest(most, (item.blocks[number] for item in items))) <= limit:
+        if _largest_sums(blocks[:, number : number + 1], most)[-1, 0] <= limit:
             continue
-        for step in range(number * BLOCK, min((number + 1) * BLOCK, steps)):
-            largest = heapq.nlargest(most, (item.demand[step] for item in items))
-            total, fitting = 0.0, 0
-            for value in largest:
-                if total + value > limit:
-                    break
-                total += value
-                fitting += 1
-            most = fitting
-            if most == 0:
-                return 0
+        start, end = number * BLOCK, min((number + 1) * BLOCK, steps)
+        sums = _largest_sums(np.stack([item.demand[start:end] for item in items]), most)
+        over = sums > limit
+        # At each step, how many of the largest demands add up within capacity, the largest first.
+        fitting = np.where(over.any(axis=0), over.argmax(axis=0), most)
+        most = int(fitting.min()) if fitting.size else most
+        if most == 0:
+            return 0
     return most
+
+
+def _largest_sums(values: NDArray[np.float64], most: int) -> NDArray[np.float64]:
+    """Per column, the running sums of its `most` largest values, the largest first, added one
+    after the other (as a loop over them would)."""
+    ordered = -np.sort(-values, axis=0)[:most]
+    return np.cumsum(ordered, axis=0)
 
 
 @dataclass(slots=True)
@@ -257,17 +277,24 @@ class _MigGpu:
 
 
 def pack_instances(profiles: Sequence[MigProfile]) -> list[list[int]]:
-    """MIG instances of one model, by index, grouped by GPU (first-fit decreasing on slices)."""
+    """MIG instances of one model, by index, grouped by GPU (first-fit decreasing on slices).
+
+    A GPU only fills up, so one that cannot take a profile never will: the search for a profile
+    starts past the GPUs that refused it before (first fit all the same, in linear time)."""
     order = sorted(
         range(len(profiles)),
         key=lambda i: (-profiles[i].compute_slices, -profiles[i].memory_slices, i),
     )
     gpus: list[_MigGpu] = []
+    refused: dict[str, int] = {}
+    """Profile -> how many GPUs, from the first, cannot take one more instance of it."""
     for index in order:
         profile = profiles[index]
-        gpu = next((gpu for gpu in gpus if gpu.fits(profile)), None)
-        if gpu is None:
-            gpu = _MigGpu()
-            gpus.append(gpu)
-        gpu.add(index, profile)
+        start = refused.get(profile.profile, 0)
+        while start < len(gpus) and not gpus[start].fits(profile):
+            start += 1
+        refused[profile.profile] = start
+        if start == len(gpus):
+            gpus.append(_MigGpu())
+        gpus[start].add(index, profile)
     return [gpu.members for gpu in gpus]
