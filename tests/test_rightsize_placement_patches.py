@@ -9,10 +9,10 @@ import asyncio
 import subprocess
 import threading
 import time
-from array import array
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -121,7 +121,7 @@ def serving_report(
     history = StepHistory(
         steps,
         {
-            row.history.configuration: array("d", busy[int(row.history.name.split("-")[1])])
+            row.history.configuration: np.array(busy[int(row.history.name.split("-")[1])])
             for row in report.rows
         },
         [{(A100_80, ""): float(len(busy))} for _ in range(steps)],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from array import array
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from exporter.rightsize.hardware import Option
 from exporter.rightsize.replay.cut import NEVER
@@ -39,7 +40,7 @@ def simulate(
         busy = history.busy.get(history_row.configuration)
         if busy is None:
             # No busy series in the window: it held its GPUs idle at every step.
-            busy = array("d", bytes(8 * history.steps))
+            busy = np.zeros(history.steps)
         workloads.append(
             Workload(
                 cluster=history_row.cluster,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
@@ -72,7 +71,7 @@ class StepHistory:
     """The window's steps, oldest first."""
 
     steps: int
-    busy: dict[Key, array[float]]
+    busy: dict[Key, NDArray[np.float64]]
     """Per workload configuration: its devices' busy ratios summed, per step (0 without data)."""
     held: list[dict[tuple[str, str], float]]
     """Per step: devices held per (model, MIG profile)."""
@@ -223,17 +222,7 @@ async def _fetch_steps(
             ask(contended, "contended", 1, add_contended),
         ]
     )
-    return StepHistory(steps, _as_arrays(busy), held_by_step, contended_by_step)
-
-
-def _as_arrays(vectors: dict[Key, NDArray[np.float64]]) -> dict[Key, array[float]]:
-    """The engine's workloads take sequences of floats (`Workload.busy`): each vector copied
-    into an `array('d')` and dropped in turn (`vectors` is emptied), so that one vector at a
-    time is held twice, not all of them."""
-    arrays: dict[Key, array[float]] = {}
-    for key in list(vectors):
-        arrays[key] = array("d", vectors.pop(key).tobytes())
-    return arrays
+    return StepHistory(steps, busy, held_by_step, contended_by_step)
 
 
 async def _all(coroutines: list[Coroutine[Any, Any, None]]) -> None:
