@@ -367,26 +367,32 @@ async def measure(pid: int, port: int, *, quick: bool) -> dict[str, object]:
     }
 
 
-def thread_cpu_ns(pid: int) -> dict[str, int]:
-    """Each thread's time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat): exact where
-    /proc/<pid>/stat counts in 10 ms ticks, which over 30 one-second cycles is 0.3 ms a cycle."""
-    found: dict[str, int] = {}
+def thread_cpu_ns(pid: int) -> dict[str, tuple[str, int]]:
+    """Each thread's name and time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat), by
+    thread id: exact where /proc/<pid>/stat counts in 10 ms ticks, which over 30 one-second
+    cycles is 0.3 ms a cycle. (The name as the OS has it: the first 15 characters.)"""
+    found: dict[str, tuple[str, int]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            found[task.name] = int((task / "schedstat").read_text().split()[0])
+            name = (task / "comm").read_text().strip()
+            found[task.name] = (name, int((task / "schedstat").read_text().split()[0]))
     return found
 
 
-async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> float:
+async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> tuple[float, dict[str, float]]:
     """CPU seconds per sampling cycle over `seconds` without scrapes (but the two that read the
-    cycle counter). A thread that ended meanwhile would go uncounted: an unscraped daemon's
-    threads live as long as it does."""
+    cycle counter), in all and by thread name (threads of one name summed). A thread that ended
+    meanwhile would go uncounted: an unscraped daemon's threads live as long as it does."""
     async with Connections(port, 1) as client:
         cycles_before, cpu_before = await cycles(client), thread_cpu_ns(pid)
         await asyncio.sleep(seconds)
         cycles_after, cpu_after = await cycles(client), thread_cpu_ns(pid)
-    spent = sum(ns - cpu_before.get(tid, 0) for tid, ns in cpu_after.items()) / 1e9
-    return spent / max(cycles_after - cycles_before, 1)
+    count = max(cycles_after - cycles_before, 1)
+    by_name: dict[str, float] = {}
+    for tid, (name, ns) in cpu_after.items():
+        spent = (ns - cpu_before.get(tid, (name, 0))[1]) / 1e9 / count
+        by_name[name] = by_name.get(name, 0.0) + spent
+    return sum(by_name.values()), by_name
 
 
 def commit_of(revision: str) -> str:
@@ -420,6 +426,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
             "against": (tree, runtime_python(root=tree, venv=venv), flags),
         }
         runs: dict[str, list[float]] = {name: [] for name in sides}
+        threads: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
         for round_ in range(args.rounds):
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
                 root, python, side_flags = sides[name]
@@ -427,9 +434,11 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
                 try:
                     with serving(side_flags, log, root=root, python=python) as (daemon, port):
                         time.sleep(WARM_UP_SECONDS)
-                        runs[name].append(
-                            asyncio.run(idle_cpu_per_cycle(daemon.pid, port, args.seconds))
+                        spent, by_thread = asyncio.run(
+                            idle_cpu_per_cycle(daemon.pid, port, args.seconds)
                         )
+                        runs[name].append(spent)
+                        threads[name].append(by_thread)
                 except RuntimeError as error:
                     raise SystemExit(f"{name}: {error}") from error
     medians = {name: statistics.median(values) for name, values in runs.items()}
@@ -447,6 +456,13 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
         },
         "cpu_ms_per_cycle_median": {name: round(m * 1000, 3) for name, m in medians.items()},
         "ratio_this_to_against": round(medians["this"] / medians["against"], 3),
+        "cpu_ms_per_cycle_by_thread_median": {
+            name: {
+                thread: round(statistics.median(run.get(thread, 0.0) for run in side) * 1000, 3)
+                for thread in sorted({thread for run in side for thread in run})
+            }
+            for name, side in threads.items()
+        },
     }
 
 
