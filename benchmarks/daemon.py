@@ -29,7 +29,8 @@ Targets from the daemon issue: <= 10 ms CPU per 1 s cycle, <= 80 MiB resident, p
 (.cache/bench-runtime-<commit>), then the two daemons run one at a time, alternately (the order
 swapped each round, so a drift of the shared machine's load falls on both), `--rounds` times for
 `--seconds` each after a warm-up. It prints each side's runs, their medians and the ratio
-(this tree / REV: below 1 means this tree costs less).
+(this tree / REV: below 1 means this tree costs less), and each side's threads' CPU per cycle,
+largest first (the median of each rank over the runs).
 `--serve-flag` goes to both daemons, `--this-flag` to this tree's only (a collector REV did
 not have, left out to compare like with like).
 
@@ -368,8 +369,9 @@ async def measure(pid: int, port: int, *, quick: bool) -> dict[str, object]:
 
 
 def thread_cpu_ns(pid: int) -> dict[str, int]:
-    """Each thread's time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat): exact where
-    /proc/<pid>/stat counts in 10 ms ticks, which over 30 one-second cycles is 0.3 ms a cycle."""
+    """Each thread's time on a CPU in nanoseconds (/proc/<pid>/task/*/schedstat), by thread id:
+    exact where /proc/<pid>/stat counts in 10 ms ticks, which over 30 one-second cycles is
+    0.3 ms a cycle."""
     found: dict[str, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -377,16 +379,21 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return found
 
 
-async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> float:
+async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> tuple[float, list[float]]:
     """CPU seconds per sampling cycle over `seconds` without scrapes (but the two that read the
-    cycle counter). A thread that ended meanwhile would go uncounted: an unscraped daemon's
-    threads live as long as it does."""
+    cycle counter): in all, and each thread's, largest first (Python 3.11 gives the OS no
+    thread names, so threads are told apart by what they cost). A thread that ended meanwhile
+    would go uncounted: an unscraped daemon's threads live as long as it does."""
     async with Connections(port, 1) as client:
         cycles_before, cpu_before = await cycles(client), thread_cpu_ns(pid)
         await asyncio.sleep(seconds)
         cycles_after, cpu_after = await cycles(client), thread_cpu_ns(pid)
-    spent = sum(ns - cpu_before.get(tid, 0) for tid, ns in cpu_after.items()) / 1e9
-    return spent / max(cycles_after - cycles_before, 1)
+    count = max(cycles_after - cycles_before, 1)
+    each = sorted(
+        ((ns - cpu_before.get(tid, 0)) / 1e9 / count for tid, ns in cpu_after.items()),
+        reverse=True,
+    )
+    return sum(each), each
 
 
 def commit_of(revision: str) -> str:
@@ -420,6 +427,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
             "against": (tree, runtime_python(root=tree, venv=venv), flags),
         }
         runs: dict[str, list[float]] = {name: [] for name in sides}
+        threads: dict[str, list[list[float]]] = {name: [] for name in sides}
         for round_ in range(args.rounds):
             for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
                 root, python, side_flags = sides[name]
@@ -427,9 +435,11 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
                 try:
                     with serving(side_flags, log, root=root, python=python) as (daemon, port):
                         time.sleep(WARM_UP_SECONDS)
-                        runs[name].append(
-                            asyncio.run(idle_cpu_per_cycle(daemon.pid, port, args.seconds))
+                        spent, each = asyncio.run(
+                            idle_cpu_per_cycle(daemon.pid, port, args.seconds)
                         )
+                        runs[name].append(spent)
+                        threads[name].append(each)
                 except RuntimeError as error:
                     raise SystemExit(f"{name}: {error}") from error
     medians = {name: statistics.median(values) for name, values in runs.items()}
@@ -447,6 +457,16 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
         },
         "cpu_ms_per_cycle_median": {name: round(m * 1000, 3) for name, m in medians.items()},
         "ratio_this_to_against": round(medians["this"] / medians["against"], 3),
+        "cpu_ms_per_cycle_by_thread_largest_first_median": {
+            name: [
+                round(
+                    statistics.median(run[rank] if rank < len(run) else 0.0 for run in side) * 1000,
+                    3,
+                )
+                for rank in range(max(len(run) for run in side))
+            ]
+            for name, side in threads.items()
+        },
     }
 
 

@@ -4,11 +4,16 @@ prints one JSON document.
     .venv/bin/python benchmarks/reading.py [--gpus 8] [--rounds 6] [--cycles 30] [--pause 0.2]
 
 A sampler on `--simulate=N` (H100s, the collectors on by default, no process lists: the daemon
-without attribution) is read two ways, alternately, `--rounds` times `--cycles` cycles each:
+without attribution) is read three ways, alternately, `--rounds` times `--cycles` cycles each:
 - `inline`: every GPU's job (`DeviceReader.read`) called in this thread, one after the other, as
-  the daemon read them before the GPU threads;
+  the daemon read them before the GPU threads (the reading only, no assembly);
+- `assembled_inline`: `NvmlSampler.sample()` with each GPU's job (and follow-up) run in this
+  thread where it is handed out, no GPU thread: the reading and the cycle's assembly, as the
+  daemon's sampler thread did both before the GPU threads;
 - `threaded`: `NvmlSampler.sample()`, the daemon's cycle: the jobs handed to the shared
   `gpuscope-gpus` thread, waited for, and the cycle assembled from the answers.
+`threaded` minus `assembled_inline` is what the hand-off itself costs (`handoff_adds_ms`): the
+two thread switches a cycle (sampler thread -> GPU thread -> sampler thread) and their wakeups.
 Each cycle's CPU is the process's (every thread), its median per round, then the median of the
 rounds. `--pause` sleeps between cycles, as the daemon does between its 1 s cycles (caches go
 cold then; `--pause 0` measures hot loops, the code's own cost).
@@ -28,10 +33,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.config import COLLECTORS, OFF_BY_DEFAULT
 from exporter.nvml.sampler import NvmlSampler
+from exporter.nvml.workers import Batch, Ticket
 from exporter.simulator import SimulatedNvml, default_fleet
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
+
+    from exporter.nvml.reads import Device
+
+    Job = tuple[Device, Callable[[], object], Callable[[], None] | None]
+
+
+def answered_here(jobs: Iterable[Job]) -> Batch:
+    """`GpuThreads.submit`'s batch with every job run in the calling thread as it is handed out
+    (then its follow-up, as the GPU thread would): the cycle without the hand-off."""
+    batch = Batch()
+    for device, read, after in jobs:
+        ticket: Ticket[object] = Ticket(time.monotonic())
+        device.ticket = batch.tickets[id(device)] = ticket
+        batch.expect(1)
+        try:
+            value, error = read(), None
+        except Exception as caught:  # the sampler decides, as with the GPU thread
+            value, error = None, caught
+        ticket.seconds = time.monotonic() - ticket.submitted
+        if error is None and after is not None:
+            after()
+        batch.answer(ticket, value, error)
+    return batch
 
 
 def per_cycle(cycle: Callable[[], object], cycles: int, pause: float) -> float:
@@ -67,7 +96,21 @@ def main() -> int:
         for device in devices:
             reader.read(device)
 
-    ways: dict[str, Callable[[], object]] = {"inline": inline, "threaded": sampler.sample}
+    handing_off = sampler._threads.submit
+
+    def threaded() -> None:
+        sampler._threads.submit = handing_off  # type: ignore[method-assign]
+        sampler.sample()
+
+    def assembled_inline() -> None:
+        sampler._threads.submit = answered_here  # type: ignore[method-assign]
+        sampler.sample()
+
+    ways: dict[str, Callable[[], object]] = {
+        "inline": inline,
+        "assembled_inline": assembled_inline,
+        "threaded": threaded,
+    }
     runs: dict[str, list[float]] = {name: [] for name in ways}
     try:
         for _ in range(3):
@@ -92,6 +135,7 @@ def main() -> int:
                 },
                 "cpu_ms_per_cycle_median": {name: round(m, 3) for name, m in medians.items()},
                 "threads_add_ms": round(medians["threaded"] - medians["inline"], 3),
+                "handoff_adds_ms": round(medians["threaded"] - medians["assembled_inline"], 3),
             },
             indent=2,
         )
