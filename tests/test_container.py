@@ -148,6 +148,6 @@ def test_the_jobs_image_runs_a_job_and_names_a_missing_extra(jobs_image: dict[st
     calibrate = podman(*run, "calibrate", "--device=cpu", env=env, check=False)
     assert calibrate.returncode == 2
     assert calibrate.stderr == (
-        "gpuscope calibrate: error: needs gpuscope[calibrate] (torch, numpy not installed): "
+        "gpuscope calibrate: error: needs gpuscope[calibrate] (torch not installed): "
         "pip install 'gpuscope[calibrate]'\n"
     )

@@ -4,7 +4,6 @@ so none costs more than a few times its size (the job's CronJob has 512 MiB)."""
 from __future__ import annotations
 
 import tracemalloc
-from typing import TYPE_CHECKING
 
 import pytest
 from aiohttp import web
@@ -16,17 +15,12 @@ from exporter.rightsize.prometheus import (
     PrometheusQueryError,
     Sample,
 )
+from tests.hostile_answers import HEAD, MATRIX_HEAD, MATRIX_SHAPES, SIZE, answering
 from tests.rightsize_run import serving
-
-if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
 
 pytestmark = pytest.mark.timeout(120)
 
-SIZE = 3 * 2**20
-"""A tenth of the default limit: enough for a blow-up to show, small enough for a test."""
 EMPTY_VECTOR = '"data":{"resultType":"vector","result":[]}'
-HEAD = '{"status":"success","data":{"resultType":"vector","result":['
 SHAPES = {
     "an error of many empty arrays": (
         '{"status":"error","error":[' + ",".join(["[]"] * (SIZE // 3)) + "]}"
@@ -48,16 +42,6 @@ SHAPES = {
         '{"status":"error","errorType":[' + ",".join(["{}"] * (SIZE // 3)) + '],"error":"x"}'
     ),
 }
-
-
-def answering(body: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-    data = body.encode()
-
-    async def handle(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=data, content_type="application/json")
-
-    return handle
 
 
 async def query(url: str, promql: str = "max by (pod) (up)") -> list[Sample]:
@@ -138,9 +122,6 @@ async def test_a_label_value_longer_than_any_name_drops_its_series() -> None:
         assert await query(url) == [Sample({"pod": "b"}, 2.0)]
 
 
-MATRIX_HEAD = '{"status":"success","data":{"resultType":"matrix","result":['
-
-
 async def query_range(url: str, promql: str = "max by (pod) (up)") -> list[Sample]:
     async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
         return await client.query_range(
@@ -172,28 +153,6 @@ async def test_a_vector_answering_a_range_query_is_refused() -> None:
     with serving(answering(HEAD + "]}}")) as url, pytest.raises(PrometheusQueryError) as caught:
         await query_range(url)
     assert "returned vector, expected a range matrix" in str(caught.value)
-
-
-MATRIX_SHAPES = {
-    "a series carrying a long array": (
-        MATRIX_HEAD
-        + '{"metric":{"pod":"a"},"values":[[1,"1"]],"pad":['
-        + ",".join(["{}"] * (SIZE // 3))
-        + "]}]}}"
-    ),
-    "a sample of many empty arrays": (
-        MATRIX_HEAD
-        + '{"metric":{"pod":"a"},"values":[[1,"1",'
-        + ",".join(["[]"] * (SIZE // 3))
-        + "]]}]}}"
-    ),
-    "many samples": (
-        MATRIX_HEAD
-        + '{"metric":{"pod":"a"},"values":['
-        + ",".join(['[1,"NaN"]'] * (SIZE // 100))
-        + "]}]}}"
-    ),
-}
 
 
 @pytest.mark.parametrize("shape", list(MATRIX_SHAPES))

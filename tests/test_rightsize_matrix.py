@@ -13,8 +13,8 @@ import pytest
 from exporter.rightsize.answer import Bounds, Vector, read_answer
 from exporter.rightsize.matrix import Columns
 from exporter.rightsize.prometheus import Connection, PrometheusClient
+from tests.hostile_answers import MATRIX_SHAPES, answering
 from tests.rightsize_run import serving
-from tests.test_rightsize_answers import MATRIX_SHAPES, answering
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

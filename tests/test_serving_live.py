@@ -51,6 +51,12 @@ READY: Final = " and ".join(
 )
 """Every figure recorded three times for every serving workload: the rules have run on scraped
 data for a few evaluations, so queries over the time since the start find them."""
+RATE_TOLERANCE: Final = 5e-3
+"""How far a figure built on the stand-in servers' 5-minute rates may sit from the true rate. A
+server computes its counters when it answers, Prometheus stamps the sample when the scrape
+starts: on a loaded machine the two drift apart by a few hundred milliseconds between the ends
+of a window (0.14% seen in CI). A wrong split is off by far more (by requests instead of
+inferences, the Triton models' shares move by 10%)."""
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +135,15 @@ def test_cost_per_million_output_tokens_is_price_over_tokens_an_hour(
         f'workload:gpu_cost_usd_per_million_output_tokens{{workload="{workload}"}}',
         at,
     )
-    assert recorded == pytest.approx(share * price / tokens_an_hour * 1e6, rel=1e-3)
+    assert recorded == pytest.approx(share * price / tokens_an_hour * 1e6, rel=RATE_TOLERANCE)
     requests = _one(
         prometheus,
         f'workload:gpu_cost_usd_per_thousand_requests{{workload="{workload}"}}',
         at,
     )
-    assert requests == pytest.approx(share * price / (model.requests * 3600) * 1e3, rel=1e-3)
+    assert requests == pytest.approx(
+        share * price / (model.requests * 3600) * 1e3, rel=RATE_TOLERANCE
+    )
 
 
 def test_triton_models_split_their_pods_cost_by_inferences(
@@ -153,7 +161,7 @@ def test_triton_models_split_their_pods_cost_by_inferences(
             at,
         )
         expected = 0.5 * price * model.output_tokens / inferences / (model.requests * 3600) * 1e3
-        assert cost == pytest.approx(expected, rel=1e-3)
+        assert cost == pytest.approx(expected, rel=RATE_TOLERANCE)
 
 
 def test_a_server_without_a_gpu_has_no_cost(stack: tuple[Prometheus, float]) -> None:
@@ -161,7 +169,7 @@ def test_a_server_without_a_gpu_has_no_cost(stack: tuple[Prometheus, float]) -> 
     at = time.time()
     assert _one(
         prometheus, 'pod_model:serving_output_tokens:rate5m{pod="summarize-cpu-0"}', at
-    ) == (pytest.approx(50, rel=1e-3))
+    ) == (pytest.approx(50, rel=RATE_TOLERANCE))
     answer = prometheus.query('{__name__=~"workload.*:.*", workload=~"summarize.*"}', at=at)
     assert answer["data"]["result"] == []
 

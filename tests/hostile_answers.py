@@ -1,0 +1,47 @@
+"""Answers a hostile or odd PromQL API may give, and a stand-in server's handler answering one:
+shared by the answer reader's tests (tests/test_rightsize_answers.py) and the column reader's
+(tests/test_rightsize_matrix.py), which must read each alike."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+SIZE = 3 * 2**20
+"""A tenth of the default limit: enough for a blow-up to show, small enough for a test."""
+HEAD = '{"status":"success","data":{"resultType":"vector","result":['
+MATRIX_HEAD = '{"status":"success","data":{"resultType":"matrix","result":['
+MATRIX_SHAPES = {
+    "a series carrying a long array": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":[[1,"1"]],"pad":['
+        + ",".join(["{}"] * (SIZE // 3))
+        + "]}]}}"
+    ),
+    "a sample of many empty arrays": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":[[1,"1",'
+        + ",".join(["[]"] * (SIZE // 3))
+        + "]]}]}}"
+    ),
+    "many samples": (
+        MATRIX_HEAD
+        + '{"metric":{"pod":"a"},"values":['
+        + ",".join(['[1,"NaN"]'] * (SIZE // 100))
+        + "]}]}}"
+    ),
+}
+
+
+def answering(body: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    data = body.encode()
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=data, content_type="application/json")
+
+    return handle
