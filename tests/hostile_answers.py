@@ -1,6 +1,7 @@
 """Answers a hostile or odd PromQL API may give, and a stand-in server's handler answering one:
 shared by the answer reader's tests (tests/test_rightsize_answers.py) and the column reader's
-(tests/test_rightsize_matrix.py), which must read each alike."""
+(tests/test_rightsize_matrix.py), which must read each alike; and a column answer's samples as
+`Sample`s, to compare with what a test expects."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from exporter.rightsize.prometheus import Sample
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+
+    from exporter.rightsize.matrix import Matrix
 
 SIZE = 3 * 2**20
 """A tenth of the default limit: enough for a blow-up to show, small enough for a test."""
@@ -45,3 +50,12 @@ def answering(body: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         return web.Response(body=data, content_type="application/json")
 
     return handle
+
+
+def matrix_samples(matrix: Matrix) -> list[Sample]:
+    """The samples of a column answer, series after series, each with its time."""
+    return [
+        Sample(labels, float(matrix.values[i]), float(matrix.times[i]))
+        for labels, part in matrix.series()
+        for i in range(part.start, part.stop)
+    ]

@@ -15,7 +15,14 @@ from exporter.rightsize.prometheus import (
     PrometheusQueryError,
     Sample,
 )
-from tests.hostile_answers import HEAD, MATRIX_HEAD, MATRIX_SHAPES, SIZE, answering
+from tests.hostile_answers import (
+    HEAD,
+    MATRIX_HEAD,
+    MATRIX_SHAPES,
+    SIZE,
+    answering,
+    matrix_samples,
+)
 from tests.rightsize_run import serving
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,9 +131,10 @@ async def test_a_label_value_longer_than_any_name_drops_its_series() -> None:
 
 async def query_range(url: str, promql: str = "max by (pod) (up)") -> list[Sample]:
     async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
-        return await client.query_range(
+        answer = await client.query_matrix(
             promql, start=1700000000, end=1700000600, step=300, name="replay demand"
         )
+    return matrix_samples(answer)
 
 
 async def test_a_matrix_is_read_a_sample_at_a_time_with_its_time() -> None:

@@ -20,6 +20,7 @@ from exporter.rightsize.prometheus import Bounds, Connection, PrometheusClient, 
 from exporter.rightsize.selection import Selection
 from exporter.rightsize.signals import SIGNALS, render
 from tests.helpers import require_tool
+from tests.hostile_answers import matrix_samples
 from tests.prometheus_server import free_port, running_prometheus
 from tests.rightsize_hostile import (
     END,
@@ -238,7 +239,7 @@ async def test_a_bad_sample_in_a_matrix_costs_only_itself(caplog: pytest.LogCapt
 
     with serving(handle) as url, caplog.at_level("DEBUG", "exporter.rightsize.prometheus"):
         async with PrometheusClient(Connection(url=url), backoff=(0.01,)) as client:
-            found = await client.query_range(
+            answer = await client.query_matrix(
                 "max by (pod) (up)",
                 start=10,
                 end=90,
@@ -247,7 +248,10 @@ async def test_a_bad_sample_in_a_matrix_costs_only_itself(caplog: pytest.LogCapt
                 keep=lambda labels: labels.get("pod") != "foreign",
                 bounds=Bounds(0.0, 1e6, "busy GPUs"),
             )
-    assert found == [Sample({"pod": "good"}, 0.5, 10), Sample({"pod": "good"}, 0.25, 90)]
+    assert matrix_samples(answer) == [
+        Sample({"pod": "good"}, 0.5, 10),
+        Sample({"pod": "good"}, 0.25, 90),
+    ]
     (warning,) = [r for r in caplog.records if r.getMessage() == "prometheus series dropped"]
     assert warning.dropped == 11  # type: ignore[attr-defined]
     assert warning.reason == "value nan is not a finite number"  # type: ignore[attr-defined]

@@ -296,25 +296,6 @@ class PrometheusClient:
         vector = Vector(keep, bounds, answer_labels(promql))
         return (await self._asked(form, name, vector, signal=signal)).samples
 
-    async def query_range(
-        self,
-        promql: str,
-        *,
-        start: float,
-        end: float,
-        step: float,
-        name: str = "query",
-        keep: Callable[[Mapping[str, str]], bool] | None = None,
-        bounds: Bounds = ANY_FINITE,
-        signal: str | None = None,
-    ) -> list[Sample]:
-        """The matrix `promql` evaluates to at `start`, `start + step`, ... up to `end` (unix
-        times, `POST /api/v1/query_range`): each sample with its time (`Sample.at`), every
-        sample read and checked as `query` reads and checks an element."""
-        form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        vector = Vector(keep, bounds, answer_labels(promql), kind="matrix")
-        return (await self._asked(form, name, vector, signal=signal)).samples
-
     async def query_matrix(
         self,
         promql: str,
@@ -327,9 +308,10 @@ class PrometheusClient:
         bounds: Bounds = ANY_FINITE,
         signal: str | None = None,
     ) -> Matrix:
-        """`query_range`'s answer as columns (`matrix.Matrix`: each series' labels once, its
-        times and values as arrays), every sample read and checked as `query_range` checks it:
-        for answers of millions of samples, where a `Sample` each costs more than the server."""
+        """The matrix `promql` evaluates to at `start`, `start + step`, ... up to `end` (unix
+        times, `POST /api/v1/query_range`), as columns (`matrix.Matrix`: each series' labels
+        once, its times and values as arrays, never an object per sample): every sample read
+        and checked as `query` reads and checks an element."""
         form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         columns = Columns(keep, bounds, answer_labels(promql))
         read = await self._asked(form, name, columns, signal=signal)

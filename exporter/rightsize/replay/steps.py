@@ -1,6 +1,6 @@
 """Asking the PromQL API for the replay's per-step history, through the report's client.
 
-Each expression is asked as range queries (`PrometheusClient.query_range`) over the report's
+Each expression is asked as range queries (`PrometheusClient.query_matrix`) over the report's
 grid, the last step at `end`: one evaluation covers many steps, where an instant query would
 cost one evaluation per step. The window is cut into time slices of as many steps as keep an
 answer under `MAX_SAMPLES` samples and half the answer limit (and each series under
