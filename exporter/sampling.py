@@ -1,28 +1,24 @@
 """The sampling loop: on its own clock, sample every source in one worker thread, build the
 snapshot, render it, and publish the result for `/metrics` to serve.
 
-One dedicated thread (`gpuscope-sampler`) keeps the schedule and runs each cycle, so cycles are
-serialised and never block the event loop, which is not woken by a cycle at all (a wake-up of
-the loop and a hop back to it cost about half a millisecond a cycle, a tenth of the daemon's
-CPU). Cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts the
-interval makes the next start late rather than piling up (counted as an overrun). Within a cycle
-the GPUs are read in threads of their own (`exporter.nvml.workers`), so a GPU hung in the driver
-costs only that GPU.
+One dedicated thread runs each cycle, so cycles are serialised and never block the event loop;
+cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts the interval
+makes the next start late rather than piling up (counted as an overrun). Within a cycle each
+GPU is read in a thread of its own (`exporter.nvml.workers`), so a GPU hung in the driver costs
+only that GPU.
 
 A cycle that raises is one bad cycle: it is logged (once per distinct error), counted in
 `gpuscope_sample_errors_total`, and the next cycle runs on schedule. `ready()` and `alive()`
 say whether cycles keep completing, for `/-/ready` and `/-/healthy`.
 
-One helper thread waits for XID and ECC events: an event wakes the sampler thread between
-cycles to re-publish the last snapshot with the new counts, so an XID or an ECC error is visible
-before the next cycle.
+One helper thread waits for XID and ECC events: an event re-publishes the last snapshot at once
+with the new counts, so an XID or an ECC error is visible before the next cycle.
 
-Threading rules (all of them in docs/architecture.md, "Threading model"): `exposition`, the
-last snapshot and the counts and times of the last cycle are written by the sampler thread only,
-each a single reference replaced whole, read by the event loop; the snapshot and everything the
-cycle builds are immutable once published; an `Exposition` renders under its own lock, and
-scrapes record the formats they took by replacing an immutable set (never by changing one the
-sampler may be reading); whether a re-publish or the loop's end is due is under `_wake`.
+Threading rules (all of them in docs/architecture.md, "Threading model"): `exposition` and the
+timestamps of the last cycle are written on the event loop only; the snapshot and everything the
+cycle builds are made in the worker thread and immutable once published; an `Exposition`
+renders under its own lock, and scrapes record the formats they took by replacing an immutable
+set (never by changing one the worker may be reading).
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Final, Protocol
@@ -189,12 +184,12 @@ class SamplingLoop:
         )
         self._once = LogOnce(log)
         self._published: Snapshot | None = None
-        """The last snapshot (written by the sampler thread, replaced whole)."""
+        """The last snapshot (worker thread only)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._wake = threading.Condition(threading.Lock())
-        """Wakes the sampler thread between cycles: `_events_pending` or `_stopping` set."""
+        self._republishing: asyncio.Task[None] | None = None
         self._events_pending = False
-        self._stopping = False
+        self._closing = False
         catalog = catalog or builtin_catalog()
         self._carbon_intensity = (
             config.carbon_intensity
@@ -213,8 +208,7 @@ class SamplingLoop:
         self._started_at: float | None = None
         self._completed_at: float | None = None
         self.exposition: Exposition | None = None
-        """The latest rendered snapshot; None until the first cycle finished. Written by the
-        sampler thread, replaced whole."""
+        """The latest rendered snapshot; None until the first cycle finished."""
 
     async def start(self) -> None:
         """Start the worker thread and initialise NVML in it.
@@ -222,9 +216,10 @@ class SamplingLoop:
         Raises `NvmlUnavailable` when there is no NVML library at all.
         """
         self._executor = DaemonExecutor("gpuscope-sampler")
+        self._loop = asyncio.get_running_loop()
         if self._events is not None:
             self._events.store.on_change = self._events_arrived
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._nvml.start)
+        await self._loop.run_in_executor(self._executor, self._nvml.start)
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -257,53 +252,23 @@ class SamplingLoop:
             self._once.unexpected(("loop",), "the sampling loop died; /-/healthy now fails", error)
 
     async def run(self) -> None:
-        """Sample on schedule in the sampler thread until cancelled (or `close`); the loop's
-        thread stops after the cycle in hand. Ends with the error that ended the schedule, if
-        anything ever escapes it."""
-        assert self._executor is not None, "start() first"
+        loop = asyncio.get_running_loop()
         self._started_at = self._timer()
-        with self._wake:
-            self._stopping = False
-        try:
-            await asyncio.wrap_future(self._executor.submit(self._schedule))
-        finally:
-            self._stop_schedule()
-
-    def _schedule(self) -> None:
-        """The cycles, each at its start, and between them a re-publish after each NVML event.
-        Sampler thread."""
         next_start = self._clock()
         while True:
             try:
-                self.exposition = self.cycle()
+                self.exposition = await loop.run_in_executor(self._executor, self.cycle)
                 self._completed_at = self._timer()
             except Exception as error:  # noqa: BLE001 - one bad cycle, not the end of sampling
-                self._cycle_failed(error)
+                await self._cycle_failed(error)
             next_start += self._interval
             now = self._clock()
             if now > next_start:
                 self._overruns += 1
                 next_start += math.ceil((now - next_start) / self._interval) * self._interval
-            while True:
-                with self._wake:
-                    self._wake.wait_for(
-                        lambda: self._stopping or self._events_pending,
-                        max(0.0, next_start - self._clock()),
-                    )
-                    if self._stopping:
-                        return
-                    republish, self._events_pending = self._events_pending, False
-                if not republish:
-                    break
-                self._republish()
+            await asyncio.sleep(next_start - now)
 
-    def _stop_schedule(self) -> None:
-        """End the sampler thread's schedule after the cycle in hand; for any thread."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify_all()
-
-    def _cycle_failed(self, error: Exception) -> None:
+    async def _cycle_failed(self, error: Exception) -> None:
         self._nvml.count_error()
         self._once.unexpected(
             ("cycle",),
@@ -312,12 +277,14 @@ class SamplingLoop:
         )
         # The last snapshot again, with the error counted (its timestamp stays as old as it is).
         with contextlib.suppress(Exception):
-            republished = self._republished()
+            republished = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._republished
+            )
             if republished is not None:
                 self.exposition = republished
 
     def cycle(self) -> Exposition:
-        """One sampling cycle, start to rendered bytes. Runs in the sampler thread."""
+        """One sampling cycle, start to rendered bytes. Runs in the worker thread."""
         cycle = Cycle()
         for source in self._sources:
             source.collect(cycle)
@@ -366,31 +333,41 @@ class SamplingLoop:
     # -- events --------------------------------------------------------------------------------
 
     def _events_arrived(self) -> None:
-        """Called by the event thread after it recorded an event: the sampler thread re-publishes
-        between cycles (events recorded during a re-publish make one more)."""
-        with self._wake:
-            self._events_pending = True
-            self._wake.notify_all()
+        """Called by the event thread after it recorded an event."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._republish_soon)
 
-    def _republish(self) -> None:
-        """The last snapshot re-published with the events; a failure is counted and logged, and
-        the next cycle publishes as usual. Sampler thread."""
-        try:
-            republished = self._republished()
-        except Exception as error:  # noqa: BLE001 - the schedule outlives any failure
-            self._nvml.count_error()
-            self._once.unexpected(
-                ("republish",),
-                "re-publishing after an NVML event failed; the next cycle publishes as usual",
-                error,
-            )
+    def _republish_soon(self) -> None:
+        if self._closing:
             return
-        if republished is not None:
-            self.exposition = republished
+        self._events_pending = True
+        if self._republishing is None or self._republishing.done():
+            self._republishing = asyncio.create_task(self._republish(), name="gpuscope-republish")
+            self._republishing.add_done_callback(self._republish_ended)
+
+    def _republish_ended(self, task: asyncio.Task[None]) -> None:
+        """A failed re-publish is counted and logged; the next cycle publishes as usual."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        self._nvml.count_error()
+        self._once.unexpected(
+            ("republish",),
+            "re-publishing after an NVML event failed; the next cycle publishes as usual",
+            error,
+        )
+
+    async def _republish(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._events_pending and self._executor is not None:
+            self._events_pending = False  # events recorded from here on republish once more
+            republished = await loop.run_in_executor(self._executor, self._republished)
+            if republished is not None:
+                self.exposition = republished
 
     def _republished(self) -> Exposition | None:
         """The last snapshot again, with the event counts and error count as they are now.
-        Sampler thread."""
+        Worker thread."""
         if self._published is None:
             return None
         snapshot = replace(
@@ -422,10 +399,12 @@ class SamplingLoop:
         """Stop the loop, then shut NVML down after any cycle in flight has finished. Whatever
         the tasks ended with (their done-callbacks logged it), NVML, the event thread and the
         workers are closed."""
-        self._stop_schedule()
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task])
+        self._closing = True
+        tasks = [task for task in (self._task, self._republishing) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         if self._events is not None:
             self._events.store.on_change = None
         if self._executor is not None:

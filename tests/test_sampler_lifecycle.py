@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +18,10 @@ from exporter.config import ServeConfig
 from exporter.metrics.families import BuildInfo
 from exporter.nvml.events import EventWatcher
 from exporter.nvml.sampler import NvmlSampler
-from exporter.sampling import CLOSE_SECONDS, SamplingLoop
+from exporter.sampling import SamplingLoop
 from exporter.simulator import SimulatedNvml
 from exporter.simulator.fleet import parse_fleet
-from tests.helpers import eventually, eventually_async, loop_cycles, loop_cycles_pass
+from tests.helpers import eventually
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -219,10 +218,9 @@ def test_detach_waits_for_the_event_threads_ecc_read() -> None:
 async def test_a_failing_republish_is_logged_counted_and_close_still_closes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Re-publishing after an XID event runs in the sampler thread between cycles. When it ran in
-    a task of its own and failed, nobody saw it, and `close()` re-raised its exception before
-    closing NVML, the event thread and the workers. A failure is one bad re-publish: logged,
-    counted, and the schedule goes on."""
+    """Re-publishing after an XID event runs in a task of its own. When it failed, nobody saw
+    it, and `close()` re-raised its exception before closing NVML, the event thread and the
+    workers."""
     driver = _tracked()
     sampling = SamplingLoop(
         replace(ServeConfig(), collect_interval=0.05),
@@ -230,8 +228,8 @@ async def test_a_failing_republish_is_logged_counted_and_close_still_closes(
         build=BuildInfo("test"),
     )
     await sampling.start()
-    task = sampling.begin()
-    await eventually_async(lambda: sampling.exposition is not None, 5, "a first cycle")
+    sampling.begin()
+    await asyncio.sleep(0.2)
 
     def broken() -> None:
         raise RuntimeError("republishing broke")
@@ -239,57 +237,17 @@ async def test_a_failing_republish_is_logged_counted_and_close_still_closes(
     sampling._republished = broken  # type: ignore[method-assign, assignment]
     errors_before = sampling._nvml.errors_total
     with caplog.at_level(logging.ERROR):
-        sampling._events_arrived()  # as the event thread calls it after recording an event
-        await eventually_async(
-            lambda: sampling._nvml.errors_total == errors_before + 1, 5, "the failure counted"
-        )
+        sampling._republish_soon()
+        task = sampling._republishing
+        assert task is not None
+        await asyncio.wait([task])
+        await asyncio.sleep(0)
     assert any("re-publishing after an NVML event failed" in r.getMessage() for r in caplog.records)
-    await loop_cycles_pass(sampling, 2)
-    assert not task.done(), "the schedule goes on"
+    assert sampling._nvml.errors_total == errors_before + 1
     workers = [d.worker for d in sampling._nvml._devices]
     await sampling.close()
-    assert task.done()
     assert driver.shutdowns == [0], "close() must still shut NVML down"
     assert all(worker is not None and not worker._thread.is_alive() for worker in workers)
-
-
-async def test_cycles_keep_their_schedule_while_the_event_loop_is_busy() -> None:
-    """The schedule runs in the sampler thread: a cycle neither waits for the event loop nor
-    wakes it (that hop cost about half a millisecond a cycle). So an event loop held up by one
-    long piece of work (a slow handshake, a large render) no longer holds up sampling."""
-    sampling = SamplingLoop(
-        replace(ServeConfig(), collect_interval=0.05),
-        _tracked(),  # type: ignore[arg-type]
-        build=BuildInfo("test"),
-    )
-    await sampling.start()
-    task = sampling.begin()
-    try:
-        before = await loop_cycles_pass(sampling, 1)
-        time.sleep(0.6)  # noqa: ASYNC251 - the event loop blocked on purpose: none of it runs
-        assert loop_cycles(sampling) >= before + 5, "cycles ran while the loop was blocked"
-        assert not task.done()
-    finally:
-        await sampling.close()
-
-
-async def test_close_ends_the_schedule_at_once_between_cycles() -> None:
-    """The sampler thread waits for its next cycle on a condition `close` signals: stopping
-    does not wait out the interval (here ten minutes)."""
-    driver = _tracked()
-    sampling = SamplingLoop(
-        replace(ServeConfig(), collect_interval=600.0),
-        driver,  # type: ignore[arg-type]
-        build=BuildInfo("test"),
-    )
-    await sampling.start()
-    task = sampling.begin()
-    await loop_cycles_pass(sampling, 1)
-    closing = time.monotonic()
-    await sampling.close()
-    assert time.monotonic() - closing < CLOSE_SECONDS, "not the interval's ten minutes"
-    assert task.done()
-    assert driver.shutdowns == [0], "NVML shut down after the schedule ended"
 
 
 async def test_a_cycle_nobody_scrapes_reads_none_of_the_daemons_own_families() -> None:
