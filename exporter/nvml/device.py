@@ -174,17 +174,15 @@ class DeviceReader:
     # -- plain readings ------------------------------------------------------------------------
 
     def _plain(self, device: Device, groups: _Groups, now: float) -> dict[Series, float]:
-        """Every plain reading, collector by collector, each collector's time counted (one clock
-        reading between two collectors ends one and starts the next). A reading made every
-        cycle is one call of its `Call` (the loop every GPU runs every cycle, kept lean), a
-        per-fan or per-link one goes through `_call`; those made once or on a slow clock come
-        after them, their last values repeated in one step while none is due (most cycles)."""
+        """Every plain reading, collector by collector, each collector's time counted. A reading
+        made every cycle is one call of its `Call` (the loop every GPU runs every cycle, kept
+        lean), a per-fan or per-link one goes through `_call`; those made once or on a slow
+        clock come after them (`_slow`)."""
         values: dict[Series, float] = {}
         clock = self._clock
-        seconds = device.tally.seconds
-        slow_made = device.slow
-        started = clock()
+        spent = device.tally.spent
         for collector, calls, per_index, slow in self._plan(device, groups):
+            started = clock()
             for step in calls:
                 try:
                     answer = step.function(*step.args)
@@ -198,14 +196,8 @@ class DeviceReader:
             for reading in per_index:
                 self._call(device, reading, values)
             if slow:
-                due, last = slow_made.get(collector, _NONE_MADE)
-                if now < due:
-                    values.update(last)
-                else:
-                    self._slow(device, collector, slow, now, values)
-            ended = clock()
-            seconds[collector] = seconds.get(collector, 0.0) + (ended - started)
-            started = ended
+                self._slow(device, collector, slow, now, values)
+            spent(collector, clock() - started)
         return values
 
     def _slow(
@@ -216,8 +208,12 @@ class DeviceReader:
         now: float,
         values: dict[Series, float],
     ) -> None:
-        """A collector's readings made once or on a slow clock, one of which is due: each made
-        when due, the others' last values repeated."""
+        """A collector's readings made once or on a slow clock: their last values repeated in
+        one step while none is due (most cycles), else each made when due."""
+        due, last = device.slow.get(collector, _NONE_MADE)
+        if now < due:
+            values.update(last)
+            return
         fresh: dict[Series, float] = {}
         next_due = float("inf")
         for reading in readings:

@@ -45,17 +45,12 @@ def divided_by(divisor: float) -> Convert:
 
 
 def member(name: str, *, divisor: float = 1.0) -> Convert:
-    """A number member of the driver's struct, divided by `divisor`. Read past pynvml's own
-    attribute hook (which only decodes text members, and costs several times the read: six
-    members a GPU every cycle)."""
+    """A member of the driver's struct, divided by `divisor`."""
 
     def read(struct: Any) -> float | None:
-        return float(_attribute(struct, name)) / divisor
+        return float(getattr(struct, name)) / divisor
 
     return read
-
-
-_attribute: Final = object.__getattribute__
 
 
 def item(position: int, *, divisor: float = 1.0) -> Convert:
