@@ -208,7 +208,7 @@ def test_declarations_say_how_they_are_read() -> None:
     with pytest.raises(ValueError, match="per 'lane'"):
         Reading("x", "nvmlDeviceGetNvLinkState", (template,), per="lane")
     with pytest.raises(ValueError, match="field value"):
-        Reading("x", "nvmlDeviceGetFieldValues", (template,), field=82, period=5.0)
+        Reading("x", "nvmlDeviceGetFieldValues", (template,), field=82, once=True)
     with pytest.raises(ValueError, match="field value"):
         Reading("x", "nvmlDeviceGetTemperature", (template,), field=82)
     with pytest.raises(ValueError, match="no fallback"):

@@ -12,12 +12,16 @@ import pytest
 
 from exporter.logs import LogOnce
 from exporter.model import GpuIdentity
+from exporter.nvml.device import GPU_COLLECTORS
 from exporter.nvml.fields import read_fields, request
 from exporter.nvml.reads import Counter, Device, Reads
+from exporter.nvml.sampler import NvmlSampler
 from exporter.readings import FIELD_READINGS
 from exporter.readings.declare import link_series
 from exporter.readings.device import MEMORY_TEMPERATURE
 from exporter.readings.nvlink import NVLINK_TRANSMIT_TOTAL
+from exporter.simulator import SimulatedNvml, default_fleet
+from tests.helpers import ManualClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -79,3 +83,37 @@ def test_an_answer_that_fails_or_changes_type_after_all_succeeded_is_read_alone(
     retyped = cycle((DOUBLE, 0, 73.5), (ULL, 0, 9), (ULL, 0, 10))
     assert retyped[MEMORY_TEMPERATURE] == 73.5, "a double read as an unsigned int is garbage"
     assert retyped[link0] == 9 * 1024.0
+
+
+@pytest.mark.parametrize(("nvlink", "calls"), [(False, [0, 5]), (True, [0, 1, 2, 3, 4, 5])])
+def test_the_field_value_call_is_on_the_health_clock_unless_a_field_is_read_every_cycle(
+    *, nvlink: bool, calls: list[int]
+) -> None:
+    """Memory temperature is read every 5 s, so the call carrying it is too: unless the NVLink
+    collector's traffic counters, read every cycle, come in the same call. Between two calls the
+    last temperature stands."""
+    clock = ManualClock()
+    driver = SimulatedNvml(default_fleet(1), clock=clock)
+    made: list[int] = []
+    real = driver.nvmlDeviceGetFieldValues
+
+    def counted(handle: Any, asked: list[Any]) -> Any:
+        if (pynvml.NVML_FI_DEV_MEMORY_TEMP, 0) in asked:  # not the throttle counters' call
+            made.append(int(clock()))
+        return real(handle, asked)
+
+    driver.nvmlDeviceGetFieldValues = counted  # type: ignore[method-assign]
+    collectors = [*GPU_COLLECTORS] if nvlink else [c for c in GPU_COLLECTORS if c != "nvlink"]
+    sampler = NvmlSampler(driver, collectors=collectors, read_processes=False, clock=clock)
+    sampler.start()
+    try:
+        temperatures = []
+        for _ in range(6):
+            (gpu,), _ = sampler.sample()
+            temperatures.append(gpu.values[MEMORY_TEMPERATURE])
+            clock.advance(1.0)
+    finally:
+        sampler.close()
+    assert made == calls
+    if not nvlink:
+        assert temperatures[:5] == [temperatures[0]] * 5, "the last reading stands in between"

@@ -14,6 +14,7 @@ Everything here runs in the GPU's worker thread; `Answer` is what crosses back t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import pynvml
@@ -109,6 +110,12 @@ class DeviceReader:
         """The plain readings to make, collector by collector (each group timed as one)."""
         self._fields = tuple(r for r in readings if r.field is not None)
         """The field-value readings, made together in one call."""
+        periods = [r.period for r in self._fields]
+        self._fields_period = (
+            min(p for p in periods if p is not None) if None not in periods and periods else None
+        )
+        """How often that call is made: every cycle (None) while one of its readings asks so
+        (NVLink's traffic), else as often as the most frequent of them."""
         self._instance_groups = _by_collector([r for r in readings if r.mig])
         self._processes = processes
         self._process_names = process_names
@@ -129,7 +136,7 @@ class DeviceReader:
         now = self._clock()
         values = self._plain(device, self._groups, now)
         if self._fields:
-            self._field_values(device, values)
+            self._field_values(device, values, now)
         mig_enabled = values.get(MIG_MODE) == 1.0
         self._integrate_busy(device, values, now)
         self._activity(device, values, now)
@@ -177,7 +184,7 @@ class DeviceReader:
         """Every plain reading, collector by collector, each collector's time counted. A reading
         made every cycle is one call of its `Call` (the loop every GPU runs every cycle, kept
         lean), a per-fan or per-link one goes through `_call`; those made once or on a slow
-        clock come after them (`_slow`)."""
+        clock come after them (`_slow`, when one of them is due)."""
         values: dict[Series, float] = {}
         clock = self._clock
         spent = device.tally.spent
@@ -196,7 +203,12 @@ class DeviceReader:
             for reading in per_index:
                 self._call(device, reading, values)
             if slow:
-                self._slow(device, collector, slow, now, values)
+                # Most cycles none of them is due: their last values repeated in one step.
+                due, last = device.slow.get(collector, _NONE_MADE)
+                if now < due:
+                    values.update(last)
+                else:
+                    self._slow(device, collector, slow, now, values)
             spent(collector, clock() - started)
         return values
 
@@ -208,12 +220,8 @@ class DeviceReader:
         now: float,
         values: dict[Series, float],
     ) -> None:
-        """A collector's readings made once or on a slow clock: their last values repeated in
-        one step while none is due (most cycles), else each made when due."""
-        due, last = device.slow.get(collector, _NONE_MADE)
-        if now < due:
-            values.update(last)
-            return
+        """A collector's readings made once or on a slow clock, once one of them is due: each
+        made when due, the others' last values repeated."""
         fresh: dict[Series, float] = {}
         next_due = float("inf")
         for reading in readings:
@@ -285,14 +293,25 @@ class DeviceReader:
         values.update(last[1])
         return last[0]
 
-    def _field_values(self, device: Device, values: dict[Series, float]) -> None:
-        """Every field-value reading in one call; its time counts towards each collector with a
-        field in it."""
+    def _field_values(self, device: Device, values: dict[Series, float], now: float) -> None:
+        """Every field-value reading in one call (on a slow clock when all of them are); its
+        time counts towards each collector with a field in it."""
         started = self._clock()
         asked = device.fields
         if asked is None:
             asked = device.fields = request(self._fields, device)
-        values.update(read_fields(self._nvml, self._reads, device, asked))
+        if self._fields_period is None:
+            values.update(read_fields(self._nvml, self._reads, device, asked))
+        else:
+            values.update(
+                self._periodic(
+                    device,
+                    "fields",
+                    now,
+                    partial(read_fields, self._nvml, self._reads, asked=asked),
+                    self._fields_period,
+                )
+            )
         spent = self._clock() - started
         for collector in asked.collectors:
             device.tally.spent(collector, spent)

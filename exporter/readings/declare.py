@@ -77,8 +77,9 @@ class Reading:
     `each(series, per, index)` the series one index fills."""
     field: int | None = None
     """A field value (`NVML_FI_DEV_*`; `call` is then `nvmlDeviceGetFieldValues`). A GPU's field
-    values are read together, in one call per cycle, and each answers alone: a field the GPU
-    lacks drops only its series. Read every cycle, on whole GPUs."""
+    values are read together, in one call, and each answers alone: a field the GPU lacks drops
+    only its series. Read on whole GPUs, every cycle while one of the fields read has no
+    `period` (else as often as the shortest)."""
     fallback: Reading | None = None
     """Read instead where this one is unavailable (an older function of an older driver)."""
     simulated: Callable[..., Any] | None = None
@@ -102,13 +103,12 @@ class Reading:
             or self.per == "fan"
             or self.args
             or self.once
-            or self.period is not None
             or self.mig
             or self.fallback is not None
         ):
             raise ValueError(
                 f"{self.name}: a field value is called as nvmlDeviceGetFieldValues, with no "
-                "arguments, every cycle, on whole GPUs, per GPU or per link, without a fallback"
+                "arguments, not once, on whole GPUs, per GPU or per link, without a fallback"
             )
 
     def chain(self) -> Iterator[Reading]:

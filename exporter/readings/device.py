@@ -311,6 +311,9 @@ MEMORY_TEMPERATURE: Final = plain(
     ),
     number,
     field=pynvml.NVML_FI_DEV_MEMORY_TEMP,
+    # HBM's temperature follows the die's by seconds: the health clock (the field-value call,
+    # then made every cycle only for NVLink's traffic)
+    period=HEALTH_PERIOD_SECONDS,
     since="volta",
     simulated=_simulated_memory_temperature,
 )
