@@ -23,7 +23,9 @@ Phases (about 100 s in all):
 Targets from the daemon issue: <= 10 ms CPU per 1 s cycle, <= 80 MiB resident, p99 < 5 ms at
 100 scrapes/s, >= 1,000 scrapes/s.
 
-`--against REV` measures one thing only, CPU per sampling cycle (unscraped) on `--simulate=N`
+`--against REV` measures one thing only, CPU per sampling cycle (unscraped: the two scrapes that
+read the cycle counter, and the snapshot rendered at once after the first, fall outside the
+measured window) on `--simulate=N`
 (`--gpus`, default 8), side by side with the daemon of an earlier commit: REV's tree comes out of
 `git archive` into a temporary directory and gets a runtime venv of its own
 (.cache/bench-runtime-<commit>), then the two daemons run one at a time, alternately (the order
@@ -66,6 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the stand-ins live in tests/
 
 from benchmarks.runtime import runtime_python, serving  # noqa: E402
+from exporter.durations import parse_duration  # noqa: E402
 from exporter.simulator import load_fleet  # noqa: E402
 from tests.fake_kube.pods import NODE, pod, serve_pods  # noqa: E402
 from tests.fake_kube.server import FakeKube  # noqa: E402
@@ -379,16 +382,26 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return found
 
 
-async def idle_cpu_per_cycle(pid: int, port: int, seconds: float) -> tuple[float, list[float]]:
-    """CPU seconds per sampling cycle over `seconds` without scrapes (but the two that read the
-    cycle counter): in all, and each thread's, largest first (Python 3.11 gives the OS no
-    thread names, so threads are told apart by what they cost). A thread that ended meanwhile
-    would go uncounted: an unscraped daemon's threads live as long as it does."""
+async def idle_cpu_per_cycle(
+    pid: int, port: int, seconds: float, interval: float
+) -> tuple[float, list[float]]:
+    """CPU seconds per sampling cycle over `seconds` without scrapes: in all, and each thread's,
+    largest first (Python 3.11 gives the OS no thread names, so threads are told apart by what
+    they cost). A thread that ended meanwhile would go uncounted: an unscraped daemon's threads
+    live as long as it does.
+
+    The cycle counter is read by two scrapes, and neither one's rendering falls in the measured
+    window: the first is followed by the next snapshot rendered at once in the format it took
+    (the daemon renders eagerly while scrapes keep up), so the window opens two cycles after it,
+    and the cycles between are not counted; the window closes before the second scrape asks."""
     async with Connections(port, 1) as client:
-        cycles_before, cpu_before = await cycles(client), thread_cpu_ns(pid)
+        cycles_scraped = await cycles(client)
+        await asyncio.sleep(2 * interval)  # two cycles: the eager rendering is in the first
+        cpu_before = thread_cpu_ns(pid)
         await asyncio.sleep(seconds)
-        cycles_after, cpu_after = await cycles(client), thread_cpu_ns(pid)
-    count = max(cycles_after - cycles_before, 1)
+        cpu_after = thread_cpu_ns(pid)
+        cycles_after = await cycles(client)
+    count = max(cycles_after - cycles_scraped - 2, 1)
     each = sorted(
         ((ns - cpu_before.get(tid, 0)) / 1e9 / count for tid, ns in cpu_after.items()),
         reverse=True,
@@ -413,6 +426,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
     """CPU per cycle of this tree and of `args.against`, run alternately; both medians."""
     commit = commit_of(args.against)
     flags = [f"--simulate={args.gpus}", f"--collect.interval={args.interval}", *args.serve_flag]
+    interval = parse_duration(args.interval)
     with tempfile.TemporaryDirectory() as scratch:
         tree = Path(scratch) / "against"
         tree.mkdir()
@@ -436,7 +450,7 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
                     with serving(side_flags, log, root=root, python=python) as (daemon, port):
                         time.sleep(WARM_UP_SECONDS)
                         spent, each = asyncio.run(
-                            idle_cpu_per_cycle(daemon.pid, port, args.seconds)
+                            idle_cpu_per_cycle(daemon.pid, port, args.seconds, interval)
                         )
                         runs[name].append(spent)
                         threads[name].append(each)
