@@ -110,11 +110,8 @@ class DeviceReader:
         """The plain readings to make, collector by collector (each group timed as one)."""
         self._fields = tuple(r for r in readings if r.field is not None)
         """The field-value readings, made together in one call."""
-        periods = [r.period for r in self._fields]
-        self._fields_period = (
-            min(p for p in periods if p is not None) if None not in periods and periods else None
-        )
-        """How often that call is made: every cycle (None) while one of its readings asks so
+        self._fields_period = min((r.period or 0.0 for r in self._fields), default=0.0)
+        """How often that call is made: every cycle (0) while one of its readings has no period
         (NVLink's traffic), else as often as the most frequent of them."""
         self._instance_groups = _by_collector([r for r in readings if r.mig])
         self._processes = processes
@@ -300,18 +297,15 @@ class DeviceReader:
         asked = device.fields
         if asked is None:
             asked = device.fields = request(self._fields, device)
-        if self._fields_period is None:
-            values.update(read_fields(self._nvml, self._reads, device, asked))
-        else:
-            values.update(
-                self._periodic(
-                    device,
-                    "fields",
-                    now,
-                    partial(read_fields, self._nvml, self._reads, asked=asked),
-                    self._fields_period,
-                )
+        values.update(
+            self._periodic(
+                device,
+                "fields",
+                now,
+                partial(read_fields, self._nvml, self._reads, asked=asked),
+                self._fields_period,
             )
+        )
         spent = self._clock() - started
         for collector in asked.collectors:
             device.tally.spent(collector, spent)
