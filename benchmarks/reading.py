@@ -48,10 +48,11 @@ def answered_here(jobs: Iterable[Job]) -> Batch:
     """`GpuThreads.submit`'s batch with every job run in the calling thread as it is handed out
     (then its follow-up, as the GPU thread would): the cycle without the hand-off."""
     batch = Batch()
-    for device, read, after in jobs:
+    handed = list(jobs)
+    batch.expect(len(handed))
+    for device, read, after in handed:
         ticket: Ticket[object] = Ticket(time.monotonic())
         device.ticket = batch.tickets[id(device)] = ticket
-        batch.expect(1)
         try:
             value, error = read(), None
         except Exception as caught:  # the sampler decides, as with the GPU thread

@@ -102,7 +102,7 @@ class _Calibration:
         self._ceilings = ceilings
 
     def collect(self, cycle: Cycle) -> None:
-        cycle.ceilings, status = self._ceilings.refresh(gpu.identity.model for gpu in cycle.gpus)
+        cycle.ceilings, status = self._ceilings.refresh({gpu.identity.model for gpu in cycle.gpus})
         if status is not None:
             cycle.collectors.append(status)
 

@@ -234,7 +234,7 @@ class CeilingsSource:
         if self._directory is not None:
             self._directory.refresh()
             generation = self._directory.generation
-        key = (generation, frozenset(model for model in models if model))
+        key = (generation, frozenset(filter(None, models)))
         if self._cached is None or self._cached[0] != key:
             profiles = self._directory.profiles if self._directory is not None else ()
             found = (ceilings_for(model, self._catalog, profiles) for model in sorted(key[1]))

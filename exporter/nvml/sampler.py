@@ -33,6 +33,8 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
+from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pynvml
@@ -134,6 +136,8 @@ class NvmlSampler:
         )
         self._initialized = False
         self._devices: list[Device] = []
+        self._late: list[Device] = []
+        """The GPUs that gave no answer last cycle: a job of theirs may have answered since."""
         self._known: dict[str, GpuIdentity] = {}
         self._integrals: dict[str, Integrals] = {}
         self._lost: set[str] = set()
@@ -253,6 +257,7 @@ class NvmlSampler:
                 # back only once a later re-initialisation can shut it down.
                 log.warning("re-initialising NVML without shutting it down: an event call hangs")
         self._devices = []
+        self._late = []
         # Every thread of an earlier opening has ended (re-initialising waited for them): none
         # of its GPUs is hung any more, whether or not this initialisation succeeds.
         self._opening = {}
@@ -403,24 +408,23 @@ class NvmlSampler:
         # thread's poll for its wait to return) must not eat the GPUs' time to answer.
         self._threads.wait(batch, self._timer() + self.wait_seconds - waited)
         samples: list[GpuSample] = []
+        late: list[Device] = []
         for device in self._devices:
             # This cycle's job, or (handed none: it still owed one) the job answering meanwhile.
             ticket = self._fresh(device)
             if ticket is not None:
                 samples.extend(self._answered(device, ticket, answers))
             else:
+                late.append(device)
                 samples.extend(self._unanswered(device))
+        self._late = late
         samples.extend(self._not_opened())
 
         finished = self._clock()
-        needs_reinit = (
-            not self._initialized
-            or bool(self._opening)
-            or any(sample.down_reason in (LOST, UNOPENED) for sample in samples)
-        )
-        if needs_reinit:
+        down = [sample.down_reason for sample in samples if not sample.up]
+        if not self._initialized or self._opening or LOST in down or UNOPENED in down:
             self._schedule_reinit(finished)
-        elif all(sample.up for sample in samples):
+        elif not down:
             self._reinit_attempt = 0
         samples.sort(key=_position)
         statuses = (
@@ -451,24 +455,23 @@ class NvmlSampler:
         reader = self._reader
         pcie = reader.enabled("pcie")
         return self._threads.submit(
-            (
-                device,
-                partial(reader.read, device),
-                partial(reader.read_pcie, device) if pcie and device.gpm is None else None,
-            )
-            for device in self._devices
-            if not device.lost
+            [
+                (
+                    device,
+                    partial(reader.read, device),
+                    partial(reader.read_pcie, device) if pcie and device.gpm is None else None,
+                )
+                for device in self._devices
+                if not device.lost
+            ]
         )
 
     def _collector_statuses(self, answers: list[Answer]) -> list[CollectorStatus]:
         """Per collector: whether its readings answered on every GPU that answered, and the
         longest any GPU spent in them."""
-        failed: set[str] = set()
-        longest: dict[str, float] = {}
-        for answer in answers:
-            failed |= answer.failed
-            for name, seconds in answer.seconds:
-                longest[name] = max(longest.get(name, 0.0), seconds)
+        failed = set().union(*map(_FAILED, answers))
+        # Every GPU's times, shortest first: each collector's longest is the one written last.
+        longest = dict(sorted(chain.from_iterable(map(_SECONDS, answers)), key=itemgetter(1)))
         return [
             CollectorStatus(name, name not in failed, longest.get(name, 0.0))
             for name in self.collectors
@@ -478,7 +481,7 @@ class NvmlSampler:
         """Jobs that answered after the last cycle stopped waiting: each stands in should this
         cycle's job be late too, so that a GPU always slower than the wait moves on (a cycle
         behind) rather than showing one answer for good."""
-        for device in self._devices:
+        for device in self._late:
             ticket = self._fresh(device)
             if ticket is not None:
                 self._answered(device, ticket, answers)
@@ -501,7 +504,8 @@ class NvmlSampler:
             answer: Answer = ticket.value
             answers.append(answer)
             device.answer = answer.samples
-            self._report_back(identity)
+            if self._lost or self._hung:
+                self._report_back(identity)
             return list(answer.samples)
         device.answer = None
         # Down: integrate again from its next reading, not across the time it was down (the
@@ -588,6 +592,11 @@ class NvmlSampler:
             error,
             fields={"gpu": identity.index, "uuid": identity.uuid, "stage": stage},
         )
+
+
+_FAILED: Final = attrgetter("failed")
+_SECONDS: Final = attrgetter("seconds")
+"""An `Answer`'s failed collectors and time per collector (a cycle's statuses merge them)."""
 
 
 def _down(identity: GpuIdentity, reason: str) -> GpuSample:

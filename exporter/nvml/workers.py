@@ -87,13 +87,21 @@ class Ticket(Generic[T]):
 
 
 class Batch:
-    """One cycle's jobs: the sampler waits for all of them at once, woken by the last answer."""
+    """One cycle's jobs: the sampler waits for all of them at once, woken by the last answer.
 
-    __slots__ = ("_cond", "_owed", "tickets")
+    Two plain locks rather than a condition (the hand-off runs every cycle, and a condition's
+    wait and notify are Python code): `_count` guards the jobs still owed, and `_done`, held
+    from the start, is released by the answer that settles the last of them."""
+
+    __slots__ = ("_complete", "_count", "_done", "_owed", "tickets")
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._count = threading.Lock()
+        self._done = threading.Lock()
+        self._done.acquire()
         self._owed = 0
+        self._complete = False
+        """Whether the sampler has seen every job answer (the sampler thread's)."""
         self.tickets: dict[int, Ticket[Any]] = {}
         """The ticket of each GPU given a job, by the GPU's `id()` (the sampler thread's)."""
 
@@ -102,22 +110,26 @@ class Batch:
         return self.tickets.get(id(gpu))
 
     def expect(self, jobs: int) -> None:
-        with self._cond:
-            self._owed += jobs
+        """The number of jobs handed out, set before any of them is."""
+        self._owed = jobs
+        if not jobs:
+            self._done.release()
 
     def answer(self, ticket: Ticket[Any], value: Any, error: BaseException | None) -> None:
-        with self._cond:
+        with self._count:
             ticket.value = value
             ticket.error = error
             ticket.answered = True
             self._owed -= 1
-            if not self._owed:
-                self._cond.notify_all()
+            last = not self._owed
+        if last:
+            self._done.release()
 
     def wait(self, timeout: float) -> bool:
         """Whether every job has answered, waiting up to `timeout` seconds."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._owed, max(0.0, timeout))
+        if not self._complete:
+            self._complete = self._done.acquire(timeout=max(0.0, timeout))
+        return self._complete
 
 
 class _Job(Generic[G]):
@@ -151,7 +163,9 @@ class GpuWorker(Generic[G]):
     ) -> None:
         self._timer = timer
         self._on_error = on_error
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        """Taken bare where nothing waits or notifies (`with` on the condition is Python code)."""
+        self._cond = threading.Condition(self._lock)
         self._jobs: deque[_Job[G]] = deque()
         self._follow_ups: deque[tuple[G, Callable[[], None]]] = deque()
         self._calls: deque[tuple[G, Callable[[], Any], Future[Any]]] = deque()
@@ -161,6 +175,8 @@ class GpuWorker(Generic[G]):
         self._running: tuple[G, float] | None = None
         """The GPU whose job or follow-up runs now, and when it started counting as slow."""
         self._stop = False
+        self._idle_waiters = 0
+        """Threads in `wait_idle`: the worker tells them when a call ends only while there are."""
         self.quick_jobs = 0
         """Its GPU's jobs in a row that answered within `slow_seconds`, while it reads one GPU
         alone (the sampler thread's)."""
@@ -169,7 +185,7 @@ class GpuWorker(Generic[G]):
 
     def running(self) -> tuple[G, float] | None:
         """The GPU in the driver now, and since when its call counts towards `slow_seconds`."""
-        with self._cond:
+        with self._lock:
             return self._running
 
     @property
@@ -211,7 +227,11 @@ class GpuWorker(Generic[G]):
     def wait_idle(self, timeout: float) -> bool:
         """Whether the worker is idle, waiting up to `timeout` seconds."""
         with self._cond:
-            return self._cond.wait_for(self._is_idle, max(0.0, timeout))
+            self._idle_waiters += 1
+            try:
+                return self._cond.wait_for(self._is_idle, max(0.0, timeout))
+            finally:
+                self._idle_waiters -= 1
 
     def take(
         self, jobs: Iterable[_Job[G]], follow_ups: Iterable[tuple[G, Callable[[], None]]] = ()
@@ -253,11 +273,12 @@ class GpuWorker(Generic[G]):
         self._thread.join(max(0.0, timeout))
 
     def _run(self) -> None:
-        cond = self._cond
+        lock, cond = self._lock, self._cond
         while True:
-            with cond:
+            with lock:
                 self._running = None
-                cond.notify_all()
+                if self._idle_waiters:
+                    cond.notify_all()
                 while not (self._stop or self._jobs or self._follow_ups or self._calls):
                     cond.wait()
                 if self._stop:
@@ -297,7 +318,7 @@ class GpuWorker(Generic[G]):
             # One per GPU at most: when the follow-ups of all the GPUs take longer than a cycle
             # (eight 40 ms PCIe windows, a short interval) the queue must not grow; the one
             # queued reads the GPU as it is when it runs, as a new one would.
-            with self._cond:
+            with self._lock:
                 if all(queued is not job.gpu for queued, _ in self._follow_ups):
                     self._follow_ups.append((job.gpu, job.after))
         job.batch.answer(job.ticket, value, error)
@@ -378,10 +399,11 @@ class GpuThreads(Generic[G]):
                 worker = self._maybe_rejoin(gpu, worker, previous)
             ticket: Ticket[Any] = Ticket(now)
             gpu.ticket = batch.tickets[id(gpu)] = ticket
-            handed.setdefault(id(worker), (worker, []))[1].append(
-                _Job(gpu, read, after, ticket, batch)
-            )
-        batch.expect(sum(len(queued) for _, queued in handed.values()))
+            pair = handed.get(id(worker))
+            if pair is None:
+                pair = handed[id(worker)] = (worker, [])
+            pair[1].append(_Job(gpu, read, after, ticket, batch))
+        batch.expect(len(batch.tickets))
         for worker, queued in handed.values():
             worker.take(queued)
         return batch
