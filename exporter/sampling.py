@@ -252,12 +252,14 @@ class SamplingLoop:
             self._once.unexpected(("loop",), "the sampling loop died; /-/healthy now fails", error)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        executor = self._executor
+        if executor is None:
+            raise RuntimeError("the sampling loop runs only after start()")
         self._started_at = self._timer()
         next_start = self._clock()
         while True:
             try:
-                self.exposition = await loop.run_in_executor(self._executor, self.cycle)
+                self.exposition = await executor.run(self.cycle)
                 self._completed_at = self._timer()
             except Exception as error:  # noqa: BLE001 - one bad cycle, not the end of sampling
                 await self._cycle_failed(error)

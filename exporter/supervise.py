@@ -16,6 +16,7 @@ sampling cycle — a single reference, never a compound update.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -23,7 +24,7 @@ import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from exporter.logs import LogOnce
 
@@ -93,12 +94,13 @@ class DaemonExecutor(Executor):
 
     `ThreadPoolExecutor` joins its threads when the interpreter exits, so a job stuck in a driver
     call would keep a stopping daemon from ever exiting; this one's thread is a daemon thread.
-    Jobs run one at a time, in order."""
+    Jobs run one at a time, in order, whether handed in by `submit` or awaited through `run`."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], None], Callable[[], object]] | None] = (
             queue.SimpleQueue()
         )
+        """Each job to run, and how to cancel it (`shutdown(cancel_futures=True)`)."""
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -107,7 +109,24 @@ class DaemonExecutor(Executor):
         if self._closed:
             raise RuntimeError("the executor is shut down")
         future: Future[T] = Future()
-        self._jobs.put((future, partial(fn, *args, **kwargs)))
+        self._jobs.put((partial(_into_future, future, partial(fn, *args, **kwargs)), future.cancel))
+        return future
+
+    def run(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """`call()` in this thread, awaited on the running loop: its outcome is handed to the loop
+        in one `call_soon_threadsafe`, without `concurrent.futures`' locks and conditions (the
+        sampling loop awaits a cycle this way every second). An awaiter that stops waiting does
+        not stop the call once it has started; one not yet started is skipped."""
+        if self._closed:
+            raise RuntimeError("the executor is shut down")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put(
+            (
+                partial(_onto_loop, loop, future, call),
+                partial(_on_loop, loop, future.cancel),
+            )
+        )
         return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # noqa: FBT001, FBT002 - Executor's signature
@@ -119,20 +138,55 @@ class DaemonExecutor(Executor):
                 except queue.Empty:
                     break
                 if job is not None:
-                    job[0].cancel()
+                    job[1]()
         self._jobs.put(None)
         if wait:
             self._thread.join()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            future, call = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(call())
-            except BaseException as error:  # noqa: BLE001 - handed to whoever waits on it
-                future.set_exception(error)
+            job[0]()
+
+
+def _into_future(future: Future[T], call: Callable[[], T]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(call())
+    except BaseException as error:  # noqa: BLE001 - handed to whoever waits on it
+        future.set_exception(error)
+
+
+def _onto_loop(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], call: Callable[[], T]
+) -> None:
+    # Read outside the loop: a flag the loop sets once. Seen late, the call runs and its outcome
+    # is dropped by `_settle`, as it would be after the awaiter stopped waiting mid-call.
+    if future.done():
+        return  # its awaiter stopped waiting before it started
+    result: T | None = None
+    error: BaseException | None = None
+    try:
+        result = call()
+    except BaseException as caught:  # noqa: BLE001 - handed to whoever awaits it
+        error = caught
+    _on_loop(loop, partial(_settle, future, result, error))
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], object]) -> None:
+    """`call()` on the loop, soon; from any thread."""
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits it any more
+        loop.call_soon_threadsafe(call)
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    """On the loop: the outcome, unless the awaiter has stopped waiting."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(cast("T", result))
 
 
 async def in_daemon_thread(name: str, call: Callable[[], T]) -> T:

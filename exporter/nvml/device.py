@@ -81,8 +81,9 @@ class Answer:
     samples: tuple[GpuSample, ...]
     failed: frozenset[str]
     """Collectors a reading of which failed this cycle (not: was unsupported)."""
-    seconds: tuple[tuple[str, float], ...]
-    """Time spent in each collector's readings."""
+    seconds: tuple[float, ...]
+    """Time spent in each collector's readings, in the reader's `collectors` order (0 for one
+    that read nothing)."""
 
 
 class DeviceReader:
@@ -93,7 +94,7 @@ class DeviceReader:
         nvml: NvmlDriver,
         reads: Reads,
         *,
-        collectors: frozenset[str],
+        collectors: tuple[str, ...],
         processes: bool,
         process_names: bool = False,
         clock: Callable[[], float],
@@ -104,7 +105,10 @@ class DeviceReader:
         self._nvml = nvml
         self._reads = reads
         self._clock = clock
-        self._collectors = collectors
+        self._collectors = frozenset(collectors)
+        self.collectors = collectors
+        """The collectors read, in the order of each `Answer.seconds`."""
+        self._no_time = (0.0,) * len(collectors)
         readings = [r for r in READINGS if r.collector in collectors]
         self._groups = _by_collector([r for r in readings if r.field is None])
         """The plain readings to make, collector by collector (each group timed as one)."""
@@ -156,7 +160,11 @@ class DeviceReader:
             tally.spent("pcie", seconds)
             if failed:
                 tally.failed.add("pcie")
-        return Answer(tuple(samples), frozenset(tally.failed), tuple(tally.seconds.items()))
+        return Answer(
+            tuple(samples),
+            frozenset(tally.failed),
+            tuple(map(tally.seconds.get, self.collectors, self._no_time)),
+        )
 
     def _instance(self, instance: Device, now: float) -> GpuSample:
         """What NVML gives per MIG instance: memory, processes and GPM activity; device-level

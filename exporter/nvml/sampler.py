@@ -33,8 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import pynvml
@@ -128,7 +127,7 @@ class NvmlSampler:
         self._reader = DeviceReader(
             driver,
             Reads(self._once, self._errors),
-            collectors=frozenset(self.collectors),
+            collectors=self.collectors,
             processes=read_processes or "processes" in self.collectors,
             process_names=process_names,
             clock=clock,
@@ -469,12 +468,17 @@ class NvmlSampler:
     def _collector_statuses(self, answers: list[Answer]) -> list[CollectorStatus]:
         """Per collector: whether its readings answered on every GPU that answered, and the
         longest any GPU spent in them."""
+        if not answers:
+            return [
+                CollectorStatus(name, success=True, duration_seconds=0.0)
+                for name in self.collectors
+            ]
         failed = set().union(*map(_FAILED, answers))
-        # Every GPU's times, shortest first: each collector's longest is the one written last.
-        longest = dict(sorted(chain.from_iterable(map(_SECONDS, answers)), key=itemgetter(1)))
+        # Each answer's times are in the reader's order of the collectors, which is this one.
+        longest = map(max, zip(*map(_SECONDS, answers), strict=True))
         return [
-            CollectorStatus(name, name not in failed, longest.get(name, 0.0))
-            for name in self.collectors
+            CollectorStatus(name, name not in failed, seconds)
+            for name, seconds in zip(self.collectors, longest, strict=True)
         ]
 
     def _take_late_answers(self, answers: list[Answer]) -> None:
