@@ -695,3 +695,33 @@ def test_a_process_the_driver_cannot_name_has_an_empty_name() -> None:
     (gpu,), statuses = sampler.sample()
     assert [(p.pid, p.name) for p in gpu.processes or ()] == [(7, "")]
     assert all(status.success for status in statuses)
+
+
+def test_each_collector_reports_the_longest_any_gpu_spent_and_a_failure_on_any() -> None:
+    """The cycle's status per collector merges every GPU's: the longest time, and failed where a
+    reading of it failed on one GPU (GPU 1's clocks here)."""
+    clock = ManualClock()
+    driver = SimulatedNvml(
+        parse_fleet({"gpus": [{"model": "h100-sxm"}, {"model": "h100-sxm"}]}), clock=clock
+    )
+    clock_info = driver.nvmlDeviceGetClockInfo
+    taking = {0: 0.002, 1: 0.005}
+
+    def timed_clock_info(handle: object, *args: object) -> object:
+        index = driver.nvmlDeviceGetMinorNumber(handle)
+        clock.advance(taking[index])
+        if index == 1 and args == (pynvml.NVML_CLOCK_MEM,):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return clock_info(handle, *args)
+
+    driver.__dict__["nvmlDeviceGetClockInfo"] = timed_clock_info
+    sampler = patient(NvmlSampler(driver, clock=clock, collectors={"device", "clocks"}))
+    sampler.start()
+    clock.advance(1)
+    _, statuses = sampler.sample()
+    by_name = {status.name: status for status in statuses}
+    assert by_name["clocks"].duration_seconds == pytest.approx(3 * 0.005)
+    assert not by_name["clocks"].success
+    assert by_name["device"].success
+    assert by_name["device"].duration_seconds == 0.0, "the manual clock stood still in it"
+    sampler.close()

@@ -144,7 +144,7 @@ class DeviceReader:
         if "health" in self._collectors:
             started = self._clock()
             values.update(self._periodic(device, "throttle", now, self._throttle))
-            tally.spent("health", self._clock() - started)
+            tally.seconds["health"] += self._clock() - started
         # In MIG mode each process is listed on its instance, not twice.
         processes = self._processes_of(device) if not mig_enabled else None
         samples = [GpuSample(device.identity, up=True, values=values, processes=processes)]
@@ -153,11 +153,11 @@ class DeviceReader:
             instances = enumerate_instances(
                 self._nvml, self._reads, device, gpm="gpm" in self._collectors
             )
-            tally.spent("mig", self._clock() - started)
+            tally.seconds["mig"] += self._clock() - started
             samples.extend(self._instance(instance, now) for instance in instances.values())
         if device.pcie_status is not None:
             failed, seconds = device.pcie_status
-            tally.spent("pcie", seconds)
+            tally.seconds["pcie"] += seconds
             if failed:
                 tally.failed.add("pcie")
         return Answer(
@@ -180,7 +180,7 @@ class DeviceReader:
             return None
         started = self._clock()
         processes = read_processes(self._nvml, self._reads, device, names=self._process_names)
-        device.tally.spent("processes", self._clock() - started)
+        device.tally.seconds["processes"] += self._clock() - started
         return processes
 
     # -- plain readings ------------------------------------------------------------------------
@@ -192,7 +192,7 @@ class DeviceReader:
         clock come after them (`_slow`, when one of them is due)."""
         values: dict[Series, float] = {}
         clock = self._clock
-        spent = device.tally.spent
+        seconds = device.tally.seconds
         for collector, calls, per_index, slow in self._plan(device, groups):
             started = clock()
             for step in calls:
@@ -214,7 +214,7 @@ class DeviceReader:
                     values.update(last)
                 else:
                     self._slow(device, collector, slow, now, values)
-            spent(collector, clock() - started)
+            seconds[collector] += clock() - started
         return values
 
     def _slow(
@@ -316,7 +316,7 @@ class DeviceReader:
         )
         spent = self._clock() - started
         for collector in asked.collectors:
-            device.tally.spent(collector, spent)
+            device.tally.seconds[collector] += spent
 
     def _once(self, device: Device, reading: Reading, values: dict[Series, float]) -> None:
         """A reading made once per initialisation, and repeated from then on."""
@@ -433,7 +433,7 @@ class DeviceReader:
             return
         started = self._clock()
         reading = self._reads.call(device, "gpm", "gpm", device.gpm.read, now)
-        device.tally.spent("gpm", self._clock() - started)
+        device.tally.seconds["gpm"] += self._clock() - started
         if reading is None:
             return
         gpm = reading.values

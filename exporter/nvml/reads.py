@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -82,14 +83,13 @@ class Tally:
     """What each collector's readings did in one GPU's read this cycle."""
 
     failed: set[str] = field(default_factory=set)
-    seconds: dict[str, float] = field(default_factory=dict)
+    seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Time spent in each collector's readings (added to with `+=`: no call in the loop every
+    GPU runs every cycle)."""
 
     def clear(self) -> None:
         self.failed.clear()
         self.seconds.clear()
-
-    def spent(self, collector: str, seconds: float) -> None:
-        self.seconds[collector] = self.seconds.get(collector, 0.0) + seconds
 
 
 @dataclass(frozen=True, slots=True)
