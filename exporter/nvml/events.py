@@ -158,6 +158,9 @@ class EventWatcher:
         """handle_key -> (uuid, handle) of every GPU registered in the set."""
         self._waiting = False
         """The thread is in the driver: waiting on the set, or reading an ECC event's counts."""
+        self._detaching = 0
+        """Threads in `detach` waiting for the thread to leave the driver: it tells them only
+        while there are (every wait ends, twice a second)."""
         self._stop = False
         self._thread = SupervisedThread("gpuscope-events", self._run)
 
@@ -213,7 +216,11 @@ class EventWatcher:
         with self._cond:
             event_set, self._set, self._devices = self._set, None, {}
             self._cond.notify_all()
-            self._cond.wait_for(lambda: not self._waiting, timeout=self._wait_ms / 1000 + 1.0)
+            self._detaching += 1
+            try:
+                self._cond.wait_for(lambda: not self._waiting, timeout=self._wait_ms / 1000 + 1.0)
+            finally:
+                self._detaching -= 1
             stuck = self._waiting
         if stuck:
             # A call that outlived the wait's own timeout: freeing the set under it could crash
@@ -238,7 +245,8 @@ class EventWatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._set is not None)
+                while not (self._stop or self._set is not None):
+                    self._cond.wait()
                 if self._stop:
                     return
                 event_set, devices = self._set, self._devices
@@ -259,7 +267,8 @@ class EventWatcher:
             finally:
                 with self._cond:
                     self._waiting = False
-                    self._cond.notify_all()
+                    if self._detaching:
+                        self._cond.notify_all()
             if failed:  # do not spin on a set that fails at once (e.g. its GPU fell off the bus)
                 with self._cond:
                     self._cond.wait_for(lambda: self._stop, timeout=self._wait_ms / 1000)

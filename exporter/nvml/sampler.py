@@ -425,7 +425,10 @@ class NvmlSampler:
             self._schedule_reinit(finished)
         elif not down:
             self._reinit_attempt = 0
-        samples.sort(key=_position)
+        if len(samples) != len(self._devices):
+            # The GPUs are opened, and answer, in index order: only MIG instances and the GPUs
+            # not opened need placing among them.
+            samples.sort(key=_position)
         statuses = (
             CollectorStatus("nvml", self._initialized, finished - started),
             *self._collector_statuses(answers),
