@@ -76,8 +76,12 @@ class Running:
     """A demo script in the background, its output lines collected as they come."""
 
     def __init__(self, command: list[str], cwd: Path) -> None:
+        # With Ctrl-C's default handling, as a terminal's foreground job has it: a test run
+        # started in the background (`&` in a script, as CI may) ignores SIGINT, which its
+        # children inherit — and a Python program that starts with SIGINT ignored never
+        # raises KeyboardInterrupt.
         self.process = subprocess.Popen(
-            command,
+            ["env", "--default-signal=INT", *command],
             cwd=cwd,
             env=environment(),
             stdout=subprocess.PIPE,
