@@ -51,8 +51,8 @@ def answered_here(jobs: Iterable[Job]) -> Batch:
     handed = list(jobs)
     batch.expect(len(handed))
     for device, read, after in handed:
-        ticket: Ticket[object] = Ticket(time.monotonic())
-        device.ticket = batch.tickets[id(device)] = ticket
+        ticket: Ticket[object] = Ticket(batch, time.monotonic())
+        device.ticket = ticket
         try:
             value, error = read(), None
         except Exception as caught:  # the sampler decides, as with the GPU thread

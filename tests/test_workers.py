@@ -3,8 +3,10 @@ moved out of everyone else's way within the cycle, and what waits for a thread k
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -151,3 +153,22 @@ def test_follow_ups_wait_one_per_gpu_at_most() -> None:
         assert all(gpu.follow_ups for gpu in gpus), "every GPU's follow-up still runs"
     finally:
         threads.stop(time.monotonic() + 2)
+
+
+def test_a_gpu_dropped_after_its_cycles_is_freed_without_the_cycle_collector() -> None:
+    # A job holds its GPU (its calls are bound to it) and is dropped once run: the GPU keeps
+    # only its ticket, so a cycle leaves no garbage that only the cycle collector could free.
+    gpus = [FakeGpu(n) for n in range(2)]
+    threads = _threads(gpus)
+    try:
+        for _ in range(2):
+            assert _cycle(threads, gpus) == {0: 0, 1: 1}
+    finally:
+        threads.stop(time.monotonic() + 2)
+    freed = weakref.ref(gpus[0])
+    gc.disable()
+    try:
+        del gpus
+        assert freed() is None
+    finally:
+        gc.enable()

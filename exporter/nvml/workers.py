@@ -73,11 +73,12 @@ class Gpu(Protocol):
 
 
 class Ticket(Generic[T]):
-    """The answer to one job: a value or the exception it raised, once `answered`."""
+    """The answer to one job of `batch`: a value or the exception it raised, once `answered`."""
 
-    __slots__ = ("answered", "error", "seconds", "submitted", "value")
+    __slots__ = ("answered", "batch", "error", "seconds", "submitted", "value")
 
-    def __init__(self, submitted: float) -> None:
+    def __init__(self, batch: Batch, submitted: float) -> None:
+        self.batch = batch
         self.submitted = submitted
         self.value: T | None = None
         self.error: BaseException | None = None
@@ -93,7 +94,7 @@ class Batch:
     wait and notify are Python code): `_count` guards the jobs still owed, and `_done`, held
     from the start, is released by the answer that settles the last of them."""
 
-    __slots__ = ("_complete", "_count", "_done", "_owed", "tickets")
+    __slots__ = ("_complete", "_count", "_done", "_owed")
 
     def __init__(self) -> None:
         self._count = threading.Lock()
@@ -102,12 +103,11 @@ class Batch:
         self._owed = 0
         self._complete = False
         """Whether the sampler has seen every job answer (the sampler thread's)."""
-        self.tickets: dict[int, Ticket[Any]] = {}
-        """The ticket of each GPU given a job, by the GPU's `id()` (the sampler thread's)."""
 
-    def ticket(self, gpu: object) -> Ticket[Any] | None:
+    def ticket(self, gpu: Gpu) -> Ticket[Any] | None:
         """The GPU's job in this batch; None when it got none."""
-        return self.tickets.get(id(gpu))
+        ticket = gpu.ticket
+        return ticket if ticket is not None and ticket.batch is self else None
 
     def expect(self, jobs: int) -> None:
         """The number of jobs handed out, set before any of them is."""
@@ -132,22 +132,10 @@ class Batch:
         return self._complete
 
 
-class _Job(Generic[G]):
-    __slots__ = ("after", "batch", "gpu", "read", "ticket")
-
-    def __init__(
-        self,
-        gpu: G,
-        read: Callable[[], Any],
-        after: Callable[[], None] | None,
-        ticket: Ticket[Any],
-        batch: Batch,
-    ) -> None:
-        self.gpu = gpu
-        self.read = read
-        self.after = after
-        self.ticket = ticket
-        self.batch = batch
+_Job = tuple[G, "Callable[[], Any]", "Callable[[], None] | None", Ticket[Any]]
+"""A GPU, its `read`, the follow-up `after` to queue once `read` answered without error, and the
+ticket `read`'s answer goes into. A plain tuple, dropped once run: the GPU keeps its ticket, and
+nothing of the job (its calls hold the GPU) outlives the run."""
 
 
 class GpuWorker(Generic[G]):
@@ -244,9 +232,9 @@ class GpuWorker(Generic[G]):
     def keep_only(self, gpu: G) -> tuple[list[_Job[G]], list[tuple[G, Callable[[], None]]]]:
         """Take back the queued jobs and follow-ups of every other GPU (for another thread)."""
         with self._cond:
-            jobs = [job for job in self._jobs if job.gpu is not gpu]
+            jobs = [job for job in self._jobs if job[0] is not gpu]
             follow_ups = [item for item in self._follow_ups if item[0] is not gpu]
-            self._jobs = deque(job for job in self._jobs if job.gpu is gpu)
+            self._jobs = deque(job for job in self._jobs if job[0] is gpu)
             self._follow_ups = deque(item for item in self._follow_ups if item[0] is gpu)
             return jobs, follow_ups
 
@@ -287,7 +275,7 @@ class GpuWorker(Generic[G]):
                 job = self._jobs.popleft() if self._jobs else None
                 beside = self._calls.popleft() if job is None and self._calls else None
                 if job is not None:
-                    self._running = (job.gpu, now)
+                    self._running = (job[0], now)
                 elif beside is not None:
                     self._running = (beside[0], now)
                 else:
@@ -306,22 +294,23 @@ class GpuWorker(Generic[G]):
                 self._on_error(gpu, error)
 
     def _answer(self, job: _Job[G], started: float) -> None:
+        gpu, read, after, ticket = job
         value: Any = None
         error: BaseException | None = None
         try:
-            value = job.read()
+            value = read()
         except BaseException as caught:  # noqa: BLE001 - handed to the sampler, which decides
             error = caught
-        job.ticket.seconds = self._timer() - started
-        if error is None and job.after is not None:
+        ticket.seconds = self._timer() - started
+        if error is None and after is not None:
             # Queued before the answer, so that the worker is not idle when the sampler wakes.
             # One per GPU at most: when the follow-ups of all the GPUs take longer than a cycle
             # (eight 40 ms PCIe windows, a short interval) the queue must not grow; the one
             # queued reads the GPU as it is when it runs, as a new one would.
             with self._lock:
-                if all(queued is not job.gpu for queued, _ in self._follow_ups):
-                    self._follow_ups.append((job.gpu, job.after))
-        job.batch.answer(job.ticket, value, error)
+                if all(queued is not gpu for queued, _ in self._follow_ups):
+                    self._follow_ups.append((gpu, after))
+        ticket.batch.answer(ticket, value, error)
 
 
 def _run_call(read: Callable[[], Any], future: Future[Any]) -> None:
@@ -397,13 +386,13 @@ class GpuThreads(Generic[G]):
                 continue
             if worker is not self._shared and previous is not None:
                 worker = self._maybe_rejoin(gpu, worker, previous)
-            ticket: Ticket[Any] = Ticket(now)
-            gpu.ticket = batch.tickets[id(gpu)] = ticket
+            ticket: Ticket[Any] = Ticket(batch, now)
+            gpu.ticket = ticket
             pair = handed.get(id(worker))
             if pair is None:
                 pair = handed[id(worker)] = (worker, [])
-            pair[1].append(_Job(gpu, read, after, ticket, batch))
-        batch.expect(len(batch.tickets))
+            pair[1].append((gpu, read, after, ticket))
+        batch.expect(sum(len(queued) for _, queued in handed.values()))
         for worker, queued in handed.values():
             worker.take(queued)
         return batch
