@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/daemon.py --fleet examples/fleet.yaml
     .venv/bin/python benchmarks/daemon.py --serve-flag=--compat.dcgm     # any further serve flag
     .venv/bin/python benchmarks/daemon.py --against 5d90971^ [--rounds 5] [--seconds 30]
+    .venv/bin/python benchmarks/daemon.py --against 5d90971^ --together --cpu 1   # same window, same core
 
 The generated node is H100s (which have GPM); `--mig-gpus N` splits the first N of them into
 MIG instances (3g.40gb + 2g.20gb + 1g.10gb x2) with their share of the processes placed on
@@ -33,6 +34,14 @@ swapped each round, so a drift of the shared machine's load falls on both), `--r
 `--seconds` each after a warm-up. It prints each side's runs, their medians and the ratio
 (this tree / REV: below 1 means this tree costs less), and each side's threads' CPU per cycle,
 largest first (the median of each rank over the runs).
+Each round's ratio (this tree's run over the other's next to it) and their median come too.
+With `--together` the two daemons run at once instead, half a cycle apart, and each round
+measures both over the same window: the shared machine's speed, which can swing by a third from
+one minute to the next under other tenants' load, is then the same for both sides of a round
+(each daemon uses well under 1% of a core, so they hardly compete for the 2 cores). `--cpu N`
+then puts every thread of both on CPU N once they are warm, so that both run on a core whose
+other hyperthread's load, which differs from core to core, is the same for both: the rounds'
+ratios then spread over a few percent, where either alone still spreads over a third.
 `--serve-flag` goes to both daemons, `--this-flag` to this tree's only (a collector REV did
 not have, left out to compare like with like).
 
@@ -409,6 +418,16 @@ async def idle_cpu_per_cycle(
     return sum(each), each
 
 
+async def _measured_at_once(
+    daemons: dict[str, tuple[int, int]], seconds: float, interval: float
+) -> dict[str, tuple[float, list[float]]]:
+    """`idle_cpu_per_cycle` of each daemon (by name: its pid and port), over the same window."""
+    found = await asyncio.gather(
+        *(idle_cpu_per_cycle(pid, port, seconds, interval) for pid, port in daemons.values())
+    )
+    return dict(zip(daemons, found, strict=True))
+
+
 def commit_of(revision: str) -> str:
     found = subprocess.run(
         ["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
@@ -423,8 +442,11 @@ def commit_of(revision: str) -> str:
 
 
 def side_by_side(args: argparse.Namespace) -> dict[str, object]:
-    """CPU per cycle of this tree and of `args.against`, run alternately; both medians."""
+    """CPU per cycle of this tree and of `args.against`, run alternately (or at once, with
+    `--together`); both medians, and the ratio of each round."""
     commit = commit_of(args.against)
+    if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
+        raise SystemExit(f"--cpu: CPU {args.cpu} is not one this process may run on")
     flags = [f"--simulate={args.gpus}", f"--collect.interval={args.interval}", *args.serve_flag]
     interval = parse_duration(args.interval)
     with tempfile.TemporaryDirectory() as scratch:
@@ -443,22 +465,38 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
         runs: dict[str, list[float]] = {name: [] for name in sides}
         threads: dict[str, list[list[float]]] = {name: [] for name in sides}
         for round_ in range(args.rounds):
-            for name in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-                root, python, side_flags = sides[name]
-                log = Path(scratch) / f"{name}.log"
-                try:
-                    with serving(side_flags, log, root=root, python=python) as (daemon, port):
-                        time.sleep(WARM_UP_SECONDS)
-                        spent, each = asyncio.run(
-                            idle_cpu_per_cycle(daemon.pid, port, args.seconds, interval)
-                        )
-                        runs[name].append(spent)
-                        threads[name].append(each)
-                except RuntimeError as error:
-                    raise SystemExit(f"{name}: {error}") from error
+            order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+            groups = [order] if args.together else [[name] for name in order]
+            for group in groups:
+                with contextlib.ExitStack() as stack:
+                    started: dict[str, tuple[int, int]] = {}
+                    for name in group:
+                        root, python, side_flags = sides[name]
+                        log = Path(scratch) / f"{name}.log"
+                        try:
+                            daemon, port = stack.enter_context(
+                                serving(side_flags, log, root=root, python=python)
+                            )
+                        except RuntimeError as error:
+                            raise SystemExit(f"{name}: {error}") from error
+                        started[name] = (daemon.pid, port)
+                        if args.together:
+                            # Half a cycle apart: the two daemons' cycles do not coincide.
+                            time.sleep(interval / 2)
+                    time.sleep(WARM_UP_SECONDS)
+                    if args.cpu is not None:
+                        for pid, _ in started.values():
+                            for task in Path(f"/proc/{pid}/task").iterdir():
+                                os.sched_setaffinity(int(task.name), {args.cpu})
+                    measured = asyncio.run(_measured_at_once(started, args.seconds, interval))
+                for name, (spent, each) in measured.items():
+                    runs[name].append(spent)
+                    threads[name].append(each)
     medians = {name: statistics.median(values) for name, values in runs.items()}
+    per_round = [mine / theirs for mine, theirs in zip(runs["this"], runs["against"], strict=True)]
     return {
         "benchmark": "daemon-side-by-side",
+        "together": args.together,
         "node": {"simulate": args.gpus, "collect_interval": args.interval},
         "serve_flags": args.serve_flag,
         "this_flags": args.this_flag,
@@ -471,6 +509,8 @@ def side_by_side(args: argparse.Namespace) -> dict[str, object]:
         },
         "cpu_ms_per_cycle_median": {name: round(m * 1000, 3) for name, m in medians.items()},
         "ratio_this_to_against": round(medians["this"] / medians["against"], 3),
+        "ratio_per_round": [round(ratio, 3) for ratio in per_round],
+        "ratio_per_round_median": round(statistics.median(per_round), 3),
         "cpu_ms_per_cycle_by_thread_largest_first_median": {
             name: [
                 round(
@@ -515,6 +555,14 @@ def main() -> int:
         metavar="FLAG",
         help="with --against: a serve flag for this tree's daemon only, e.g. to leave out a "
         "collector the other revision did not have (repeatable)",
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="with --against: both daemons run at once, measured over the same windows",
+    )
+    parser.add_argument(
+        "--cpu", type=int, help="with --against: every thread of the daemons on this CPU"
     )
     parser.add_argument("--rounds", type=int, default=5, help="with --against: runs per side")
     parser.add_argument(
