@@ -7,13 +7,13 @@ A sampler on `--simulate=N` (H100s, the collectors on by default, no process lis
 without attribution) is read three ways, alternately, `--rounds` times `--cycles` cycles each:
 - `inline`: every GPU's job (`DeviceReader.read`) called in this thread, one after the other, as
   the daemon read them before the GPU threads (the reading only, no assembly);
-- `assembled_inline`: `NvmlSampler.sample()` with each GPU's job (and follow-up) run in this
-  thread where it is handed out, no GPU thread: the reading and the cycle's assembly, as the
-  daemon's sampler thread did both before the GPU threads;
-- `threaded`: `NvmlSampler.sample()`, the daemon's cycle: the jobs handed to the shared
-  `gpuscope-gpus` thread, waited for, and the cycle assembled from the answers.
-`threaded` minus `assembled_inline` is what the hand-off itself costs (`handoff_adds_ms`): the
-two thread switches a cycle (sampler thread -> GPU thread -> sampler thread) and their wakeups.
+- `assembled_inline`: `NvmlSampler.sample()` watched (`GpuThreads.watched`), the daemon's cycle:
+  each GPU's job made in this thread, the follow-ups handed to the shared thread, and the cycle
+  assembled from the answers;
+- `threaded`: `NvmlSampler.sample()` unwatched, as a sampler runs with no sampling loop to watch
+  it: the jobs handed to the shared `gpuscope-gpus` thread, waited for, and the cycle assembled.
+`threaded` minus `assembled_inline` is what the hand-off costs (`handoff_adds_ms`): the two
+thread switches a cycle (sampler thread -> GPU thread -> sampler thread) and their wakeups.
 Each cycle's CPU is the process's (every thread), its median per round, then the median of the
 rounds. `--pause` sleeps between cycles, as the daemon does between its 1 s cycles (caches go
 cold then; `--pause 0` measures hot loops, the code's own cost).
@@ -33,35 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.config import COLLECTORS, OFF_BY_DEFAULT
 from exporter.nvml.sampler import NvmlSampler
-from exporter.nvml.workers import Batch, Ticket
 from exporter.simulator import SimulatedNvml, default_fleet
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-    from exporter.nvml.reads import Device
-
-    Job = tuple[Device, Callable[[], object], Callable[[], None] | None]
-
-
-def answered_here(jobs: Iterable[Job]) -> Batch:
-    """`GpuThreads.submit`'s batch with every job run in the calling thread as it is handed out
-    (then its follow-up, as the GPU thread would): the cycle without the hand-off."""
-    batch = Batch()
-    handed = list(jobs)
-    batch.expect(len(handed))
-    for device, read, after in handed:
-        ticket: Ticket[object] = Ticket(batch, time.monotonic())
-        device.ticket = ticket
-        try:
-            value, error = read(), None
-        except Exception as caught:  # the sampler decides, as with the GPU thread
-            value, error = None, caught
-        ticket.seconds = time.monotonic() - ticket.submitted
-        if error is None and after is not None:
-            after()
-        batch.answer(ticket, value, error)
-    return batch
+    from collections.abc import Callable
 
 
 def per_cycle(cycle: Callable[[], object], cycles: int, pause: float) -> float:
@@ -97,14 +72,14 @@ def main() -> int:
         for device in devices:
             reader.read(device)
 
-    handing_off = sampler._threads.submit
+    threads = sampler.gpu_threads
 
     def threaded() -> None:
-        sampler._threads.submit = handing_off  # type: ignore[method-assign]
+        threads.watched = False
         sampler.sample()
 
     def assembled_inline() -> None:
-        sampler._threads.submit = answered_here  # type: ignore[method-assign]
+        threads.watched = True
         sampler.sample()
 
     ways: dict[str, Callable[[], object]] = {

@@ -3,9 +3,10 @@ snapshot, render it, and publish the result for `/metrics` to serve.
 
 One dedicated thread runs each cycle, so cycles are serialised and never block the event loop;
 cycles start on a fixed schedule (start + k * interval), and a cycle that outlasts the interval
-makes the next start late rather than piling up (counted as an overrun). Within a cycle each
-GPU is read in a thread of its own (`exporter.nvml.workers`), so a GPU hung in the driver costs
-only that GPU.
+makes the next start late rather than piling up (counted as an overrun). Within a cycle the GPUs
+that answer fast are read in that thread, one after the other, while the loop watches it: a GPU
+stuck in a driver call there keeps the thread, and the cycle moves to a fresh one
+(`exporter.nvml.workers`), so a GPU hung in the driver costs only that GPU.
 
 A cycle that raises is one bad cycle: it is logged (once per distinct error), counted in
 `gpuscope_sample_errors_total`, and the next cycle runs on schedule. `ready()` and `alive()`
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from exporter.model import Attribution, Ceilings, GpuSample
 from exporter.nvml.events import EventWatcher
 from exporter.nvml.sampler import NvmlSampler
+from exporter.nvml.workers import CycleMoved
 from exporter.supervise import DaemonExecutor
 
 if TYPE_CHECKING:
@@ -167,6 +169,9 @@ class SamplingLoop:
         self._background = background
         self.bounds = bounds or HealthBounds.for_interval(config.collect_interval)
         self._executor: DaemonExecutor | None = None
+        """The sampler thread's; replaced by a fresh one when a cycle is moved off it."""
+        self._watch: asyncio.TimerHandle | None = None
+        """The next look at the cycle in flight (`_look`)."""
         collectors = config.collectors
         self._process_series = "processes" in collectors
         self._dcgm = DcgmCompat.from_config(config)
@@ -252,23 +257,63 @@ class SamplingLoop:
             self._once.unexpected(("loop",), "the sampling loop died; /-/healthy now fails", error)
 
     async def run(self) -> None:
-        executor = self._executor
-        if executor is None:
+        if self._executor is None:
             raise RuntimeError("the sampling loop runs only after start()")
         self._started_at = self._timer()
         next_start = self._clock()
+        threads = self._nvml.gpu_threads
+        threads.watched = True
+        try:
+            while True:
+                try:
+                    self.exposition = await self._watched_cycle()
+                    self._completed_at = self._timer()
+                except Exception as error:  # noqa: BLE001 - one bad cycle, not the end of sampling
+                    await self._cycle_failed(error)
+                next_start += self._interval
+                now = self._clock()
+                if now > next_start:
+                    self._overruns += 1
+                    next_start += math.ceil((now - next_start) / self._interval) * self._interval
+                await asyncio.sleep(next_start - now)
+        finally:
+            threads.watched = False
+
+    async def _watched_cycle(self) -> Exposition:
+        """One cycle in the sampler thread, watched from the loop. The sampler thread reads the
+        GPUs that answer fast itself (no hand-off to another thread); should it be stuck in one
+        GPU's call (`GpuThreads.stuck_in`), the cycle moves to a fresh sampler thread and runs
+        again there (`GpuThreads.move`: the GPUs that answered are not read twice, the deadline
+        is the same), and the old thread is left to that GPU."""
+        loop = asyncio.get_running_loop()
+        slow = self._nvml.gpu_threads.slow_seconds
         while True:
+            assert self._executor is not None
+            running = self._executor.run(self.cycle)
+            self._watch = loop.call_later(slow, self._look, running)
             try:
-                self.exposition = await executor.run(self.cycle)
-                self._completed_at = self._timer()
-            except Exception as error:  # noqa: BLE001 - one bad cycle, not the end of sampling
-                await self._cycle_failed(error)
-            next_start += self._interval
-            now = self._clock()
-            if now > next_start:
-                self._overruns += 1
-                next_start += math.ceil((now - next_start) / self._interval) * self._interval
-            await asyncio.sleep(next_start - now)
+                return await running
+            except CycleMoved:
+                continue
+            finally:
+                self._watch.cancel()
+
+    def _look(self, running: asyncio.Future[Exposition]) -> None:
+        """A look at the cycle in flight, on the loop: moved off its thread if stuck in a GPU's
+        call, else looked at again when it could be."""
+        if running.done():
+            return
+        threads = self._nvml.gpu_threads
+        wait = threads.stuck_in()
+        if wait <= 0 and threads.move():
+            stuck = self._executor
+            self._executor = DaemonExecutor("gpuscope-sampler")
+            if stuck is not None:
+                stuck.shutdown(wait=False, cancel_futures=True)
+            running.set_exception(CycleMoved("the cycle moved to a new sampler thread"))
+            return
+        delay = wait if wait > 0 else threads.slow_seconds
+        self._watch = asyncio.get_running_loop().call_later(delay, self._look, running)
 
     async def _cycle_failed(self, error: Exception) -> None:
         self._nvml.count_error()

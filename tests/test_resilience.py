@@ -339,6 +339,57 @@ def test_a_stuck_worker_holds_one_thread_and_takes_no_more_work() -> None:
     sampler.close()
 
 
+async def test_a_gpu_stuck_in_the_sampler_thread_moves_the_cycle_and_costs_only_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sampling loop's thread reads the GPUs that answer fast itself: one stuck in a call
+    there is left that thread, the cycle moves to a fresh sampler thread, and every cycle still
+    publishes the other GPUs' values; the stuck call adds no thread while it lasts."""
+    caplog.set_level(logging.INFO, logger="exporter.nvml.workers")
+    fleet = parse_fleet({"gpus": [{"model": "l4", "count": 3}], "faults": []})
+    driver = SimulatedNvml(fleet)
+    hang = threading.Event()
+    release = threading.Event()
+    real = driver.nvmlDeviceGetTemperature
+
+    def stuck(handle: Any, sensor: int) -> int:
+        if handle.device.gpu.index == 1 and hang.is_set():
+            release.wait(30)
+        return real(handle, sensor)
+
+    driver.nvmlDeviceGetTemperature = stuck  # type: ignore[method-assign]
+    sampling = SamplingLoop(
+        replace(ServeConfig(), collect_interval=0.2), driver, build=BuildInfo(version="test")
+    )
+    await sampling.start()
+    sampling.begin()
+
+    def gpus() -> dict[int, Any]:
+        snapshot = sampling.snapshot
+        return {gpu.identity.index: gpu for gpu in snapshot.gpus} if snapshot else {}
+
+    def cycles() -> int:
+        snapshot = sampling.snapshot
+        return snapshot.cycles_total if snapshot else 0
+
+    try:
+        await eventually_async(lambda: len(gpus()) == 3, 5, "a first cycle")
+        hang.set()
+        await eventually_async(lambda: gpus()[1].down_reason == "hung", 10, "GPU 1 reported hung")
+        assert "the cycle in a new one" in caplog.text
+        threads = threading.active_count()
+        seen = cycles()
+        await eventually_async(lambda: cycles() >= seen + 5, 5, "cycles going on")
+        assert threading.active_count() == threads
+        assert gpus()[0].up
+        assert gpus()[2].up
+        assert sampling.ready() == (True, "OK")
+    finally:
+        release.set()
+    await eventually_async(lambda: all(gpu.up for gpu in gpus().values()), 10, "GPU 1 back")
+    await sampling.close()
+
+
 # -- health --------------------------------------------------------------------------------------
 
 CONFIG = replace(ServeConfig(), collect_interval=0.05)

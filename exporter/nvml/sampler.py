@@ -1,9 +1,9 @@
 """Samples every GPU through an NVML driver: NVML's lifecycle, and assembling each cycle.
 
 The sampler itself (init, re-init, enumeration, assembling the cycle) runs in the sampling
-loop's worker thread; the driver calls about GPUs are made by worker threads — one shared by the
-GPUs that answer fast, one of its own for a GPU that is slow — so that a call that hangs holds up
-that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG instances) is
+loop's worker thread; the driver calls about GPUs are made there too while the GPUs answer fast
+and the loop watches that thread, else by a shared worker thread, and by a thread of its own for
+a GPU that is slow — so that a call that hangs holds up that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG instances) is
 `exporter.nvml.device`; how each call fails alone is `exporter.nvml.reads`.
 
 - A lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`, reason `lost`) while the
@@ -417,7 +417,8 @@ class NvmlSampler:
                 late.append(device)
                 samples.extend(self._unanswered(device))
         self._late = late
-        samples.extend(self._not_opened())
+        if len(self._known) != len(self._devices):
+            samples.extend(self._not_opened())
 
         finished = self._clock()
         down = [sample.down_reason for sample in samples if not sample.up]
@@ -436,7 +437,8 @@ class NvmlSampler:
         return self.overlay_events(tuple(samples)), statuses
 
     def _not_opened(self) -> list[GpuSample]:
-        """The GPUs known but not open now: lost, unopened, or hung while being opened."""
+        """The GPUs known but not open now: lost, unopened, or hung while being opened (none
+        when as many are known as are open: each GPU opened is known by its UUID)."""
         opened = {device.identity.uuid for device in self._devices}
         samples: list[GpuSample] = []
         for key, identity in self._known.items():
@@ -455,14 +457,10 @@ class NvmlSampler:
         """This cycle's job for every GPU not lost: its reading, then (without GPM) its PCIe
         throughput window."""
         reader = self._reader
-        pcie = reader.enabled("pcie")
+        read, pcie = reader.read, reader.read_pcie if reader.enabled("pcie") else None
         return self._threads.submit(
             [
-                (
-                    device,
-                    partial(reader.read, device),
-                    partial(reader.read_pcie, device) if pcie and device.gpm is None else None,
-                )
+                (device, read, pcie if device.gpm is None else None)
                 for device in self._devices
                 if not device.lost
             ]

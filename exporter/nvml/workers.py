@@ -1,18 +1,30 @@
 """The threads that make the driver calls about GPUs, so that a call that hangs holds up one GPU.
 
-An NVML call can block for tens of seconds when a GPU falls off the bus. Made in the sampling
-thread, such a call would freeze the cycle and every GPU's values. So the calls about GPUs are
-made by `GpuWorker` threads: the sampler hands out the cycle's jobs (`GpuThreads.submit`), waits
-for their answers until a deadline (`GpuThreads.wait`), and goes on with the GPUs that answered.
+An NVML call can block for tens of seconds when a GPU falls off the bus. Made blindly in the
+sampling thread, such a call would freeze the cycle and every GPU's values. The sampler hands out
+the cycle's jobs (`GpuThreads.submit`), waits for their answers until a deadline
+(`GpuThreads.wait`), and goes on with the GPUs that answered.
 
-While the GPUs answer fast, one thread reads them all, one after the other: a cycle hands it one
-batch of jobs and the sampler is woken once, by the last answer. (A thread per GPU cost more CPU
-than the reading: eight threads woken every cycle, and handing the GIL to each other around every
-driver call.) A GPU whose job has run for `slow_seconds` (its follow-up read for that long beyond
-the read's own windows) keeps the thread it is stuck in, and the GPUs that thread was reading
-move, with their queued jobs, to a new shared thread — in the same cycle, since `slow_seconds` is
-half of the cycle's wait. A GPU in a thread of its own goes back to the shared one once
-`REJOIN_AFTER` jobs in a row answered within `slow_seconds`; one that stays slow keeps its thread.
+While the GPUs answer fast, one thread reads them all, one after the other — the cycle's own
+thread, when a watcher in another thread looks on (`GpuThreads.watched`: the sampling loop does),
+else one shared worker thread (`gpuscope-gpus`) woken once a cycle, whose last answer wakes the
+sampler. Read in the cycle's thread, a cycle costs no hand-off between threads; the watcher looks
+at it once a cycle (`stuck_in`), and when it has been in one GPU's call for `slow_seconds` or is
+in one at the cycle's deadline, it moves the cycle (`move`): that thread is left to the stuck GPU,
+whose later jobs go to a thread of its own, and the watcher runs the cycle again in a fresh thread,
+where the GPUs that answered are not read again and the deadline is the same. In a worker, a GPU
+whose job has run for `slow_seconds` (its follow-up read for that long beyond the read's own
+windows) keeps the thread it is stuck in, and the GPUs that thread was reading move, with their
+queued jobs, to a new shared thread — in the same cycle, since `slow_seconds` is half of the
+cycle's wait. A GPU in a thread of its own goes back to the shared GPUs once `REJOIN_AFTER` jobs in
+a row answered within `slow_seconds`; one that stays slow keeps its thread. (A thread per GPU cost
+more CPU than the reading: eight threads woken every cycle, and handing the GIL to each other
+around every driver call.)
+
+The shared GPUs' follow-up reads (PCIe throughput) and the calls beside the jobs (`call`: a GPU
+trace's polls) always run in the shared worker; a job read in the cycle's thread is made there
+too, behind them, while the worker has any to make, so that a GPU's job never runs beside its own
+follow-up read.
 
 A GPU owes at most one answer: one whose last job has not answered gets no new job until it
 does, so a call stuck for minutes costs one parked thread — never a growing queue or more
@@ -20,14 +32,18 @@ threads. When the call returns, the job answers (stale by then: the sampler stop
 it) and the GPU takes jobs again, in its own thread until it has been fast for a while.
 
 A worker is *idle* when no job or follow-up read of it runs or waits: NVML is shut down (at a
-re-initialisation or at exit) only while every worker is idle.
+re-initialisation or at exit) only while every worker is idle and every job of a moved cycle has
+answered.
 
-Threading rules: a job's answer is written into its `Ticket` by the worker under the batch's lock
-(`answered` last), and read by the sampler once it sees `answered`; a worker's queues and what it
-runs now are under the worker's lock; which thread reads which GPU (`Gpu.worker`, `Gpu.ticket`,
-`GpuThreads`) is the sampler thread's to change; another thread only reads the GPUs placed
-(`gpus`, a list replaced whole) and a GPU's `worker` once, to queue a call (`call`). Everything a job touches belongs to its GPU, so
-jobs of different GPUs share nothing but thread-safe helpers (the log-once set, the error
+Threading rules: a job's answer is written into its `Ticket` under the batch's lock (`answered`
+last), and read by the sampler once it sees `answered`; a batch's jobs left to the cycle's thread,
+the one it makes now and whether it was moved are under the same lock; a worker's queues and what
+it runs now are under the worker's lock; which thread reads which GPU (`Gpu.worker`, `Gpu.ticket`,
+`GpuThreads`) is the cycle's thread's to change — and the watcher's in `move`, while the stuck
+thread is in the driver (it touches only its job's ticket and the batch once the call returns) and
+before the fresh thread starts; another thread only reads the GPUs placed (`gpus`, a list replaced
+whole) and a GPU's `worker` once, to queue a call (`call`). Everything a job touches belongs to its
+GPU, so jobs of different GPUs share nothing but thread-safe helpers (the log-once set, the error
 counter, the simulator's own lock).
 """
 
@@ -38,7 +54,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -52,6 +68,11 @@ G = TypeVar("G", bound="Gpu")
 class CallRefused(RuntimeError):
     """A call beside the jobs (`GpuThreads.call`) that will not run: the GPU's thread is
     stopping, NVML is about to be shut down, or the GPU is no longer read."""
+
+
+class CycleMoved(RuntimeError):
+    """Raised in a cycle's thread, once its stuck call returns, when its watcher has moved the
+    cycle to a fresh thread (`GpuThreads.move`): nothing of the old run may go on."""
 
 
 REJOIN_AFTER: Final = 10
@@ -88,21 +109,43 @@ class Ticket(Generic[T]):
 
 
 class Batch:
-    """One cycle's jobs: the sampler waits for all of them at once, woken by the last answer.
+    """One cycle's jobs: the sampler waits for the workers' all at once, woken by the last
+    answer; those left to the cycle's thread (`here`) it makes itself before it waits.
 
     Two plain locks rather than a condition (the hand-off runs every cycle, and a condition's
-    wait and notify are Python code): `_count` guards the jobs still owed, and `_done`, held
-    from the start, is released by the answer that settles the last of them."""
+    wait and notify are Python code): `lock` guards the workers' jobs still owed and the jobs
+    left to the cycle's thread, and `_done`, held from the start, is released by the answer
+    that settles the last of the workers' jobs."""
 
-    __slots__ = ("_complete", "_count", "_done", "_owed")
+    __slots__ = (
+        "_complete",
+        "_done",
+        "_owed",
+        "deadline",
+        "here",
+        "left",
+        "lock",
+        "moved",
+        "running",
+    )
 
     def __init__(self) -> None:
-        self._count = threading.Lock()
+        self.lock = threading.Lock()
         self._done = threading.Lock()
         self._done.acquire()
         self._owed = 0
         self._complete = False
         """Whether the sampler has seen every job answer (the sampler thread's)."""
+        self.deadline = float("inf")
+        """Until when the cycle waits for the answers (`GpuThreads.wait` sets it)."""
+        self.here: deque[_Job[Any]] = deque()
+        """The jobs the cycle's thread makes itself (`GpuThreads.wait`), under `lock`."""
+        self.running: tuple[Gpu, float] | None = None
+        """The GPU whose job the cycle's thread makes now, and since when; under `lock`."""
+        self.moved = False
+        """Whether a watcher moved the cycle off its thread (`GpuThreads.move`); under `lock`."""
+        self.left: threading.Event | None = None
+        """Once moved: set when the thread it was moved off has left the driver."""
 
     def ticket(self, gpu: Gpu) -> Ticket[Any] | None:
         """The GPU's job in this batch; None when it got none."""
@@ -110,13 +153,13 @@ class Batch:
         return ticket if ticket is not None and ticket.batch is self else None
 
     def expect(self, jobs: int) -> None:
-        """The number of jobs handed out, set before any of them is."""
+        """The number of jobs handed out to workers, set before any of them is."""
         self._owed = jobs
         if not jobs:
             self._done.release()
 
     def answer(self, ticket: Ticket[Any], value: Any, error: BaseException | None) -> None:
-        with self._count:
+        with self.lock:
             ticket.value = value
             ticket.error = error
             ticket.answered = True
@@ -132,10 +175,10 @@ class Batch:
         return self._complete
 
 
-_Job = tuple[G, "Callable[[], Any]", "Callable[[], None] | None", Ticket[Any]]
-"""A GPU, its `read`, the follow-up `after` to queue once `read` answered without error, and the
-ticket `read`'s answer goes into. A plain tuple, dropped once run: the GPU keeps its ticket, and
-nothing of the job (its calls hold the GPU) outlives the run."""
+_Job = tuple[G, "Callable[[G], Any]", "Callable[[G], None] | None", Ticket[Any]]
+"""A GPU, its `read` (called with the GPU), the follow-up `after` (the same) to queue once `read`
+answered without error, and the ticket `read`'s answer goes into. A plain tuple, dropped once run:
+the GPU keeps its ticket, and nothing of the job (it holds the GPU) outlives the run."""
 
 
 class GpuWorker(Generic[G]):
@@ -155,7 +198,7 @@ class GpuWorker(Generic[G]):
         """Taken bare where nothing waits or notifies (`with` on the condition is Python code)."""
         self._cond = threading.Condition(self._lock)
         self._jobs: deque[_Job[G]] = deque()
-        self._follow_ups: deque[tuple[G, Callable[[], None]]] = deque()
+        self._follow_ups: deque[tuple[G, Callable[[G], None]]] = deque()
         self._calls: deque[tuple[G, Callable[[], Any], Future[Any]]] = deque()
         """Calls beside the jobs (`call`), each answered through its future."""
         self._calls_open = True
@@ -222,14 +265,14 @@ class GpuWorker(Generic[G]):
                 self._idle_waiters -= 1
 
     def take(
-        self, jobs: Iterable[_Job[G]], follow_ups: Iterable[tuple[G, Callable[[], None]]] = ()
+        self, jobs: Iterable[_Job[G]], follow_ups: Iterable[tuple[G, Callable[[G], None]]] = ()
     ) -> None:
         with self._cond:
             self._jobs.extend(jobs)
             self._follow_ups.extend(follow_ups)
             self._cond.notify_all()
 
-    def keep_only(self, gpu: G) -> tuple[list[_Job[G]], list[tuple[G, Callable[[], None]]]]:
+    def keep_only(self, gpu: G) -> tuple[list[_Job[G]], list[tuple[G, Callable[[G], None]]]]:
         """Take back the queued jobs and follow-ups of every other GPU (for another thread)."""
         with self._cond:
             jobs = [job for job in self._jobs if job[0] is not gpu]
@@ -289,7 +332,7 @@ class GpuWorker(Generic[G]):
                 continue
             gpu, after = follow_up
             try:
-                after()
+                after(gpu)
             except Exception as error:  # noqa: BLE001 - the thread must outlive any failure
                 self._on_error(gpu, error)
 
@@ -298,19 +341,28 @@ class GpuWorker(Generic[G]):
         value: Any = None
         error: BaseException | None = None
         try:
-            value = read()
+            value = read(gpu)
         except BaseException as caught:  # noqa: BLE001 - handed to the sampler, which decides
             error = caught
         ticket.seconds = self._timer() - started
         if error is None and after is not None:
             # Queued before the answer, so that the worker is not idle when the sampler wakes.
-            # One per GPU at most: when the follow-ups of all the GPUs take longer than a cycle
-            # (eight 40 ms PCIe windows, a short interval) the queue must not grow; the one
-            # queued reads the GPU as it is when it runs, as a new one would.
             with self._lock:
-                if all(queued is not gpu for queued, _ in self._follow_ups):
-                    self._follow_ups.append((gpu, after))
+                self._add_follow_up(gpu, after)
         ticket.batch.answer(ticket, value, error)
+
+    def follow_up(self, gpu: G, after: Callable[[G], None]) -> None:
+        """Queue the follow-up read of a job made in another thread (`GpuThreads.wait`)."""
+        with self._cond:
+            self._add_follow_up(gpu, after)
+            self._cond.notify_all()
+
+    def _add_follow_up(self, gpu: G, after: Callable[[G], None]) -> None:
+        # One per GPU at most: when the follow-ups of all the GPUs take longer than a cycle
+        # (eight 40 ms PCIe windows, a short interval) the queue must not grow; the one queued
+        # reads the GPU as it is when it runs, as a new one would.
+        if all(queued is not gpu for queued, _ in self._follow_ups):
+            self._follow_ups.append((gpu, after))
 
 
 def _run_call(read: Callable[[], Any], future: Future[Any]) -> None:
@@ -323,9 +375,10 @@ def _run_call(read: Callable[[], Any], future: Future[Any]) -> None:
 
 
 class GpuThreads(Generic[G]):
-    """Which thread reads which GPU: one shared by the GPUs that answer fast, one of its own for
-    each GPU that is slow. Used by the sampler thread only, but for `gpus` and `call`, which any
-    thread may use (a GPU trace's polls)."""
+    """Which thread reads which GPU: one shared by the GPUs that answer fast (the cycle's own
+    thread, while watched), one of its own for each GPU that is slow. Used by the cycle's thread
+    only, but for `gpus` and `call`, which any thread may use (a GPU trace's polls), and
+    `stuck_in` and `move`, the watcher's."""
 
     def __init__(
         self,
@@ -344,11 +397,27 @@ class GpuThreads(Generic[G]):
         self._timer = timer
         self._gpus: list[G] = []
         self._shared: GpuWorker[G] | None = None
+        self.watched = False
+        """Whether a watcher in another thread (the sampling loop) looks at the cycle's thread
+        (`stuck_in`) and moves the cycle off it when it is stuck (`move`): only then does `wait`
+        make the shared GPUs' jobs in the cycle's thread."""
+        self._here: Batch | None = None
+        """The batch whose jobs the cycle's thread makes now."""
+        self._moved: list[threading.Event] = []
+        """Each cycle moved off a stuck thread, set once that thread has left the driver."""
+        self._carried: Batch | None = None
+        """The batch just moved: its answers stand for the cycle run again (`submit` skips
+        the GPUs that have one)."""
+        self._resume: float | None = None
+        """The moved cycle's deadline, which the cycle run again keeps."""
 
     def place(self, gpus: Sequence[G]) -> None:
         """The GPUs of a fresh initialisation, all read by one new shared thread."""
         self._gpus = list(gpus)
         self._shared = self._worker(SHARED_NAME) if gpus else None
+        self._moved = []
+        self._carried = None
+        self._resume = None
         for gpu in gpus:
             gpu.worker = self._shared
             gpu.ticket = None
@@ -370,24 +439,34 @@ class GpuThreads(Generic[G]):
         return any(self.busy_since(gpu) is not None for gpu in self._gpus)
 
     def submit(
-        self, jobs: Iterable[tuple[G, Callable[[], Any], Callable[[], None] | None]]
+        self, jobs: Iterable[tuple[G, Callable[[G], Any], Callable[[G], None] | None]]
     ) -> Batch:
         """Hand out one job per GPU (`read`, then the follow-up `after` once `read` answered
         without error), each to the thread its GPU is read in; a GPU that still owes an answer
-        gets none. Each thread is woken once."""
+        gets none, nor one whose answer a moved run of this cycle has (`move`). Each thread is
+        woken once. While watched, the shared GPUs' jobs are left to `wait` to make (in the
+        calling thread) when the shared thread is idle."""
         self._isolate_slow()  # stuck since before this cycle: queue nothing behind it
         now = self._timer()
         batch = Batch()
+        carried, self._carried = self._carried, None
+        shared = self._shared
+        here = self.watched and shared is not None and shared.idle
         handed: dict[int, tuple[GpuWorker[G], list[_Job[G]]]] = {}
         for gpu, read, after in jobs:
             previous = gpu.ticket
             worker = gpu.worker
-            if worker is None or (previous is not None and not previous.answered):
+            if worker is None or (
+                previous is not None and (not previous.answered or previous.batch is carried)
+            ):
                 continue
-            if worker is not self._shared and previous is not None:
+            if worker is not shared and previous is not None:
                 worker = self._maybe_rejoin(gpu, worker, previous)
             ticket: Ticket[Any] = Ticket(batch, now)
             gpu.ticket = ticket
+            if here and worker is shared:
+                batch.here.append((gpu, read, after, ticket))
+                continue
             pair = handed.get(id(worker))
             if pair is None:
                 pair = handed[id(worker)] = (worker, [])
@@ -398,8 +477,15 @@ class GpuThreads(Generic[G]):
         return batch
 
     def wait(self, batch: Batch, deadline: float) -> None:
-        """Until every job of `batch` answered, or `deadline`. Meanwhile a GPU whose job has run
-        `slow_seconds` gets the thread it is stuck in, and the GPUs behind it a new one."""
+        """Until every job of `batch` answered, or `deadline` (the moved cycle's, for a cycle run
+        again). The jobs left to make here are made first, one after the other (`_make_here`).
+        Meanwhile a GPU whose job has run `slow_seconds` in a worker gets the thread it is stuck
+        in, and the GPUs behind it a new one."""
+        resume, self._resume = self._resume, None
+        batch.deadline = deadline if resume is None else min(deadline, resume)
+        if batch.here:
+            self._make_here(batch)
+        deadline = batch.deadline
         while True:
             now = self._timer()
             shared = self._shared
@@ -420,6 +506,11 @@ class GpuThreads(Generic[G]):
             worker.drop_follow_ups()
             worker.close_calls(closed=True)
         idle = all(worker.wait_idle(deadline - self._timer()) for worker in workers)
+        # A cycle moved off a thread stuck in the driver: its call is still there until it answers.
+        self._moved = [
+            left for left in self._moved if not left.wait(max(0.0, deadline - self._timer()))
+        ]
+        idle = idle and not self._moved
         if not idle:
             for worker in workers:
                 worker.close_calls(closed=False)
@@ -451,6 +542,109 @@ class GpuThreads(Generic[G]):
         self._shared = None
         for worker in workers:
             worker.join(deadline - self._timer())
+
+    def _make_here(self, batch: Batch) -> None:
+        """The jobs left to make in the cycle's thread, one after the other, while the watcher
+        looks on; those not begun by the deadline go to the shared thread (they answer late, as
+        they would there). Each job answers as the next one is taken, under the batch's lock.
+        Raises `CycleMoved` once a job returns after the watcher moved the cycle (`move`)."""
+        timer = self._timer
+        lock = batch.lock
+        jobs = batch.here
+        self._here = batch
+        job: _Job[G] | None = None
+        value: Any = None
+        error: BaseException | None = None
+        started = 0.0
+        late: list[_Job[G]] = []
+        while True:
+            with lock:
+                now = timer()
+                if job is not None:
+                    ticket = job[3]
+                    ticket.value = value
+                    ticket.error = error
+                    ticket.seconds = now - started
+                    ticket.answered = True
+                if batch.moved:
+                    break
+                if not jobs or now >= batch.deadline:
+                    late.extend(jobs)
+                    jobs.clear()
+                    batch.running = None
+                    self._here = None
+                    break
+                job = jobs.popleft()
+                batch.running = (job[0], now)
+                started = now
+            gpu, read, after, _ = job
+            try:
+                value = read(gpu)
+                error = None
+            except BaseException as caught:  # noqa: BLE001 - handed to the sampler, which decides
+                value = None
+                error = caught
+            worker = gpu.worker
+            if error is None and after is not None and worker is not None:
+                worker.follow_up(gpu, after)
+        if batch.left is not None:
+            batch.left.set()
+            raise CycleMoved("the cycle was moved to a new thread while this one was in the driver")
+        if late and self._shared is not None:
+            # Uncounted in the batch (`expect` was set before): their answers may settle the
+            # count before a worker's last job does, or take it below zero — harmless, since the
+            # deadline has passed and the cycle waits no more (`_done` is released once, at zero).
+            self._shared.take(late)
+
+    def stuck_in(self) -> float:
+        """For the watcher: seconds until the cycle's thread counts as stuck in a GPU's call —
+        in one call for `slow_seconds`, or in one at the cycle's deadline (at most 0: stuck
+        now); `slow_seconds` while it makes none."""
+        batch = self._here
+        running = batch.running if batch is not None else None
+        if batch is None or running is None:
+            return self.slow_seconds
+        return min(running[1] + self.slow_seconds, batch.deadline) - self._timer()
+
+    def move(self) -> bool:
+        """For the watcher, from its own thread: when the cycle's thread is stuck (`stuck_in`),
+        leave it to the GPU it is stuck in, whose later jobs go to a thread of its own, and take
+        back the jobs it has not begun. The caller runs the cycle again in a fresh thread: the
+        GPUs that answered in this run are not read again (`submit`), and the run keeps this
+        one's deadline (`wait`). Whether it moved the cycle.
+
+        The stuck thread touches nothing of the sampler's once its call returns (it answers its
+        job and raises `CycleMoved`), and the fresh thread starts after this returns: so the
+        watcher may write which thread reads which GPU here, the cycle's thread's otherwise."""
+        batch = self._here
+        if batch is None:
+            return False
+        with batch.lock:
+            running = batch.running
+            if (
+                running is None
+                or batch.moved
+                or self._timer() < min(running[1] + self.slow_seconds, batch.deadline)
+            ):
+                return False
+            batch.left = threading.Event()
+            batch.moved = True
+            left = list(batch.here)
+            batch.here.clear()
+            self._here = None
+        for gpu, _, _, _ in left:
+            gpu.ticket = None
+        stuck = cast("G", running[0])  # a GPU of this `GpuThreads`, placed by `place`
+        stuck.worker = self._worker(self._name(stuck))
+        self._moved.append(batch.left)
+        self._carried = batch
+        self._resume = batch.deadline
+        log.info(
+            "a GPU's driver calls run long; reading it in a thread of its own and the cycle in "
+            "a new one",
+            extra={"worker": self._name(stuck), "gpus_moved": len(left)},
+        )
+        return True
 
     def _worker(self, name: str) -> GpuWorker[G]:
         return GpuWorker(name, on_error=self._on_error, timer=self._timer)
