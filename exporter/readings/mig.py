@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from exporter.readings.convert import item
-from exporter.readings.declare import family, plain
+from exporter.readings.declare import HEALTH_PERIOD_SECONDS, family, plain
 from exporter.readings.simulated import mig_capable, not_supported
 
 if TYPE_CHECKING:
@@ -31,5 +31,8 @@ MIG_MODE: Final = plain(
     ),
     item(0),
     since="ampere",
+    # Changed by an administrator (`nvidia-smi -mig`), on most GPUs with a reset: until the next
+    # reading a GPU's instances are looked for as they were.
+    period=HEALTH_PERIOD_SECONDS,
     simulated=_simulated_mig_mode,
 )
