@@ -3,8 +3,9 @@
 The sampler itself (init, re-init, enumeration, assembling the cycle) runs in the sampling
 loop's worker thread; the driver calls about GPUs are made there too while the GPUs answer fast
 and the loop watches that thread, else by a shared worker thread, and by a thread of its own for
-a GPU that is slow — so that a call that hangs holds up that GPU only (`exporter.nvml.workers`). What one GPU's job reads (with its MIG instances) is
-`exporter.nvml.device`; how each call fails alone is `exporter.nvml.reads`.
+a GPU that is slow — so that a call that hangs holds up that GPU only (`exporter.nvml.workers`).
+What one GPU's job reads (with its MIG instances) is `exporter.nvml.device`; how each call fails
+alone is `exporter.nvml.reads`.
 
 - A lifecycle error (`GPU_IS_LOST`, ...) marks the GPU down (`gpu_up 0`, reason `lost`) while the
   others keep reporting, and schedules `nvmlShutdown` + `nvmlInit` on a later cycle, with
