@@ -17,7 +17,8 @@ from exporter.series import Family
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from exporter.rightsize.report import Report, WorkloadRow
+    from exporter.rightsize.report import Report
+    from exporter.rightsize.row import WorkloadRow
     from exporter.web import counters
 
 TEXT_FORMAT: Final = "text/plain; version=0.0.4; charset=utf-8"

@@ -36,7 +36,8 @@ from exporter.rightsize.report import money_text
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from exporter.rightsize.report import Report, WorkloadRow
+    from exporter.rightsize.report import Report
+    from exporter.rightsize.row import WorkloadRow
 
 log = logging.getLogger("exporter.rightsize.notify")
 

@@ -12,7 +12,8 @@ from exporter.rightsize.report import money_text
 from exporter.rightsize.settings import settings_text
 
 if TYPE_CHECKING:
-    from exporter.rightsize.report import Report, WorkloadRow
+    from exporter.rightsize.report import Report
+    from exporter.rightsize.row import WorkloadRow
 
 GIB: Final = 1024**3
 

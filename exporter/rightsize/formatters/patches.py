@@ -27,7 +27,8 @@ from exporter.rightsize.report import money_text
 if TYPE_CHECKING:
     from exporter.rightsize.patches import Patch
     from exporter.rightsize.replay.patchset import PlacementPatches
-    from exporter.rightsize.report import Report, WorkloadRow
+    from exporter.rightsize.report import Report
+    from exporter.rightsize.row import WorkloadRow
 
 SCRIPT: Final = "apply.sh"
 PLACEMENT_SCRIPT: Final = "apply-placement.sh"

@@ -17,7 +17,8 @@ from exporter.rightsize.settings import settings_text
 if TYPE_CHECKING:
     from exporter.rightsize.hardware import Option
     from exporter.rightsize.patches import Patch
-    from exporter.rightsize.report import Money, Report, WorkloadRow
+    from exporter.rightsize.report import Money, Report
+    from exporter.rightsize.row import WorkloadRow
 
 
 def _ratio(value: float | None) -> float | None:

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from exporter.rightsize.history import ResourceUse
     from exporter.rightsize.patches import Patch
     from exporter.rightsize.replay.engine import Placement, SharedPool
-    from exporter.rightsize.report import Report, WorkloadRow
+    from exporter.rightsize.report import Report
+    from exporter.rightsize.row import WorkloadRow
 
 
 def placement_patches(
