@@ -137,7 +137,8 @@ class Batch:
         self._complete = False
         """Whether the sampler has seen every job answer (the sampler thread's)."""
         self.deadline = float("inf")
-        """Until when the cycle waits for the answers (`GpuThreads.wait` sets it)."""
+        """Until when the cycle waits for the answers: a moved cycle's, for the cycle run again
+        (`GpuThreads.submit`), else the one `GpuThreads.wait` is given."""
         self.here: deque[_Job[Any]] = deque()
         """The jobs the cycle's thread makes itself (`GpuThreads.wait`), under `lock`."""
         self.running: tuple[Gpu, float] | None = None
@@ -407,9 +408,7 @@ class GpuThreads(Generic[G]):
         """Each cycle moved off a stuck thread, set once that thread has left the driver."""
         self._carried: Batch | None = None
         """The batch just moved: its answers stand for the cycle run again (`submit` skips
-        the GPUs that have one)."""
-        self._resume: float | None = None
-        """The moved cycle's deadline, which the cycle run again keeps."""
+        the GPUs that have one), and its deadline is that run's."""
 
     def place(self, gpus: Sequence[G]) -> None:
         """The GPUs of a fresh initialisation, all read by one new shared thread."""
@@ -417,7 +416,6 @@ class GpuThreads(Generic[G]):
         self._shared = self._worker(SHARED_NAME) if gpus else None
         self._moved = []
         self._carried = None
-        self._resume = None
         for gpu in gpus:
             gpu.worker = self._shared
             gpu.ticket = None
@@ -450,6 +448,8 @@ class GpuThreads(Generic[G]):
         now = self._timer()
         batch = Batch()
         carried, self._carried = self._carried, None
+        if carried is not None:
+            batch.deadline = carried.deadline
         shared = self._shared
         here = self.watched and shared is not None and shared.idle
         handed: dict[int, tuple[GpuWorker[G], list[_Job[G]]]] = {}
@@ -481,8 +481,7 @@ class GpuThreads(Generic[G]):
         again). The jobs left to make here are made first, one after the other (`_make_here`).
         Meanwhile a GPU whose job has run `slow_seconds` in a worker gets the thread it is stuck
         in, and the GPUs behind it a new one."""
-        resume, self._resume = self._resume, None
-        batch.deadline = deadline if resume is None else min(deadline, resume)
+        batch.deadline = min(deadline, batch.deadline)
         if batch.here:
             self._make_here(batch)
         deadline = batch.deadline
@@ -638,7 +637,6 @@ class GpuThreads(Generic[G]):
         stuck.worker = self._worker(self._name(stuck))
         self._moved.append(batch.left)
         self._carried = batch
-        self._resume = batch.deadline
         log.info(
             "a GPU's driver calls run long; reading it in a thread of its own and the cycle in "
             "a new one",
